@@ -1,0 +1,231 @@
+"""The float64 reference paged attention, and the plain same-precision control.
+
+``reference`` follows ``oracle.case`` exactly. It is vectorized over the batch: requests are
+bucketed by query count (powers of two, so padding at most doubles the work), each bucket is one
+batched computation with an online softmax over KV chunks, so memory stays bounded at long
+context. It runs wherever the tensors are (CPU or CUDA).
+
+>>> from oracle.case import Case, Layout, Heads
+>>> case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 4, 4))
+>>> out, lse = reference(case, make_tensors(case))
+>>> tuple(out.shape), out.dtype
+((1, 1, 4), torch.float64)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from oracle.case import Case
+from oracle.tensors import Tensors, make_tensors, token_addresses
+
+LOG2_E = 1.0 / math.log(2.0)
+_CHUNK_BYTES = 1 << 27  # logits kept live per KV chunk
+
+
+def gather_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantized keys and values of every token, logical order: [total_kv, Hkv, D] in ``dtype``."""
+    pages, slots = (t.to(tensors.k_cache.device) for t in token_addresses(case))
+    opts = case.options
+    keys = tensors.k_cache[pages, slots].to(dtype)
+    values = tensors.v_cache[pages, slots].to(dtype)
+    if opts.is_fp8:
+        keys, values = keys * opts.k_scale, values * opts.v_scale
+    return keys, values
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    """Requests padded to ``max_q`` queries and ``max_kv`` keys, as index tensors."""
+
+    q_rows: torch.Tensor  # [nb, max_q] row into q (0 for padding); q_valid marks real rows
+    q_valid: torch.Tensor
+    q_pos: torch.Tensor  # [nb, max_q] absolute position of each query
+    kv_tokens: torch.Tensor  # [nb, max_kv] token into the gathered K/V; padding -> the zero row
+    kv_len: torch.Tensor  # [nb]
+
+
+def _buckets(case: Case, device: torch.device) -> list[_Bucket]:
+    layout = case.layout
+    groups: dict[int, list[int]] = {}
+    for b, qo_len in enumerate(layout.qo_lens):
+        if qo_len:
+            groups.setdefault(1 << (qo_len - 1).bit_length(), []).append(b)
+    kv_start = [0]
+    for n in layout.kv_lens:
+        kv_start.append(kv_start[-1] + n)
+    total_kv = kv_start[-1]
+    buckets = []
+    for requests in groups.values():
+        idx = torch.tensor(requests, device=device)
+        qo_len = torch.tensor(layout.qo_lens, device=device)[idx]
+        kv_len = torch.tensor(layout.kv_lens, device=device)[idx]
+        q_start = torch.tensor(layout.qo_indptr[:-1], device=device)[idx]
+        k_start = torch.tensor(kv_start[:-1], device=device)[idx]
+        i = torch.arange(int(qo_len.max()), device=device)
+        j = torch.arange(max(int(kv_len.max()), 1), device=device)
+        q_valid = i[None, :] < qo_len[:, None]
+        buckets.append(
+            _Bucket(
+                q_rows=torch.where(q_valid, q_start[:, None] + i, 0),
+                q_valid=q_valid,
+                q_pos=(kv_len - qo_len)[:, None] + i,
+                kv_tokens=torch.where(j[None, :] < kv_len[:, None], k_start[:, None] + j, total_kv),
+                kv_len=kv_len,
+            )
+        )
+    return buckets
+
+
+def _logits(case: Case, bucket: _Bucket, q: torch.Tensor, k: torch.Tensor, cols: slice) -> torch.Tensor:
+    """Masked logits [nb, Hkv, G, max_q, chunk] for key columns ``cols``; masked keys are -inf.
+
+    ``q`` is [nb, max_q, Hkv, G, D] and ``k`` [nb, chunk, Hkv, D], both in the compute dtype.
+    """
+    opts = case.options
+    s = torch.einsum("bqhgd,bkhd->bhgqk", q, k) * case.sm_scale
+    if opts.logits_soft_cap > 0:
+        s = opts.logits_soft_cap * torch.tanh(s / opts.logits_soft_cap)
+    k_pos = torch.arange(cols.start, cols.stop, device=s.device)
+    q_pos = bucket.q_pos[:, :, None]  # [nb, max_q, 1]
+    keep = (k_pos[None, None, :] < bucket.kv_len[:, None, None]) & bucket.q_valid[:, :, None]
+    if opts.causal:
+        keep &= k_pos[None, None, :] <= q_pos
+    if opts.window_left >= 0:
+        keep &= k_pos[None, None, :] >= q_pos - opts.window_left
+    if opts.alibi_slopes is not None:
+        slopes = torch.tensor(opts.alibi_slopes, dtype=s.dtype, device=s.device).view(
+            1, case.heads.num_kv_heads, case.heads.group_size, 1, 1
+        )
+        distance = (q_pos - k_pos[None, None, :]).abs().to(s.dtype)[:, None, None]
+        s = s - slopes * distance
+    return s.masked_fill(~keep[:, None, None], float("-inf"))
+
+
+def _with_zero_row(x: torch.Tensor) -> torch.Tensor:
+    """Append one zero token: the target of every padded KV index."""
+    return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
+
+
+def _bucket_inputs(case: Case, bucket: _Bucket, q: torch.Tensor) -> torch.Tensor:
+    heads = case.heads
+    qb = q[bucket.q_rows] * bucket.q_valid[..., None, None]
+    return qb.view(*bucket.q_rows.shape, heads.num_kv_heads, heads.group_size, heads.head_dim_qk)
+
+
+def _scatter(case: Case, buckets: list[_Bucket], results: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor):
+    """Put per-bucket [nb, Hkv, G, max_q, ...] results back into flat [total_q, Hq, ...] rows."""
+    heads, total_q = case.heads, case.layout.total_q
+    out = like.new_zeros(total_q, heads.num_qo_heads, heads.head_dim_vo)
+    lse = like.new_full((total_q, heads.num_qo_heads), float("-inf"))
+    for bucket, (o, l) in zip(buckets, results):
+        rows, valid = bucket.q_rows[bucket.q_valid], bucket.q_valid
+        out[rows] = o.permute(0, 3, 1, 2, 4)[valid].flatten(1, 2)
+        lse[rows] = l.permute(0, 3, 1, 2)[valid].flatten(1, 2)
+    return out, lse
+
+
+def _sink_logits(case: Case, like: torch.Tensor) -> torch.Tensor | None:
+    if case.options.sinks is None:
+        return None
+    h = case.heads
+    return torch.tensor(case.options.sinks, dtype=like.dtype, device=like.device).view(
+        1, h.num_kv_heads, h.group_size, 1
+    )
+
+
+def reference(
+    case: Case,
+    tensors: Tensors,
+    *,
+    lse_base: str = "e",
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 ``(out [total_q, Hq, Dvo], lse [total_q, Hq])`` on the tensors' device.
+
+    ``lse_base`` is ``"e"`` (natural log) or ``"2"`` (FlashInfer's convention). Rows with no key
+    to attend give out 0 and lse -inf.
+    """
+    if lse_base not in ("e", "2"):
+        raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
+    dtype, device = torch.float64, tensors.q.device
+    keys, values = (_with_zero_row(x) for x in gather_kv(case, tensors, dtype))
+    q = tensors.q.to(dtype)
+    buckets = _buckets(case, device)
+    sink = _sink_logits(case, q)
+    results = []
+    for bucket in buckets:
+        qb = _bucket_inputs(case, bucket, q)
+        nb, max_q, max_kv = *bucket.q_rows.shape, bucket.kv_tokens.shape[1]
+        step = chunk_size or max(1, _CHUNK_BYTES // (8 * nb * case.heads.num_qo_heads * max_q))
+        m = q.new_full((nb, case.heads.num_kv_heads, case.heads.group_size, max_q), float("-inf"))
+        denom = torch.zeros_like(m)
+        acc = q.new_zeros(*m.shape, case.heads.head_dim_vo)
+        for start in range(0, max_kv, step):
+            cols = slice(start, min(start + step, max_kv))
+            tokens = bucket.kv_tokens[:, cols]
+            s = _logits(case, bucket, qb, keys[tokens], cols)
+            m_new = torch.maximum(m, s.amax(-1))
+            m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # all -inf so far: nothing to rescale
+            p = torch.exp(s - m_safe[..., None])
+            rescale = torch.exp(m - m_safe)
+            v = values[tokens]
+            denom = denom * rescale + p.sum(-1)
+            acc = acc * rescale[..., None] + torch.einsum("bhgqk,bkhd->bhgqd", p, v)
+            m = m_new
+        empty = denom == 0
+        total = denom if sink is None else denom + torch.exp(sink - torch.where(empty, 0.0, m))
+        out = torch.where(empty[..., None], 0.0, acc / torch.where(empty, 1.0, total)[..., None])
+        lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1.0, denom)))
+        results.append((out, lse))
+    out, lse = _scatter(case, buckets, results, q)
+    return out, (lse * LOG2_E if lse_base == "2" else lse)
+
+
+def plain_attention(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The naive computation every step in ``dtype``: logits, softmax, cast, matmul.
+
+    This is the *control* of the tolerance model (flash-attn's ``attention_ref(upcast=False)``):
+    a kernel in ``dtype`` may be as far from the float64 reference as this is, times a factor.
+    """
+    keys, values = (_with_zero_row(x) for x in gather_kv(case, tensors, dtype))
+    q = tensors.q.to(dtype)
+    buckets = _buckets(case, q.device)
+    sink = _sink_logits(case, q)
+    results = []
+    for bucket in buckets:
+        max_kv = bucket.kv_tokens.shape[1]
+        s = _logits(case, bucket, _bucket_inputs(case, bucket, q), keys[bucket.kv_tokens], slice(0, max_kv))
+        if sink is not None:
+            s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
+        empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
+        lse = torch.logsumexp(s[..., :max_kv], dim=-1)
+        p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1).to(dtype)
+        v = values[bucket.kv_tokens]
+        out = torch.einsum("bhgqk,bkhd->bhgqd", p[..., :max_kv], v)
+        results.append((torch.where(empty[..., None], 0.0, out), torch.where(empty, float("-inf"), lse)))
+    return _scatter(case, buckets, results, q)
+
+
+def merge_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two partial attention states over disjoint key sets (natural-log LSE).
+
+    Two empty states (both LSE -inf) merge to out 0, LSE -inf, never NaN.
+    """
+    m = torch.maximum(lse_a, lse_b)
+    m_safe = torch.where(torch.isinf(m), 0.0, m)
+    w_a, w_b = torch.exp(lse_a - m_safe), torch.exp(lse_b - m_safe)
+    total = w_a + w_b
+    empty = total == 0
+    safe_total = torch.where(empty, 1.0, total)
+    out = (w_a[..., None] * out_a + w_b[..., None] * out_b) / safe_total[..., None]
+    lse = torch.where(empty, float("-inf"), m_safe + torch.log(safe_total))
+    return torch.where(empty[..., None], 0.0, out), lse
+
+
+__all__ = ["reference", "plain_attention", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]

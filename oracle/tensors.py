@@ -1,0 +1,182 @@
+"""Deterministic tensors for a case: queries and a paged KV pool, made from a seed and a data
+distribution, or read from an npz sidecar (never unpickled).
+
+Values depend on the *logical* token (request, position), not on where its page sits, so page
+relabeling changes nothing but addresses. Every slot the layout does not reference is poison
+(NaN), so a kernel that reads outside its pages shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from oracle.case import Case, CaseError
+
+POISON = float("nan")  # every unreferenced slot of the pool
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+@dataclass
+class Tensors:
+    """The inputs of one call: ``q`` [total_q, Hq, Dqk], caches [num_pages, page_size, Hkv, D] (NHD)."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+    def to(self, device: str | torch.device) -> Tensors:
+        return Tensors(self.q.to(device), self.k_cache.to(device), self.v_cache.to(device))
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {"q": self.q, "k_cache": self.k_cache, "v_cache": self.v_cache}
+
+    def fingerprint(self) -> dict[str, bytes]:
+        """Bit-exact copies, to check that a kernel left its inputs alone (NaN-safe)."""
+        return {name: _raw_bits(t).cpu().numpy().tobytes() for name, t in self.as_dict().items()}
+
+
+def _raw_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(_BITS[t.element_size()])
+
+
+def _master(gen: torch.Generator, shape: tuple[int, ...], distribution: str, role: str) -> torch.Tensor:
+    """Float64 values of one role ('q', 'k' or 'v') drawn from the named distribution."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if distribution == "peaked" and role in ("q", "k"):
+        return x * 3.0  # logits with std ~9: softmax concentrates on a few keys
+    if distribution == "outliers":
+        mask = torch.rand(shape, generator=gen, dtype=torch.float64) < 0.01
+        return torch.where(mask, x * 20.0, x)
+    if distribution == "near_ties" and role == "k" and shape[0] > 0:
+        # keys are noisy copies of three prototypes per head: many logits tie to ~1e-3
+        prototypes = torch.randn((3, *shape[1:]), generator=gen, dtype=torch.float64)
+        pick = torch.randint(0, 3, (shape[0],), generator=gen)
+        return prototypes[pick] + 1e-3 * x
+    if distribution == "exact":
+        # multiples of 1/8 in [-1, 1]: exact in fp16, bf16 and both fp8 formats
+        return torch.randint(-8, 9, shape, generator=gen).to(torch.float64) / 8.0
+    return x
+
+
+def make_tensors(case: Case, device: str | torch.device = "cpu") -> Tensors:
+    """The case's tensors on ``device``: from its npz sidecar, or generated from its seed."""
+    if case.tensors_file is not None:
+        return load_tensors(case, case.tensors_file).to(device)
+    layout, heads, opts = case.layout, case.heads, case.options
+    gen = torch.Generator().manual_seed(case.seed)
+    q_dtype, kv_dtype = torch_dtype(opts.q_dtype), torch_dtype(opts.kv_dtype)
+    q = _master(gen, (layout.total_q, heads.num_qo_heads, heads.head_dim_qk), case.distribution, "q")
+    total_kv = sum(layout.kv_lens)
+    k = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_qk), case.distribution, "k")
+    v = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_vo), case.distribution, "v")
+    pages, slots = token_addresses(case)
+    caches = []
+    for values, scale in ((k, opts.k_scale), (v, opts.v_scale)):
+        pool = torch.full(
+            (layout.num_pages, layout.page_size, heads.num_kv_heads, values.shape[-1]), POISON,
+            dtype=torch.float32,
+        ).to(kv_dtype)
+        pool[pages, slots] = (values / scale).to(torch.float32).to(kv_dtype)
+        caches.append(pool)
+    return Tensors(q.to(q_dtype), caches[0], caches[1]).to(device)
+
+
+def token_addresses(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page, slot) of every key token, in logical order (request-major, then position)."""
+    layout = case.layout
+    pages, slots = [], []
+    for b, kv_len in enumerate(layout.kv_lens):
+        positions = torch.arange(kv_len)
+        table = torch.tensor(layout.pages_of(b), dtype=torch.long)
+        pages.append(table[positions // layout.page_size] if kv_len else positions)
+        slots.append(positions % layout.page_size)
+    return torch.cat(pages).long(), torch.cat(slots).long()
+
+
+def signal_strength(case: Case, tensors: Tensors) -> float:
+    """Median over query rows of the std of the scaled logits across keys (0 when no signal).
+
+    Near-uniform inputs (vLLM's ``uniform(+-1e-3)``) score ~1e-6 and carry no signal: any
+    kernel passes on them.
+    """
+    from oracle.reference import gather_kv  # local: reference imports this module
+
+    keys, _ = gather_kv(case, tensors, torch.float64)
+    q = tensors.q.double()
+    layout, group = case.layout, case.heads.group_size
+    stds = []
+    for b in range(layout.batch_size):
+        rows = q[layout.qo_indptr[b] : layout.qo_indptr[b + 1]][:4]
+        start = sum(layout.kv_lens[:b])
+        k = keys[start : start + layout.kv_lens[b]]
+        if len(rows) == 0 or len(k) < 2:
+            continue
+        logits = torch.einsum("qhd,khd->qhk", rows, k.repeat_interleave(group, dim=1)) * case.sm_scale
+        stds.append(logits.std(dim=-1).flatten())
+    if not stds:
+        return float("inf")
+    return float(torch.cat(stds).median())
+
+
+MIN_SIGNAL = 1e-2
+
+
+def check_signal(case: Case, tensors: Tensors) -> None:
+    """Refuse inputs whose logits are near-uniform: a comparison on them proves nothing."""
+    strength = signal_strength(case, tensors)
+    if strength < MIN_SIGNAL:
+        raise CaseError(
+            f"near-uniform inputs: median logit std {strength:.2e} < {MIN_SIGNAL:g}; "
+            "every kernel agrees on such data, so it carries no signal"
+        )
+
+
+# --- npz sidecar ------------------------------------------------------------------------------
+
+
+def save_tensors(tensors: Tensors, path: str | Path) -> Path:
+    """Write tensors as raw bits plus dtype names (bf16 and fp8 have no numpy dtype)."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, t in tensors.as_dict().items():
+        arrays[f"{name}__bits"] = _raw_bits(t.cpu()).numpy()
+        arrays[f"{name}__dtype"] = np.array(str(t.dtype).removeprefix("torch."))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    return path
+
+
+def load_tensors(case: Case, path: str | Path) -> Tensors:
+    """Read an npz sidecar and check it against the case's shapes and dtypes."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            loaded = {}
+            for name in ("q", "k_cache", "v_cache"):
+                dtype = torch_dtype(str(data[f"{name}__dtype"]))
+                loaded[name] = torch.from_numpy(data[f"{name}__bits"].copy()).view(dtype)
+    except (OSError, KeyError, ValueError, AttributeError) as exc:
+        raise CaseError(f"{path}: malformed tensors file ({exc})") from None
+    layout, heads, opts = case.layout, case.heads, case.options
+    expected = {
+        "q": ((layout.total_q, heads.num_qo_heads, heads.head_dim_qk), opts.q_dtype),
+        "k_cache": ((layout.num_pages, layout.page_size, heads.num_kv_heads, heads.head_dim_qk), opts.kv_dtype),
+        "v_cache": ((layout.num_pages, layout.page_size, heads.num_kv_heads, heads.head_dim_vo), opts.kv_dtype),
+    }
+    for name, (shape, dtype) in expected.items():
+        t = loaded[name]
+        if tuple(t.shape) != shape or t.dtype != torch_dtype(dtype):
+            raise CaseError(
+                f"{path}: {name} is {tuple(t.shape)} {t.dtype}, the case needs {shape} torch.{dtype}"
+            )
+    tensors = Tensors(**loaded)
+    check_signal(case, tensors)
+    return tensors

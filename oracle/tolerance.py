@@ -1,0 +1,169 @@
+"""The tolerance model: pass/fail from measured error, never from a fixed atol.
+
+A kernel's output in dtype ``d`` is compared with the float64 reference, and so is a *control*:
+the plain computation of the same case with every step in ``d`` (``plain_attention``). The kernel
+passes when
+
+    max|kernel - ref|  <= max_ratio  * max|control - ref|  + floor
+    mean|kernel - ref| <= mean_ratio * mean|control - ref| + floor / 2
+
+where ``floor`` is twice the largest rounding error of the reference itself in ``d`` (FA3's
+``fwd_atol``). That is flash-attn's rule (``<= 2-3x`` the same-precision error), with FA3's noise
+floor and its mean rule. Finiteness is its own check: only an empty row's LSE may be -inf, and
+an empty row's output must be exactly 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from oracle.case import Case
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    max_ratio: float = 3.0
+    mean_ratio: float = 2.0
+    floor_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_ratio", "mean_ratio", "floor_factor"):
+            if not getattr(self, name) >= 1.0:
+                raise ValueError(f"{name} must be >= 1 (a kernel may be at least as accurate as the control)")
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Errors of one output (``out`` or ``lse``) against the float64 reference."""
+
+    name: str
+    max_error: float
+    mean_error: float
+    control_max_error: float
+    control_mean_error: float
+    floor: float
+    numel: int
+    mismatches: int  # elements whose error exceeds limit_max
+    limit_max: float
+    limit_mean: float
+
+    @property
+    def ratio(self) -> float:
+        """Kernel max error over control max error (the number flash-attn's tests assert on)."""
+        if self.control_max_error == 0:
+            return 0.0 if self.max_error == 0 else float("inf")
+        return self.max_error / self.control_max_error
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    failures: list[str] = field(default_factory=list)
+    out: ErrorStats | None = None
+    lse: ErrorStats | None = None
+    error: torch.Tensor | None = None  # |kernel - ref| of out, [total_q, Hq, Dvo], float64 (NaN -> inf)
+
+    def headline(self) -> str:
+        if self.passed:
+            return "PASS" + (f" (max error {self.out.ratio:.2f}x the control's)" if self.out else "")
+        return "FAIL: " + "; ".join(self.failures)
+
+
+def _rounding_floor(ref: torch.Tensor, dtype: torch.dtype, factor: float) -> float:
+    finite = ref[torch.isfinite(ref)]
+    if finite.numel() == 0:
+        return 0.0
+    return factor * float((finite.to(dtype).to(torch.float64) - finite).abs().max())
+
+
+def _stats(
+    name: str, kernel: torch.Tensor, control: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, tol: Tolerance
+) -> tuple[ErrorStats, torch.Tensor]:
+    mask = torch.isfinite(ref)
+    err = (kernel.to(torch.float64) - ref).abs()
+    err = torch.where(torch.isnan(err), float("inf"), err)
+    ctrl = (control.to(torch.float64) - ref).abs()
+    e, c = err[mask], ctrl[mask]
+    floor = _rounding_floor(ref, dtype, tol.floor_factor)
+    ctrl_max = float(c.max()) if c.numel() else 0.0
+    ctrl_mean = float(c.mean()) if c.numel() else 0.0
+    limit_max = tol.max_ratio * ctrl_max + floor
+    limit_mean = tol.mean_ratio * ctrl_mean + floor / 2
+    stats = ErrorStats(
+        name=name,
+        max_error=float(e.max()) if e.numel() else 0.0,
+        mean_error=float(e.mean()) if e.numel() else 0.0,
+        control_max_error=ctrl_max,
+        control_mean_error=ctrl_mean,
+        floor=floor,
+        numel=int(e.numel()),
+        mismatches=int((e > limit_max).sum()),
+        limit_max=limit_max,
+        limit_mean=limit_mean,
+    )
+    return stats, torch.where(mask, err, torch.zeros_like(err))
+
+
+def compare(
+    case: Case,
+    *,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    ref_out: torch.Tensor,
+    ref_lse: torch.Tensor,
+    control_out: torch.Tensor,
+    control_lse: torch.Tensor,
+    tolerance: Tolerance = Tolerance(),
+) -> Verdict:
+    """Judge a kernel's ``out`` (and natural-log ``lse`` if it returns one) against the reference."""
+    failures: list[str] = []
+    heads, total_q = case.heads, case.layout.total_q
+    out_dtype = getattr(torch, case.options.q_dtype)
+    want = (total_q, heads.num_qo_heads, heads.head_dim_vo)
+    if tuple(out.shape) != want:
+        return Verdict(False, [f"out has shape {tuple(out.shape)}, expected {want}"])
+    if out.dtype != out_dtype:
+        failures.append(f"out dtype is {out.dtype}, expected {out_dtype}")
+    out = out.to(ref_out.device)
+    empty_rows = torch.isinf(ref_lse)  # [total_q, Hq]: no key to attend
+    bad = ~torch.isfinite(out)
+    if bad.any():
+        failures.append(f"out has {int(bad.sum())} non-finite elements (NaN {int(torch.isnan(out).sum())})")
+    nonzero_empty = (out != 0).any(-1) & empty_rows
+    if nonzero_empty.any():
+        failures.append(f"{int(nonzero_empty.sum())} empty rows (no key to attend) are not exactly 0")
+    out_stats, error = _stats("out", out, control_out, ref_out, out_dtype, tolerance)
+    if out_stats.max_error > out_stats.limit_max:
+        failures.append(
+            f"out max error {out_stats.max_error:.3g} > {out_stats.limit_max:.3g} allowed "
+            f"({tolerance.max_ratio:g} x control {out_stats.control_max_error:.3g} + floor {out_stats.floor:.3g}); "
+            f"{out_stats.mismatches} / {out_stats.numel} elements mismatch"
+        )
+    elif out_stats.mean_error > out_stats.limit_mean:
+        failures.append(
+            f"out mean error {out_stats.mean_error:.3g} > {out_stats.limit_mean:.3g} allowed "
+            f"({tolerance.mean_ratio:g} x control mean {out_stats.control_mean_error:.3g} + floor / 2)"
+        )
+    lse_stats = None
+    if lse is not None:
+        lse = lse.to(ref_lse.device)
+        if tuple(lse.shape) != (total_q, heads.num_qo_heads):
+            failures.append(f"lse has shape {tuple(lse.shape)}, expected {(total_q, heads.num_qo_heads)}")
+        else:
+            lse64 = lse.to(torch.float64)
+            wrong_empty = empty_rows & ~(lse64 == float("-inf"))
+            if wrong_empty.any():
+                sample = lse64[wrong_empty][:3].tolist()
+                failures.append(f"{int(wrong_empty.sum())} empty rows have lse {sample}, expected -inf")
+            bad_lse = ~empty_rows & ~torch.isfinite(lse64)
+            if bad_lse.any():
+                failures.append(f"lse has {int(bad_lse.sum())} non-finite values on rows with keys")
+            lse_stats, _ = _stats("lse", lse64, control_lse, ref_lse, torch.float32, tolerance)
+            if lse_stats.max_error > lse_stats.limit_max:
+                failures.append(
+                    f"lse max error {lse_stats.max_error:.3g} > {lse_stats.limit_max:.3g} allowed "
+                    f"({lse_stats.mismatches} / {lse_stats.numel} mismatch)"
+                )
+    return Verdict(not failures, failures, out_stats, lse_stats, error)
