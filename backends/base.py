@@ -1,0 +1,154 @@
+"""What every kernel adapter is: declared capabilities (data) plus ``plan`` / ``run``.
+
+EXTENDING: a new kernel is one file in ``backends/`` (or any module named by the
+``pa_oracle.backends`` entry point) holding a ``Backend`` subclass decorated with ``@register``.
+It converts the canonical case (CSR layout, NHD pages, natural-log LSE) to the kernel's own
+conventions, and only there. The strategies draw only cases its ``Capabilities`` admit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+
+from oracle.case import KV_DTYPES, Q_DTYPES, Case
+from oracle.tensors import Tensors
+
+
+class Unsupported(Exception):
+    """Raised by an adapter for a case its kernel does not handle: a skip, never a finding."""
+
+
+class KernelOutput(NamedTuple):
+    out: torch.Tensor  # [total_q, Hq, Dvo] in the case's q dtype
+    lse: torch.Tensor | None  # [total_q, Hq], natural log, or None if the kernel returns none
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a kernel accepts. ``None`` means "any"; tuples list the accepted values."""
+
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    q_dtypes: tuple[str, ...] = Q_DTYPES
+    kv_dtypes: tuple[str, ...] | None = None  # None: the kv dtype equals the q dtype
+    head_dims: tuple[int, ...] | None = None  # head_dim_qk
+    head_dim_vo_may_differ: bool = True
+    page_sizes: tuple[int, ...] | None = None
+    page_size_multiple: int = 1
+    max_group_size: int | None = None
+    max_qo_len: int | None = None  # 1 for decode-only kernels
+    qo_len_above_kv_len: bool = True
+    empty_requests: bool = True  # kv_len 0 and qo_len 0 requests
+    causal: tuple[bool, ...] = (False, True)
+    window_left: bool = True
+    logits_soft_cap: bool = True
+    alibi: bool = True
+    sinks: bool = True
+    custom_sm_scale: bool = True
+    fp8_scales: bool = True  # k_scale / v_scale other than 1
+    returns_lse: bool = True
+
+    def replace(self, **changes: Any) -> Capabilities:
+        return dataclasses.replace(self, **changes)
+
+    def accepted_kv_dtypes(self, q_dtype: str) -> tuple[str, ...]:
+        return (q_dtype,) if self.kv_dtypes is None else tuple(d for d in self.kv_dtypes if d in KV_DTYPES)
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        """Why this kernel cannot run ``case``, or None if it can."""
+        lay, heads, opts = case.layout, case.heads, case.options
+        checks = [
+            (opts.q_dtype in self.q_dtypes, f"q dtype {opts.q_dtype} not in {self.q_dtypes}"),
+            (opts.kv_dtype in self.accepted_kv_dtypes(opts.q_dtype), f"kv dtype {opts.kv_dtype} with q {opts.q_dtype}"),
+            (self.head_dims is None or heads.head_dim_qk in self.head_dims, f"head_dim {heads.head_dim_qk}"),
+            (self.head_dim_vo_may_differ or heads.head_dim_qk == heads.head_dim_vo, "head_dim_vo != head_dim_qk"),
+            (self.page_sizes is None or lay.page_size in self.page_sizes, f"page_size {lay.page_size}"),
+            (lay.page_size % self.page_size_multiple == 0, f"page_size % {self.page_size_multiple} != 0"),
+            (self.max_group_size is None or heads.group_size <= self.max_group_size, f"group {heads.group_size}"),
+            (self.max_qo_len is None or max(lay.qo_lens) <= self.max_qo_len, f"qo_len > {self.max_qo_len}"),
+            (self.qo_len_above_kv_len or all(q <= k for q, k in zip(lay.qo_lens, lay.kv_lens)), "qo_len > kv_len"),
+            (self.empty_requests or (min(lay.kv_lens) > 0 and min(lay.qo_lens) > 0), "empty request"),
+            (opts.causal in self.causal, f"causal={opts.causal}"),
+            (self.window_left or opts.window_left < 0, "window_left"),
+            (self.logits_soft_cap or opts.logits_soft_cap == 0, "logits_soft_cap"),
+            (self.alibi or opts.alibi_slopes is None, "alibi"),
+            (self.sinks or opts.sinks is None, "sinks"),
+            (self.custom_sm_scale or opts.sm_scale is None, "custom sm_scale"),
+            (self.fp8_scales or (opts.k_scale == 1 and opts.v_scale == 1), "fp8 scales != 1"),
+        ]
+        failed = [why for ok, why in checks if not ok]
+        return "unsupported: " + ", ".join(failed) if failed else None
+
+
+class Backend:
+    """A kernel under test. Subclasses set ``name`` and ``capabilities`` and implement ``run``.
+
+    >>> backend = get_backend("sdpa-math")                      # doctest: +SKIP
+    >>> out, lse = backend.run(backend.plan(case), make_tensors(case, backend.device))  # doctest: +SKIP
+    """
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    description: ClassVar[str] = ""
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run on this machine (missing package, no GPU), or None."""
+        if self.device is None:
+            return f"needs one of devices {self.capabilities.devices}; this machine has " + (
+                "cuda and cpu" if torch.cuda.is_available() else "cpu only"
+            )
+        return None
+
+    @property
+    def device(self) -> str | None:
+        devices = self.capabilities.devices
+        if "cuda" in devices and torch.cuda.is_available():
+            return "cuda"
+        return "cpu" if "cpu" in devices else None
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__}
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        return self.capabilities.unsupported_reason(case)
+
+    def plan(self, case: Case) -> Any:
+        """Per-layout preparation (FlashInfer's ``plan``); the default keeps the case."""
+        return case
+
+    def run(self, plan: Any, tensors: Tensors) -> KernelOutput:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+_REGISTRY: dict[str, type[Backend]] = {}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator: make a backend discoverable by name."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"backend name {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registered() -> dict[str, type[Backend]]:
+    return dict(_REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    from backends import discover
+
+    discover()
+    if name not in _REGISTRY:
+        import difflib
+
+        close = difflib.get_close_matches(name, _REGISTRY, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"unknown backend {name!r}{hint} (known: {', '.join(sorted(_REGISTRY))})")
+    return _REGISTRY[name]()
