@@ -7,15 +7,17 @@ context. It runs wherever the tensors are (CPU or CUDA).
 
 >>> from oracle.case import Case, Layout, Heads
 >>> case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 4, 4))
->>> out, lse = reference(case, make_tensors(case))
->>> tuple(out.shape), out.dtype
+>>> ref = reference(case, make_tensors(case))
+>>> tuple(ref.out.shape), ref.out.dtype
 ((1, 1, 4), torch.float64)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -23,7 +25,20 @@ from oracle.case import Case
 from oracle.tensors import Tensors, make_tensors, token_addresses
 
 LOG2_E = 1.0 / math.log(2.0)
+_MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 _CHUNK_BYTES = 1 << 27  # logits kept live per KV chunk
+
+
+def half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Half the spacing of ``dtype`` at each |x|: the bound on rounding x to ``dtype`` (float64).
+
+    >>> half_ulp(torch.tensor([1.0, 3.0], dtype=torch.float64), torch.bfloat16).tolist()
+    [0.00390625, 0.0078125]
+    """
+    _, exponent = torch.frexp(x.abs())
+    info = torch.finfo(dtype)
+    spacing = torch.pow(2.0, (exponent - 1 - _MANTISSA_BITS[dtype]).to(torch.float64))
+    return spacing.clamp(min=info.smallest_normal * info.eps) / 2
 
 
 def gather_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,17 +152,29 @@ def _sink_logits(case: Case, like: torch.Tensor) -> torch.Tensor | None:
     )
 
 
+class Reference(NamedTuple):
+    out: torch.Tensor  # [total_q, Hq, Dvo] float64
+    lse: torch.Tensor  # [total_q, Hq] float64
+    logit_noise: torch.Tensor | None  # [total_q, Hq, Dvo]: see ``reference``
+
+
 def reference(
     case: Case,
     tensors: Tensors,
     *,
     lse_base: str = "e",
     chunk_size: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logit_noise: bool = False,
+) -> Reference:
     """Float64 ``(out [total_q, Hq, Dvo], lse [total_q, Hq])`` on the tensors' device.
 
     ``lse_base`` is ``"e"`` (natural log) or ``"2"`` (FlashInfer's convention). Rows with no key
     to attend give out 0 and lse -inf.
+
+    ``logit_noise=True`` also returns, per output element, a first-order bound on the error that
+    rounding each logit to float32 (every kernel's accumulator) causes:
+    ``sum_j p_j * half_ulp32(s_j) * (|v_j| + |out|)``. It is large exactly where softmax is
+    peaked on large logits, where any correct fp32 kernel loses digits.
     """
     if lse_base not in ("e", "2"):
         raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
@@ -164,6 +191,7 @@ def reference(
         m = q.new_full((nb, case.heads.num_kv_heads, case.heads.group_size, max_q), float("-inf"))
         denom = torch.zeros_like(m)
         acc = q.new_zeros(*m.shape, case.heads.head_dim_vo)
+        noise_v, noise_w = torch.zeros_like(acc), torch.zeros_like(m)
         for start in range(0, max_kv, step):
             cols = slice(start, min(start + step, max_kv))
             tokens = bucket.kv_tokens[:, cols]
@@ -175,24 +203,38 @@ def reference(
             v = values[tokens]
             denom = denom * rescale + p.sum(-1)
             acc = acc * rescale[..., None] + torch.einsum("bhgqk,bkhd->bhgqd", p, v)
+            if logit_noise:
+                weighted = p * half_ulp(torch.where(torch.isinf(s), 0.0, s), torch.float32)
+                noise_v = noise_v * rescale[..., None] + torch.einsum("bhgqk,bkhd->bhgqd", weighted, v.abs())
+                noise_w = noise_w * rescale + weighted.sum(-1)
             m = m_new
         empty = denom == 0
         total = denom if sink is None else denom + torch.exp(sink - torch.where(empty, 0.0, m))
         out = torch.where(empty[..., None], 0.0, acc / torch.where(empty, 1.0, total)[..., None])
         lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1.0, denom)))
-        results.append((out, lse))
-    out, lse = _scatter(case, buckets, results, q)
-    return out, (lse * LOG2_E if lse_base == "2" else lse)
+        safe_total = torch.where(empty, 1.0, total)[..., None]
+        noise = (noise_v + out.abs() * noise_w[..., None]) / safe_total
+        results.append((out, lse, noise))
+    out, lse = _scatter(case, buckets, [r[:2] for r in results], q)
+    noise_out = _scatter(case, buckets, [(r[2], r[1]) for r in results], q)[0] if logit_noise else None
+    return Reference(out, lse * LOG2_E if lse_base == "2" else lse, noise_out)
 
 
-def plain_attention(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def plain_attention(
+    case: Case, tensors: Tensors, dtype: torch.dtype, *, reorder_ops: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The naive computation every step in ``dtype``: logits, softmax, cast, matmul.
 
     This is the *control* of the tolerance model (flash-attn's ``attention_ref(upcast=False)``):
     a kernel in ``dtype`` may be as far from the float64 reference as this is, times a factor.
+    ``reorder_ops`` scales q before the dot product instead of the logits after it (flash-attn's
+    second control): the same precision, rounded differently.
     """
     keys, values = (_with_zero_row(x) for x in gather_kv(case, tensors, dtype))
     q = tensors.q.to(dtype)
+    if reorder_ops:
+        q = q * case.sm_scale
+        case = case.replace(options=dataclasses.replace(case.options, sm_scale=1.0))
     buckets = _buckets(case, q.device)
     sink = _sink_logits(case, q)
     results = []
@@ -228,4 +270,4 @@ def merge_states(
     return torch.where(empty[..., None], 0.0, out), lse
 
 
-__all__ = ["reference", "plain_attention", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]
+__all__ = ["Reference", "half_ulp", "reference", "plain_attention", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]

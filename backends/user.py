@@ -1,0 +1,140 @@
+"""Fuzz a user's own attention function without writing an adapter.
+
+The function takes the canonical layout directly::
+
+    def my_attention(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                     causal, sm_scale, window_left, logits_soft_cap) -> out | (out, lse)
+
+``q`` [total_q, Hq, Dqk], caches [num_pages, page_size, Hkv, D] (NHD), int32 index tensors on the
+same device, ``out`` [total_q, Hq, Dvo] in q's dtype, ``lse`` natural log [total_q, Hq]. Optional
+keywords ``alibi_slopes`` / ``sinks`` (float32 [Hq]) and ``k_scale`` / ``v_scale`` (floats; fp8 KV)
+are passed when the signature has them. An option the function does not accept is held at its
+neutral value for it (never drawn). ``@declare(...)`` narrows further, with ``Capabilities`` fields::
+
+    @declare(q_dtypes=("bfloat16",), page_sizes=(16, 32), devices=("cuda",))
+    def my_attention(...): ...
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import fields
+from typing import Any, Callable
+
+import torch
+
+from backends.base import Backend, Capabilities, KernelOutput
+from oracle.case import FP8_DTYPES, Case
+from oracle.tensors import Tensors
+
+ATTRIBUTE = "pa_oracle_capabilities"
+_CAPABILITY_FIELDS = {f.name for f in fields(Capabilities)}
+_OPTION_FLAGS = {  # keyword -> Capabilities field it enables
+    "window_left": "window_left",
+    "logits_soft_cap": "logits_soft_cap",
+    "alibi_slopes": "alibi",
+    "sinks": "sinks",
+    "sm_scale": "custom_sm_scale",
+}
+_LAYOUT_KWARGS = ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")
+
+
+def declare(**capabilities: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Narrow what the fuzzer draws for a user kernel (``Capabilities`` field names)."""
+    unknown = set(capabilities) - _CAPABILITY_FIELDS
+    if unknown:
+        raise TypeError(f"unknown capability fields {sorted(unknown)}; known: {sorted(_CAPABILITY_FIELDS)}")
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(fn, ATTRIBUTE, dict(capabilities))
+        return fn
+
+    return mark
+
+
+def load_kernel(spec: str) -> Callable[..., Any]:
+    """Import ``package.module:function`` (the current directory is importable, as for pytest)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--kernel takes MODULE:FUNCTION, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    try:
+        fn = getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(fn):
+        raise ValueError(f"{spec} is not callable")
+    return fn
+
+
+def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
+    params = inspect.signature(fn).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    accepts = lambda name: takes_all or name in params  # noqa: E731
+    missing = [name for name in _LAYOUT_KWARGS if not accepts(name)]
+    if missing:
+        raise ValueError(f"kernel {fn.__name__} must accept keyword arguments {missing}")
+    flags: dict[str, Any] = {field: accepts(kw) for kw, field in _OPTION_FLAGS.items()}
+    flags["causal"] = (False, True) if accepts("causal") else (False,)
+    fp8 = accepts("k_scale") and accepts("v_scale")
+    flags["fp8_scales"] = fp8
+    caps = Capabilities(**flags)
+    if fp8:
+        caps = caps.replace(kv_dtypes=caps.q_dtypes + FP8_DTYPES)
+    declared = getattr(fn, ATTRIBUTE, {})
+    unknown = set(declared) - _CAPABILITY_FIELDS
+    if unknown:
+        raise ValueError(f"{fn.__name__}.{ATTRIBUTE} has unknown fields {sorted(unknown)}")
+    return caps.replace(**declared)
+
+
+class UserKernel(Backend):
+    """Adapter around a function with the canonical signature (module docstring)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or f"{fn.__module__}:{fn.__qualname__}"
+        self.capabilities = capabilities_of(fn)  # type: ignore[misc]
+        self._params = inspect.signature(fn).parameters
+        self._takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in self._params.values())
+
+    @classmethod
+    def from_spec(cls, spec: str) -> UserKernel:
+        return cls(load_kernel(spec), name=spec)
+
+    def versions(self) -> dict[str, str]:
+        module = sys.modules.get(self.fn.__module__)
+        return {**super().versions(), "kernel": self.name, "module_file": str(getattr(module, "__file__", "?"))}
+
+    def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
+        case, device = plan, tensors.q.device
+        lay, opts = case.layout, case.options
+        index = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+        kwargs: dict[str, Any] = {
+            "qo_indptr": index(lay.qo_indptr),
+            "kv_indptr": index(lay.kv_indptr),
+            "kv_indices": index(lay.kv_indices),
+            "kv_last_page_len": index(lay.kv_last_page_len),
+            "causal": opts.causal,
+            "sm_scale": case.sm_scale,
+            "window_left": opts.window_left,
+            "logits_soft_cap": opts.logits_soft_cap,
+            "k_scale": opts.k_scale,
+            "v_scale": opts.v_scale,
+        }
+        for name in ("alibi_slopes", "sinks"):
+            values = getattr(opts, name)
+            kwargs[name] = None if values is None else torch.tensor(values, dtype=torch.float32, device=device)
+        if not self._takes_all:
+            kwargs = {k: v for k, v in kwargs.items() if k in self._params}
+        result = self.fn(tensors.q, tensors.k_cache, tensors.v_cache, **kwargs)
+        if isinstance(result, torch.Tensor):
+            return KernelOutput(result, None)
+        if isinstance(result, (tuple, list)) and len(result) == 2:
+            return KernelOutput(result[0], result[1])
+        raise TypeError(f"{self.name} returned {type(result).__name__}; expected out or (out, lse)")

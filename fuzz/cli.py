@@ -1,0 +1,163 @@
+"""``pa-oracle``: fuzz kernels against the float64 oracle, replay saved cases, show the environment."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from backends import discover
+from backends.base import Backend, get_backend
+from backends.user import UserKernel
+from fuzz.campaign import fuzz_backend
+from fuzz.runner import check_case
+from fuzz.strategies import Limits
+from oracle.case import Case, CaseError
+from oracle.report import format_report
+
+
+def available_backends() -> tuple[list[Backend], dict[str, str]]:
+    """(usable backends, {name: why not} for the rest)."""
+    usable, missing = [], {}
+    for name, cls in sorted(discover().items()):
+        backend = cls()
+        reason = backend.unavailable_reason()
+        if reason:
+            missing[name] = reason
+        else:
+            usable.append(backend)
+    return usable, missing
+
+
+def _select(backend_names: tuple[str, ...], kernels: tuple[str, ...]) -> list[Backend]:
+    try:
+        chosen = [get_backend(n) for n in backend_names] + [UserKernel.from_spec(k) for k in kernels]
+    except (KeyError, ValueError, ImportError) as exc:
+        raise click.UsageError(str(exc).strip("'\"")) from None
+    if not chosen:
+        chosen, _ = available_backends()
+    for backend in chosen:
+        reason = backend.unavailable_reason()
+        if reason:
+            raise click.UsageError(f"backend {backend.name} is not available here: {reason}")
+    return chosen
+
+
+@click.group()
+@click.version_option(package_name="paged-attention-oracle")
+def main() -> None:
+    """Differential testing of paged-attention kernels against a float64 oracle."""
+
+
+@main.command()
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
+@click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
+@click.option("--examples", "-n", default=200, show_default=True, help="Examples per backend.")
+@click.option("--seed", default=0, show_default=True, help="Base seed: the same seed draws the same cases.")
+@click.option("--time-budget", type=float, default=None, help="Seconds for the whole run, shared by the backends.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
+@click.option("--max-batch", default=Limits.max_batch, show_default=True)
+@click.option("--max-kv-len", default=Limits.max_kv_len, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+def fuzz(
+    backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int, time_budget: float | None,
+    out_dir: Path, max_batch: int, max_kv_len: int, as_json: bool,
+) -> None:
+    """Fuzz kernels against the oracle; exit 1 on any finding."""
+    chosen = _select(backend_names, kernels)
+    limits = Limits(max_batch=max_batch, max_kv_len=max_kv_len)
+    start = time.monotonic()
+    results = []
+    for i, backend in enumerate(chosen):
+        deadline = None
+        if time_budget is not None:
+            deadline = start + time_budget * (i + 1) / len(chosen)
+        click.echo(f"fuzzing {backend.name} on {backend.device} ...", err=True)
+        spec = backend.name if isinstance(backend, UserKernel) else None
+        result = fuzz_backend(
+            backend, examples=examples, base_seed=seed, deadline=deadline, limits=limits, out_dir=out_dir,
+            kernel_spec=spec, progress=lambda line: click.echo("  " + line, err=True),
+        )
+        results.append(result)
+        if result.finding and not as_json:
+            click.echo(f"\nFINDING in {backend.name}: {result.finding.message.splitlines()[0]}")
+            click.echo(f"  minimal case: {result.finding.case.summary()}")
+            click.echo(f"  report: {result.finding_dir / 'report.md'}")
+            click.echo(f"  repro:  {result.repro}\n")
+    if as_json:
+        click.echo(json.dumps([_result_json(r) for r in results], indent=1))
+    else:
+        click.echo("\n".join(r.line() for r in results))
+    if any(r.finding for r in results):
+        sys.exit(1)
+
+
+def _result_json(result: Any) -> dict[str, Any]:
+    return {
+        "backend": result.backend, "examples": result.examples, "passed": result.passed,
+        "unsupported": result.unsupported, "seconds": round(result.seconds, 2),
+        "finding": None if not result.finding else {
+            "status": result.finding.status, "message": result.finding.message.splitlines()[0],
+            "dir": str(result.finding_dir), "repro": result.repro, "case": result.finding.case.summary(),
+        },
+        "notes": result.notes,
+    }
+
+
+@main.command()
+@click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--backend", "-b", "backend_name", help="Backend to run (default: the one that found the case).")
+@click.option("--kernel", "-k", help="A user kernel as MODULE:FUNCTION.")
+@click.option("--json", "as_json", is_flag=True)
+def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_json: bool) -> None:
+    """Re-run a saved case on one backend and print the verdict; exit 1 if it fails."""
+    try:
+        case = Case.load(case_file)
+    except CaseError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not backend_name and not kernel:
+        kernel = case.meta.get("kernel")
+        backend_name = None if kernel else case.meta.get("backend")
+    if not backend_name and not kernel:
+        raise click.UsageError("give --backend or --kernel (the case file names neither)")
+    backend = _select((backend_name,) if backend_name else (), (kernel,) if kernel else ())[0]
+    outcome = check_case(backend, case)
+    if as_json:
+        payload = {"backend": backend.name, "status": outcome.status, "message": outcome.message}
+        click.echo(json.dumps(payload, indent=1))
+    elif outcome.verdict is not None:
+        click.echo(format_report(case, backend.name, outcome.verdict))
+    else:
+        click.echo(f"{backend.name}: {outcome.status.upper()}: {outcome.message}")
+    if outcome.is_finding:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def env(as_json: bool) -> None:
+    """Versions, devices and which backends are available (and why not)."""
+    import torch
+
+    usable, missing = available_backends()
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "devices": ["cpu"] + [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "backends": {b.name: {"available": True, "device": b.device, "versions": b.versions()} for b in usable},
+    }
+    info["backends"].update({name: {"available": False, "why": why} for name, why in missing.items()})
+    if as_json:
+        click.echo(json.dumps(info, indent=1))
+        return
+    click.echo(f"python {info['python']}, torch {info['torch']}, cuda {info['cuda']}")
+    click.echo("devices: " + ", ".join(info["devices"]))
+    for name, entry in info["backends"].items():
+        state = f"available on {entry['device']}" if entry["available"] else f"unavailable: {entry['why']}"
+        click.echo(f"  {name:16s} {state}")

@@ -1,0 +1,164 @@
+"""Hypothesis strategies for paged-attention cases, biased to where kernels break.
+
+Verification model: every drawn case is valid (``oracle.case`` validates it) and admitted by the
+kernel's ``Capabilities`` (filtered *before* drawing, no mass rejection). Draws are ordered so
+that shrinking heads for small batches, short sequences, identity page tables, small heads and
+options off.
+
+Edges drawn on purpose: kv_len in {0, 1, page-1, page, page+1, 2 pages, many pages}; qo_len 1
+(decode), 2-8 (speculative), chunked prefill, full prefill, qo_len > kv_len; mixed batches;
+random page permutations with unused pool pages; page sizes 1..256; GQA groups 1..32 including
+5, 6, 7; every option; five data distributions.
+
+EXTENDING: a new knob is one labelled ``draw`` here plus a ``Capabilities`` field that gates it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from backends.base import Capabilities
+from oracle.case import DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options
+
+PAGE_SIZES = (16, 1, 2, 3, 5, 8, 32, 64, 128, 256)  # shrinks toward the first
+GROUP_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
+HEAD_DIMS = (16, 8, 32, 64, 24, 40, 80, 128)
+SOFT_CAPS = (30.0, 1.0, 5.0, 50.0)
+SM_SCALES = (0.5, 0.05, 1.0, 0.3)
+FP8_SCALES = (1.0, 0.75, 0.5, 0.25, 2.0)
+QO_MODES = ("decode", "speculative", "chunked_prefill", "full_prefill", "qo_above_kv", "no_queries")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size bounds of drawn cases (cost, not capability)."""
+
+    max_batch: int = 6
+    max_kv_len: int = 300
+    max_qo_len: int = 64
+    max_extra_pages: int = 4
+    max_kv_heads: int = 4
+    max_qo_heads: int = 32
+    head_dims: tuple[int, ...] = HEAD_DIMS
+
+
+def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+    """The ALiBi paper's geometric slopes (closest power of two, then interleaved)."""
+    n = 1 << int(math.floor(math.log2(num_heads)))
+    base = [2 ** (-8 * (i + 1) / n) for i in range(n)]
+    extra = [2 ** (-4 * (2 * i + 1) / n) for i in range(num_heads - n)]
+    return tuple(base + extra)
+
+
+def _page_sizes(caps: Capabilities) -> list[int]:
+    allowed = caps.page_sizes or PAGE_SIZES
+    if caps.page_size_multiple > 1 and caps.page_sizes is None:
+        allowed = tuple(caps.page_size_multiple * k for k in (1, 2))
+    sizes = [p for p in allowed if p % caps.page_size_multiple == 0]
+    if not sizes:
+        raise ValueError(f"no page size satisfies {caps}")
+    return sizes
+
+
+def _kv_len(draw: st.DrawFn, page: int, limits: Limits, min_len: int, label: str) -> int:
+    edges = sorted({n for n in (1, page - 1, page, page + 1, 2 * page, 0) if min_len <= n <= limits.max_kv_len})
+    return draw(st.one_of(st.integers(min_len, limits.max_kv_len), st.sampled_from(edges)), label=label)
+
+
+def _qo_len(draw: st.DrawFn, kv_len: int, caps: Capabilities, limits: Limits, min_len: int, label: str) -> int:
+    cap = min(limits.max_qo_len, caps.max_qo_len or limits.max_qo_len)
+    modes = [m for m in QO_MODES if not (m == "no_queries" and min_len > 0)]
+    if not caps.qo_len_above_kv_len:
+        modes.remove("qo_above_kv")
+    mode = draw(st.sampled_from(modes), label=label + " mode")
+    if mode == "decode":
+        n = 1
+    elif mode == "speculative":
+        n = draw(st.integers(2, 8), label=label)
+    elif mode == "chunked_prefill":
+        n = draw(st.integers(1, max(kv_len, 1)), label=label)
+    elif mode == "full_prefill":
+        n = kv_len
+    elif mode == "qo_above_kv":
+        n = kv_len + draw(st.integers(1, 8), label=label)
+    else:
+        n = 0
+    if not caps.qo_len_above_kv_len:
+        n = min(n, kv_len)
+    return max(min_len, min(n, cap))
+
+
+@st.composite
+def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits()) -> Layout:
+    """Ragged batches with random page tables (see the module docstring)."""
+    page = draw(st.sampled_from(_page_sizes(caps)), label="page_size")
+    batch = draw(st.integers(1, limits.max_batch), label="batch_size")
+    min_len = 0 if caps.empty_requests else 1
+    kv_lens = [_kv_len(draw, page, limits, min_len, f"kv_len[{b}]") for b in range(batch)]
+    qo_lens = [_qo_len(draw, kv_lens[b], caps, limits, min_len, f"qo_len[{b}]") for b in range(batch)]
+    if sum(qo_lens) == 0:
+        qo_lens[0] = 1  # a call with no query at all tests nothing
+    needed = sum(-(-n // page) for n in kv_lens)
+    extra = draw(st.integers(0, limits.max_extra_pages), label="unused_pool_pages")
+    order = draw(st.permutations(range(needed + extra)), label="page_order")
+    return Layout.from_lengths(qo_lens, kv_lens, page, page_order=order, extra_pages=extra)
+
+
+@st.composite
+def heads(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits()) -> Heads:
+    num_kv = draw(st.integers(1, limits.max_kv_heads), label="num_kv_heads")
+    groups = [g for g in GROUP_SIZES if g * num_kv <= limits.max_qo_heads and g <= (caps.max_group_size or g)]
+    group = draw(st.sampled_from(groups), label="group_size")
+    dims = [d for d in limits.head_dims if caps.head_dims is None or d in caps.head_dims] or list(caps.head_dims or ())
+    dim_qk = draw(st.sampled_from(dims), label="head_dim_qk")
+    dim_vo = dim_qk
+    if caps.head_dim_vo_may_differ and draw(st.booleans(), label="head_dim_vo differs"):
+        dim_vo = draw(st.sampled_from(dims), label="head_dim_vo")
+    return Heads(num_kv * group, num_kv, dim_qk, dim_vo)
+
+
+@st.composite
+def options(draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilities = Capabilities()) -> Options:
+    q_dtype = draw(st.sampled_from(caps.q_dtypes), label="q_dtype")
+    kv_dtype = draw(st.sampled_from(caps.accepted_kv_dtypes(q_dtype)), label="kv_dtype")
+    k_scale = v_scale = 1.0
+    if kv_dtype in FP8_DTYPES and caps.fp8_scales:
+        k_scale = draw(st.sampled_from(FP8_SCALES), label="k_scale")
+        v_scale = draw(st.sampled_from(FP8_SCALES), label="v_scale")
+    causal = draw(st.sampled_from(sorted(caps.causal)), label="causal")
+    window_left = -1
+    if caps.window_left and draw(st.booleans(), label="sliding window"):
+        window_left = draw(st.integers(0, max(max_kv_len, 1)), label="window_left")
+    soft_cap = 0.0
+    if caps.logits_soft_cap and draw(st.booleans(), label="soft cap"):
+        soft_cap = draw(st.sampled_from(SOFT_CAPS), label="logits_soft_cap")
+    slopes = alibi_slopes(num_qo_heads) if caps.alibi and draw(st.booleans(), label="alibi") else None
+    sinks = None
+    if caps.sinks and draw(st.booleans(), label="sinks"):
+        sinks = tuple(draw(st.lists(st.sampled_from((0.0, 1.0, -2.0, 4.0)), min_size=num_qo_heads, max_size=num_qo_heads), label="sinks"))
+    sm_scale = None
+    if caps.custom_sm_scale and draw(st.booleans(), label="custom sm_scale"):
+        sm_scale = draw(st.sampled_from(SM_SCALES), label="sm_scale")
+    return Options(
+        causal=causal, sm_scale=sm_scale, window_left=window_left, logits_soft_cap=soft_cap,
+        alibi_slopes=slopes, sinks=sinks, q_dtype=q_dtype, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale,
+    )
+
+
+@st.composite
+def cases(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits()) -> Case:
+    """A complete case that a kernel with ``caps`` accepts.
+
+    >>> from hypothesis import find
+    >>> find(cases(), lambda c: c.options.causal and c.heads.group_size == 7).heads.group_size
+    7
+    """
+    layout = draw(layouts(caps, limits), label="layout")
+    head = draw(heads(caps, limits), label="heads")
+    opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps), label="options")
+    distribution = draw(st.sampled_from(DISTRIBUTIONS), label="distribution")
+    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    return Case(layout, head, opts, seed=seed, distribution=distribution)
