@@ -31,6 +31,8 @@ def _paged_attention(
         kv_len = (len(pages) - 1) * page_size + int(kv_last_page_len[b])
         if bug == "last_page_off_by_one":
             kv_len -= 1
+            if kv_len == 0:
+                continue
         k = k_cache[pages].flatten(0, 1)[:kv_len].float()[:, kv_head_of]  # [kv, Hq, D]
         v = v_cache[pages].flatten(0, 1)[:kv_len].float()[:, kv_head_of]
         qo_len = q1 - q0

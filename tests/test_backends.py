@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends import discover
+from backends.base import get_backend
+from backends.user import UserKernel, capabilities_of, declare
+from fuzz.runner import check_case
+from oracle.case import Case, Heads, Layout, Options
+
+
+def test_discovery_finds_the_cpu_adapters() -> None:
+    assert {"sdpa-math", "sdpa-flash", "flex"} <= set(discover())
+
+
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        Options(causal=True, q_dtype="bfloat16", kv_dtype="bfloat16"),
+        Options(causal=True, window_left=3, alibi_slopes=(0.5, 0.25, 0.125, 0.0625), q_dtype="float16", kv_dtype="float16"),
+        Options(sm_scale=0.3),
+    ],
+)
+def test_sdpa_backends_agree_on_a_ragged_batch(name: str, options: Options) -> None:
+    case = Case(Layout.from_lengths([1, 0, 7, 4, 3], [33, 5, 7, 0, 2], 4, page_order=None, extra_pages=3), Heads(4, 2, 16, 16), options)
+    outcome = check_case(get_backend(name), case)
+    assert outcome.status == "pass", outcome.message
+
+
+def test_unsupported_options_are_skipped_with_a_reason() -> None:
+    case = Case(Layout.from_lengths([1], [5], 4), Heads(1, 1, 8, 8), Options(logits_soft_cap=30.0))
+    outcome = check_case(get_backend("sdpa-math"), case)
+    assert outcome.status == "unsupported" and "logits_soft_cap" in outcome.message
+
+
+@pytest.mark.slow
+def test_flex_compiled_agrees_with_every_option() -> None:
+    flex = get_backend("flex")
+    case = Case(
+        Layout.from_lengths([1, 0, 9, 3], [40, 3, 9, 0], 8, extra_pages=2), Heads(4, 2, 16, 8),
+        Options(causal=True, window_left=5, logits_soft_cap=30.0, alibi_slopes=(0.5, 0.25, 0.125, 0.0625), q_dtype="bfloat16", kv_dtype="bfloat16"),
+    )
+    outcome = check_case(flex, case)
+    assert outcome.status == "pass", outcome.message
+
+
+def test_crash_is_a_finding_not_a_skip() -> None:
+    def broken(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def refuses(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+        raise NotImplementedError("head_dim 8 not built")
+
+    case = Case(Layout.from_lengths([1], [5], 4), Heads(1, 1, 8, 8))
+    assert check_case(UserKernel(broken), case).status == "crash"
+    assert check_case(UserKernel(refuses), case).status == "unsupported"
+
+
+def test_a_kernel_that_writes_its_inputs_fails() -> None:
+    def scribbles(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+        k_cache.zero_()
+        return torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype)
+
+    case = Case(Layout.from_lengths([1], [0], 4, extra_pages=1), Heads(1, 1, 8, 8))
+    outcome = check_case(UserKernel(scribbles), case)
+    assert outcome.status == "fail" and "modified its inputs: k_cache" in outcome.message
+
+
+def test_user_capabilities_come_from_the_signature_and_declare() -> None:
+    @declare(q_dtypes=("bfloat16",), page_sizes=(16,))
+    def kernel(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal, sm_scale):
+        raise AssertionError
+
+    caps = capabilities_of(kernel)
+    assert caps.causal == (False, True) and caps.custom_sm_scale and not caps.window_left and not caps.logits_soft_cap
+    assert caps.q_dtypes == ("bfloat16",) and caps.page_sizes == (16,) and not caps.fp8_scales
+    with pytest.raises(TypeError, match="unknown capability fields"):
+        declare(page_size=16)
+    with pytest.raises(ValueError, match="must accept keyword arguments"):
+        capabilities_of(lambda q, k, v: q)

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from fuzz.cli import main
+
+
+def test_env_lists_backends_as_json() -> None:
+    result = CliRunner().invoke(main, ["env", "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["backends"]["sdpa-math"]["available"] is True
+
+
+def test_fuzz_correct_cpu_kernels_exits_zero(tmp_path) -> None:
+    result = CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "-b", "sdpa-flash", "-n", "40", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert [r["examples"] for r in summary] == [40, 40] and all(r["finding"] is None for r in summary)
+
+
+def test_fuzz_finding_exits_one_with_repro(tmp_path) -> None:
+    result = CliRunner().invoke(main, ["fuzz", "-k", "tests.quality.planted:wrong_gqa_map", "-n", "100", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "repro:  pa-oracle replay" in result.output and "--kernel tests.quality.planted:wrong_gqa_map" in result.output
+
+
+def test_unknown_backend_suggests_a_close_name() -> None:
+    result = CliRunner().invoke(main, ["fuzz", "-b", "sdpa-mat"])
+    assert result.exit_code == 2 and "did you mean sdpa-math" in result.output
+
+
+def test_bad_kernel_spec_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["fuzz", "-k", "no_colon_here"])
+    assert result.exit_code == 2 and "MODULE:FUNCTION" in result.output
+
+
+def test_replay_refuses_a_malformed_case(tmp_path) -> None:
+    (tmp_path / "case.json").write_text(json.dumps({"schema_version": 7}))
+    result = CliRunner().invoke(main, ["replay", str(tmp_path / "case.json"), "-b", "sdpa-math"])
+    assert result.exit_code == 1 and "unknown case schema_version 7" in result.output

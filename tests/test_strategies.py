@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from backends.base import Capabilities
+from fuzz.strategies import Limits, cases
+from oracle.case import KV_DTYPES, Case
+
+CAPS = [
+    Capabilities(kv_dtypes=KV_DTYPES),
+    Capabilities(max_qo_len=1, causal=(False,), q_dtypes=("bfloat16",)),  # a decode kernel
+    Capabilities(page_size_multiple=256, head_dims=(64, 128), head_dim_vo_may_differ=False),  # flash-attn 2 paged
+    Capabilities(empty_requests=False, qo_len_above_kv_len=False, max_group_size=8, window_left=False, alibi=False),
+]
+
+
+@pytest.mark.parametrize("caps", CAPS, ids=["everything", "decode", "fa2_paged", "restricted"])
+def test_every_drawn_case_is_supported(caps: Capabilities) -> None:
+    @settings(max_examples=80)
+    @given(case=cases(caps, Limits(max_kv_len=600)))
+    def check(case: Case) -> None:
+        assert caps.unsupported_reason(case) is None, case.summary()
+
+    check()
+
+
+@pytest.mark.parametrize(
+    "label, predicate",
+    [
+        ("group size 7", lambda c: c.heads.group_size == 7),
+        ("empty request next to a full one", lambda c: 0 in c.layout.kv_lens and max(c.layout.kv_lens) > 0),
+        ("causal qo_len > kv_len", lambda c: c.options.causal and any(q > k for q, k in zip(c.layout.qo_lens, c.layout.kv_lens))),
+        ("kv_len = page + 1", lambda c: c.layout.page_size + 1 in c.layout.kv_lens),
+        ("page size 1", lambda c: c.layout.page_size == 1),
+        ("page size 256", lambda c: c.layout.page_size == 256),
+        ("non-identity page table", lambda c: list(c.layout.kv_indices) != sorted(c.layout.kv_indices)),
+        ("unused pool pages", lambda c: c.layout.num_pages > len(c.layout.kv_indices)),
+        ("mixed decode and prefill", lambda c: 1 in c.layout.qo_lens and max(c.layout.qo_lens) > 8),
+        ("fp8 with scales", lambda c: c.options.is_fp8 and c.options.k_scale != 1),
+        ("window, soft cap and alibi", lambda c: c.options.window_left >= 0 and c.options.logits_soft_cap and c.options.alibi_slopes),
+        ("sinks", lambda c: c.options.sinks is not None),
+    ],
+)
+def test_edges_are_reachable(label: str, predicate) -> None:
+    find(cases(Capabilities(kv_dtypes=KV_DTYPES)), predicate, settings=settings(max_examples=2000, database=None))
+
+
+def test_shrinks_to_a_small_case() -> None:
+    case = find(cases(), lambda c: c.heads.group_size > 1, settings=settings(database=None))
+    assert case.layout.batch_size == 1 and case.heads.num_kv_heads == 1 and case.seed == 0
+    assert not case.options.causal and case.options.window_left == -1
+
+
+@given(st.data())
+@settings(max_examples=20)
+def test_cases_are_valid_json_round_trips(data: st.DataObject) -> None:
+    case = data.draw(cases(Capabilities(kv_dtypes=KV_DTYPES)))
+    assert Case.from_json(case.to_json()) == case
