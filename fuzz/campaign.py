@@ -81,6 +81,9 @@ def fuzz_backend(
     chunk = 0
     while result.examples < examples and (deadline is None or time.monotonic() < deadline):
         n = min(CHUNK, examples - result.examples)
+        if deadline is not None and result.examples:
+            per_example = (time.monotonic() - start) / result.examples
+            n = max(1, min(n, int((deadline - time.monotonic()) / per_example)))
         test = settings(
             max_examples=n, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
             phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
