@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
-from hypothesis.errors import Flaky
+from hypothesis import HealthCheck, Phase, given, reject, seed, settings
+from hypothesis.errors import Flaky, Unsatisfiable
 
 from backends.base import Backend
 from fuzz.runner import Outcome, check_case
@@ -69,6 +69,8 @@ def fuzz_backend(
     failing: list[Outcome] = []
 
     def prop(case):  # type: ignore[no-untyped-def]
+        if deadline is not None and time.monotonic() > deadline and not failing:
+            reject()  # out of time: Hypothesis has no graceful stop, so the rest are discarded
         outcome = check_case(backend, case, tolerance)
         if outcome.is_finding:
             failing.append(outcome)
@@ -81,9 +83,6 @@ def fuzz_backend(
     chunk = 0
     while result.examples < examples and (deadline is None or time.monotonic() < deadline):
         n = min(CHUNK, examples - result.examples)
-        if deadline is not None and result.examples:
-            per_example = (time.monotonic() - start) / result.examples
-            n = max(1, min(n, int((deadline - time.monotonic()) / per_example)))
         test = settings(
             max_examples=n, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
             phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
@@ -91,6 +90,8 @@ def fuzz_backend(
         before = result.examples
         try:
             test()
+        except Unsatisfiable:
+            pass  # every example of the chunk was rejected: the deadline passed
         except (_Finding, Flaky) as exc:
             if isinstance(exc, Flaky):
                 result.notes.append("the failure did not reproduce on replay (flaky kernel): " + str(exc)[:200])
