@@ -38,7 +38,13 @@ def _bucket(n: int) -> int:
 class Flex(Backend):
     name = "flex"
     description = "torch FlexAttention, compiled, batch packed with document masking"
-    capabilities = Capabilities(q_dtypes=("float16", "bfloat16", "float32"), sinks=False, fp8_scales=False, returns_lse=False)
+    capabilities = Capabilities(sinks=False, fp8_scales=False, returns_lse=False)
+
+    def __init__(self) -> None:
+        if self.device == "cuda":  # Triton flex: "embedding dimension ... must be at least 16"
+            self.capabilities = self.capabilities.replace(  # type: ignore[misc]
+                head_dims=(16, 24, 32, 40, 64, 80, 96, 128, 256), returns_lse=True
+            )
 
     def plan(self, case: Case) -> dict[str, Any]:
         lay, device = case.layout, self.device

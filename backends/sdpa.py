@@ -1,7 +1,8 @@
 """``torch.nn.functional.scaled_dot_product_attention`` on any device, one padded batch call.
 
-Two backends, one per SDPA kernel: ``sdpa-math`` (the composite math path) and ``sdpa-flash``
-(the fused flash kernel: CPU's ATen flash, or CUDA's). The adapter pages K/V into dense tensors,
+One backend per SDPA kernel that takes an arbitrary mask: ``sdpa-math`` (the composite math
+path, any device), ``sdpa-flash`` (CPU's fused ATen flash kernel; CUDA's flash kernel takes no
+mask, so it cannot run a ragged batch) and ``sdpa-efficient`` (CUDA's memory-efficient kernel). The adapter pages K/V into dense tensors,
 expresses causal (bottom-right), window and ALiBi as one boolean or float mask, and GQA through
 ``enable_gqa``. SDPA has no soft cap, no sinks, no LSE and needs the K/V dtype of the query.
 """
@@ -53,4 +54,12 @@ class SdpaFlash(_Sdpa):
     name = "sdpa-flash"
     description = "torch SDPA, fused flash-attention backend (CPU ATen kernel or CUDA)"
     kernel = SDPBackend.FLASH_ATTENTION
-    capabilities = _SDPA.replace(head_dim_vo_may_differ=False, q_dtypes=("float16", "bfloat16", "float32"))
+    capabilities = _SDPA.replace(devices=("cpu",), head_dim_vo_may_differ=False)
+
+
+@register
+class SdpaEfficient(_Sdpa):
+    name = "sdpa-efficient"
+    description = "torch SDPA, memory-efficient attention backend (CUDA)"
+    kernel = SDPBackend.EFFICIENT_ATTENTION
+    capabilities = _SDPA.replace(devices=("cuda",))

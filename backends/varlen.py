@@ -25,11 +25,25 @@ class VarlenAttn(Backend):
         logits_soft_cap=False, alibi=False, sinks=False, fp8_scales=False,
     )
 
+    def __init__(self) -> None:
+        try:
+            import inspect
+
+            from torch.nn.attention.varlen import varlen_attn
+
+            self._params = set(inspect.signature(varlen_attn).parameters)
+        except ImportError:
+            self._params = set()
+        if "enable_gqa" not in self._params:  # torch < 2.13: MHA only
+            self.capabilities = self.capabilities.replace(max_group_size=1)  # type: ignore[misc]
+
     def unavailable_reason(self) -> str | None:
         try:
             from torch.nn.attention.varlen import varlen_attn  # noqa: F401
         except ImportError:
             return f"torch {torch.__version__} has no torch.nn.attention.varlen"
+        if not {"block_table", "seqused_k"} <= self._params:
+            return f"torch {torch.__version__}'s varlen_attn takes no block_table (no paged KV)"
         return super().unavailable_reason()
 
     def plan(self, case: Case) -> dict[str, Any]:
@@ -50,11 +64,12 @@ class VarlenAttn(Backend):
 
         case: Case = plan["case"]
         lay = case.layout
+        gqa = {"enable_gqa": True} if "enable_gqa" in self._params else {}
         out, lse = varlen_attn(
             tensors.q, tensors.k_cache, tensors.v_cache, plan["cu_seq_q"], None,
             max(lay.qo_lens), max(max(lay.kv_lens), 1),
             return_aux=AuxRequest(lse=True), scale=case.sm_scale, window_size=plan["window_size"],
-            enable_gqa=True, seqused_k=plan["seqused_k"], block_table=plan["block_table"],
+            seqused_k=plan["seqused_k"], block_table=plan["block_table"], **gqa,
         )
         if lse.shape[0] == case.heads.num_qo_heads and lse.shape[-1] == lay.total_q:
             lse = lse.transpose(0, 1)  # flash-attn's varlen LSE is [H, total_q]
