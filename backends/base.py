@@ -14,7 +14,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from oracle.case import KV_DTYPES, Q_DTYPES, Case
+from oracle.case import FP8_DTYPES, Q_DTYPES, Case
 from oracle.tensors import Tensors
 
 
@@ -33,13 +33,14 @@ class Capabilities:
 
     devices: tuple[str, ...] = ("cpu", "cuda")
     q_dtypes: tuple[str, ...] = Q_DTYPES
-    kv_dtypes: tuple[str, ...] | None = None  # None: the kv dtype equals the q dtype
+    kv_dtypes: tuple[str, ...] | None = None  # KV dtypes besides q's own (fp8); None: only q's
     head_dims: tuple[int, ...] | None = None  # head_dim_qk
     head_dim_vo_may_differ: bool = True
     page_sizes: tuple[int, ...] | None = None
     page_size_multiple: int = 1
     max_group_size: int | None = None
-    max_qo_len: int | None = None  # 1 for decode-only kernels
+    min_qo_len: int = 0  # 1 for decode kernels: one query per request
+    max_qo_len: int | None = None  # 1 for decode kernels
     qo_len_above_kv_len: bool = True
     empty_requests: bool = True  # kv_len 0 and qo_len 0 requests
     causal: tuple[bool, ...] = (False, True)
@@ -55,7 +56,9 @@ class Capabilities:
         return dataclasses.replace(self, **changes)
 
     def accepted_kv_dtypes(self, q_dtype: str) -> tuple[str, ...]:
-        return (q_dtype,) if self.kv_dtypes is None else tuple(d for d in self.kv_dtypes if d in KV_DTYPES)
+        """q's own dtype, then the fp8 dtypes listed in ``kv_dtypes`` (never a mixed 16-bit pair)."""
+        extra = tuple(d for d in (self.kv_dtypes or ()) if d in FP8_DTYPES)
+        return (q_dtype, *extra)
 
     def unsupported_reason(self, case: Case) -> str | None:
         """Why this kernel cannot run ``case``, or None if it can."""
@@ -69,6 +72,7 @@ class Capabilities:
             (lay.page_size % self.page_size_multiple == 0, f"page_size % {self.page_size_multiple} != 0"),
             (self.max_group_size is None or heads.group_size <= self.max_group_size, f"group {heads.group_size}"),
             (self.max_qo_len is None or max(lay.qo_lens) <= self.max_qo_len, f"qo_len > {self.max_qo_len}"),
+            (min(lay.qo_lens) >= self.min_qo_len, f"qo_len < {self.min_qo_len}"),
             (self.qo_len_above_kv_len or all(q <= k for q, k in zip(lay.qo_lens, lay.kv_lens)), "qo_len > kv_len"),
             (self.empty_requests or (min(lay.kv_lens) > 0 and min(lay.qo_lens) > 0), "empty request"),
             (opts.causal in self.causal, f"causal={opts.causal}"),

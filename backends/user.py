@@ -85,7 +85,7 @@ def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
     flags["fp8_scales"] = fp8
     caps = Capabilities(**flags)
     if fp8:
-        caps = caps.replace(kv_dtypes=caps.q_dtypes + FP8_DTYPES)
+        caps = caps.replace(kv_dtypes=FP8_DTYPES)
     declared = getattr(fn, ATTRIBUTE, {})
     unknown = set(declared) - _CAPABILITY_FIELDS
     if unknown:

@@ -39,6 +39,7 @@ class BackendResult:
     finding: Outcome | None = None
     finding_dir: Path | None = None
     repro: str | None = None
+    worst_ratio: float = 0.0  # largest kernel/control max-error ratio among passing examples
     notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -46,7 +47,7 @@ class BackendResult:
         state = "FINDING" if self.finding else "ok"
         return (
             f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported) "
-            f"in {self.seconds:.1f}s ({rate:.1f}/s)"
+            f"in {self.seconds:.1f}s ({rate:.1f}/s), worst error ratio {self.worst_ratio:.2f}"
         )
 
 
@@ -79,6 +80,8 @@ def fuzz_backend(
             result.examples += 1
             result.passed += outcome.status == "pass"
             result.unsupported += outcome.status == "unsupported"
+            if outcome.verdict is not None and outcome.verdict.out is not None:
+                result.worst_ratio = max(result.worst_ratio, outcome.verdict.out.ratio)
 
     chunk = 0
     while result.examples < examples and (deadline is None or time.monotonic() < deadline):

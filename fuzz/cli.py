@@ -34,6 +34,36 @@ def available_backends() -> tuple[list[Backend], dict[str, str]]:
     return usable, missing
 
 
+def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
+    """Apply ``--only FIELD=VALUES`` to a backend's capabilities (e.g. ``head_dims=64,128``,
+    ``q_dtypes=bfloat16``, ``alibi=false``, ``kv_dtypes=`` for none). Narrows what is drawn; it
+    never widens what the kernel declares."""
+    import dataclasses
+
+    caps = backend.capabilities
+    fields = {f.name: f for f in dataclasses.fields(caps)}
+    changes: dict[str, Any] = {}
+    for item in only:
+        name, sep, raw = item.partition("=")
+        if not sep or name not in fields:
+            raise click.UsageError(f"--only takes FIELD=VALUES with FIELD one of {sorted(fields)}; got {item!r}")
+        current = getattr(caps, name)
+        if isinstance(current, bool):
+            if raw.lower() not in ("true", "false"):
+                raise click.UsageError(f"--only {name} takes true or false, got {raw!r}")
+            if raw.lower() == "true" and not current:
+                raise click.UsageError(f"--only {name}=true widens {backend.name}'s declared capabilities")
+            changes[name] = raw.lower() == "true"
+        else:
+            values = tuple(int(v) if v.isdigit() else v for v in raw.split(",") if v)
+            declared = current if current is not None else None
+            if declared is not None and not set(values) <= set(declared):
+                raise click.UsageError(f"--only {name}={raw} is outside {backend.name}'s declared {declared}")
+            changes[name] = values
+    backend.capabilities = caps.replace(**changes)  # type: ignore[misc]
+    return backend
+
+
 def _select(backend_names: tuple[str, ...], kernels: tuple[str, ...]) -> list[Backend]:
     try:
         chosen = [get_backend(n) for n in backend_names] + [UserKernel.from_spec(k) for k in kernels]
@@ -63,13 +93,14 @@ def main() -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
 @click.option("--max-batch", default=Limits.max_batch, show_default=True)
 @click.option("--max-kv-len", default=Limits.max_kv_len, show_default=True)
+@click.option("--only", multiple=True, help="Narrow what is drawn: FIELD=VALUES of Capabilities, e.g. head_dims=64,128.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 def fuzz(
     backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int, time_budget: float | None,
-    out_dir: Path, max_batch: int, max_kv_len: int, as_json: bool,
+    out_dir: Path, max_batch: int, max_kv_len: int, only: tuple[str, ...], as_json: bool,
 ) -> None:
     """Fuzz kernels against the oracle; exit 1 on any finding."""
-    chosen = _select(backend_names, kernels)
+    chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
     limits = Limits(max_batch=max_batch, max_kv_len=max_kv_len)
     start = time.monotonic()
     results = []
@@ -100,7 +131,7 @@ def fuzz(
 def _result_json(result: Any) -> dict[str, Any]:
     return {
         "backend": result.backend, "examples": result.examples, "passed": result.passed,
-        "unsupported": result.unsupported, "seconds": round(result.seconds, 2),
+        "unsupported": result.unsupported, "seconds": round(result.seconds, 2), "worst_ratio": result.worst_ratio,
         "finding": None if not result.finding else {
             "status": result.finding.status, "message": result.finding.message.splitlines()[0],
             "dir": str(result.finding_dir), "repro": result.repro, "case": result.finding.case.summary(),

@@ -88,7 +88,7 @@ def _qo_len(draw: st.DrawFn, kv_len: int, caps: Capabilities, limits: Limits, mi
         n = 0
     if not caps.qo_len_above_kv_len:
         n = min(n, kv_len)
-    return max(min_len, min(n, cap))
+    return max(min_len, caps.min_qo_len, min(n, cap))
 
 
 @st.composite
@@ -99,6 +99,8 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
     min_len = 0 if caps.empty_requests else 1
     kv_lens = [_kv_len(draw, page, limits, min_len, f"kv_len[{b}]") for b in range(batch)]
     qo_lens = [_qo_len(draw, kv_lens[b], caps, limits, min_len, f"qo_len[{b}]") for b in range(batch)]
+    if caps.min_qo_len > 0 and not caps.qo_len_above_kv_len:
+        kv_lens = [max(k, q) for k, q in zip(kv_lens, qo_lens)]
     if sum(qo_lens) == 0:
         qo_lens[0] = 1  # a call with no query at all tests nothing
     needed = sum(-(-n // page) for n in kv_lens)

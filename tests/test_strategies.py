@@ -10,7 +10,7 @@ from oracle.case import KV_DTYPES, Case
 
 CAPS = [
     Capabilities(kv_dtypes=KV_DTYPES),
-    Capabilities(max_qo_len=1, causal=(False,), q_dtypes=("bfloat16",)),  # a decode kernel
+    Capabilities(min_qo_len=1, max_qo_len=1, causal=(False,), q_dtypes=("bfloat16",), kv_dtypes=("float8_e4m3fn",)),  # decode
     Capabilities(page_size_multiple=256, head_dims=(64, 128), head_dim_vo_may_differ=False),  # flash-attn 2 paged
     Capabilities(empty_requests=False, qo_len_above_kv_len=False, max_group_size=8, window_left=False, alibi=False),
 ]

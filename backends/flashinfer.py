@@ -1,0 +1,220 @@
+"""FlashInfer's batch wrappers: paged decode (CUDA-core and tensor-core paths), paged prefill
+(``fa2`` and, on sm90, ``fa3``) and ragged prefill.
+
+Conventions converted here: FlashInfer's LSE is base 2 (returned in natural log); its ALiBi uses
+its own slopes (the paper's, the same as ``fuzz.strategies.alibi_slopes``) with bias
+``slope * (kv_idx - qo_idx)`` counted from the request's first query, so it equals the oracle's
+``-slope * |p - j|`` plus ``slope * (kv_len - qo_len)`` when every key is at or before the query:
+the output is the same, the LSE is shifted by that constant (undone here), and non-causal prefill
+ALiBi differs outright (not declared). ``window_left`` is
+FlashInfer's own convention (the oracle's). Sinks are not declared: their scaling is unverified.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, ClassVar
+
+import torch
+
+from backends.base import Backend, Capabilities, KernelOutput, Unsupported, register
+from oracle.case import FP8_DTYPES, Case
+from oracle.tensors import Tensors, token_addresses
+
+LN_2 = math.log(2.0)
+_WORKSPACE_BYTES = 256 << 20
+
+_FLASHINFER = Capabilities(
+    devices=("cuda",),
+    q_dtypes=("float16", "bfloat16"),
+    kv_dtypes=FP8_DTYPES,
+    head_dims=(64, 128, 256),
+    head_dim_vo_may_differ=False,
+    sinks=False,
+)
+
+
+@functools.cache
+def _workspace(device: str) -> torch.Tensor:
+    return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+
+
+def _standard_alibi(case: Case) -> bool:
+    from fuzz.strategies import alibi_slopes
+
+    slopes = case.options.alibi_slopes
+    return slopes is None or all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(slopes, alibi_slopes(len(slopes))))
+
+
+class _FlashInferBackend(Backend):
+    """Shared plan/run plumbing; subclasses build and plan their wrapper."""
+
+    wrapper_name: ClassVar[str]
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            import flashinfer  # noqa: F401
+        except ImportError as exc:
+            return f"flashinfer is not installed ({exc}); pip install 'paged-attention-oracle[flashinfer]'"
+        return super().unavailable_reason()
+
+    def versions(self) -> dict[str, str]:
+        import flashinfer
+
+        return {**super().versions(), "flashinfer": flashinfer.__version__}
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        reason = super().unsupported_reason(case)
+        if reason is None and not _standard_alibi(case):
+            return "unsupported: FlashInfer computes its own ALiBi slopes; custom slopes cannot be passed"
+        return reason
+
+    def _common_plan_kwargs(self, case: Case) -> dict[str, Any]:
+        opts = case.options
+        return {
+            "pos_encoding_mode": "ALIBI" if opts.alibi_slopes is not None else "NONE",
+            "window_left": opts.window_left,
+            "logits_soft_cap": opts.logits_soft_cap or None,
+            "sm_scale": case.sm_scale,
+            "q_data_type": getattr(torch, opts.q_dtype),
+            "kv_data_type": getattr(torch, opts.kv_dtype),
+        }
+
+    @staticmethod
+    def _index(values: tuple[int, ...] | list[int], device: str) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    def _finish(self, case: Case, out: torch.Tensor, lse: torch.Tensor) -> KernelOutput:
+        lse = lse.float() * LN_2
+        slopes = case.options.alibi_slopes
+        if slopes is not None:  # FlashInfer's bias is offset by slope * (kv_len - qo_len) per row
+            lay = case.layout
+            offset = [k - q for q, k in zip(lay.qo_lens, lay.kv_lens) for _ in range(q)]
+            lse = lse - torch.tensor(offset, device=lse.device)[:, None] * torch.tensor(slopes, device=lse.device)
+        return KernelOutput(out, lse)
+
+    def _scales(self, case: Case) -> dict[str, float]:
+        opts = case.options
+        return {"k_scale": opts.k_scale, "v_scale": opts.v_scale} if opts.is_fp8 else {}
+
+
+class _PagedDecode(_FlashInferBackend):
+    use_tensor_cores: ClassVar[bool]
+    capabilities = _FLASHINFER.replace(min_qo_len=1, max_qo_len=1)
+
+    def plan(self, case: Case) -> tuple[Case, Any]:
+        import flashinfer
+
+        lay, device = case.layout, self.device or "cuda"
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            _workspace(device), "NHD", use_tensor_cores=self.use_tensor_cores
+        )
+        wrapper.plan(
+            self._index(lay.kv_indptr, device), self._index(lay.kv_indices, device),
+            self._index(lay.kv_last_page_len, device), case.heads.num_qo_heads, case.heads.num_kv_heads,
+            case.heads.head_dim_qk, lay.page_size, **self._common_plan_kwargs(case),
+        )
+        return case, wrapper
+
+    def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
+        case, wrapper = plan
+        out, lse = wrapper.run(tensors.q, (tensors.k_cache, tensors.v_cache), return_lse=True, **self._scales(case))
+        return self._finish(case, out, lse)
+
+
+@register
+class FlashInferDecode(_PagedDecode):
+    name = "flashinfer-decode"
+    description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper, CUDA-core path"
+    use_tensor_cores = False
+
+
+@register
+class FlashInferDecodeTensorCores(_PagedDecode):
+    name = "flashinfer-decode-tc"
+    description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)"
+    use_tensor_cores = True
+
+
+class _Prefill(_FlashInferBackend):
+    backend: ClassVar[str]
+    capabilities = _FLASHINFER
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        reason = super().unsupported_reason(case)
+        if reason is None and case.options.alibi_slopes is not None and not case.options.causal:
+            return "unsupported: FlashInfer's non-causal ALiBi is signed (kv - q), not -|p - j|"
+        return reason
+
+
+class _PagedPrefill(_Prefill):
+    def plan(self, case: Case) -> tuple[Case, Any]:
+        import flashinfer
+
+        lay, device = case.layout, self.device or "cuda"
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend=self.backend)
+        wrapper.plan(
+            self._index(lay.qo_indptr, device), self._index(lay.kv_indptr, device),
+            self._index(lay.kv_indices, device), self._index(lay.kv_last_page_len, device),
+            case.heads.num_qo_heads, case.heads.num_kv_heads, case.heads.head_dim_qk, lay.page_size,
+            causal=case.options.causal, **self._common_plan_kwargs(case),
+        )
+        return case, wrapper
+
+    def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
+        case, wrapper = plan
+        out, lse = wrapper.run(tensors.q, (tensors.k_cache, tensors.v_cache), return_lse=True, **self._scales(case))
+        return self._finish(case, out, lse)
+
+
+@register
+class FlashInferPrefillFA2(_PagedPrefill):
+    name = "flashinfer-prefill-fa2"
+    description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2')"
+    backend = "fa2"
+
+
+@register
+class FlashInferPrefillFA3(_PagedPrefill):
+    name = "flashinfer-prefill-fa3"
+    description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa3'), sm90"
+    backend = "fa3"
+
+    def unavailable_reason(self) -> str | None:
+        reason = super().unavailable_reason()
+        if reason is None and torch.cuda.get_device_capability()[0] != 9:
+            return "the fa3 backend needs sm_90 (Hopper)"
+        return reason
+
+
+@register
+class FlashInferRaggedFA2(_Prefill):
+    name = "flashinfer-ragged-fa2"
+    description = "FlashInfer BatchPrefillWithRaggedKVCacheWrapper(backend='fa2') on K/V gathered from the pages"
+    backend = "fa2"
+    capabilities = _FLASHINFER.replace(kv_dtypes=None, fp8_scales=False)
+
+    def plan(self, case: Case) -> tuple[Case, Any]:
+        import flashinfer
+
+        lay, device = case.layout, self.device or "cuda"
+        kv_indptr = [0]
+        for n in lay.kv_lens:
+            kv_indptr.append(kv_indptr[-1] + n)
+        wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend=self.backend)
+        wrapper.plan(
+            self._index(lay.qo_indptr, device), self._index(kv_indptr, device),
+            case.heads.num_qo_heads, case.heads.num_kv_heads, case.heads.head_dim_qk,
+            causal=case.options.causal, **self._common_plan_kwargs(case),
+        )
+        return case, wrapper
+
+    def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
+        case, wrapper = plan
+        if sum(case.layout.kv_lens) == 0:
+            raise Unsupported("ragged prefill needs at least one key token in the batch")
+        pages, slots = (t.to(tensors.q.device) for t in token_addresses(case))
+        keys, values = tensors.k_cache[pages, slots], tensors.v_cache[pages, slots]
+        out, lse = wrapper.run(tensors.q, keys, values, return_lse=True)
+        return self._finish(case, out, lse)
