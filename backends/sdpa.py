@@ -25,6 +25,7 @@ _SDPA = Capabilities(logits_soft_cap=False, sinks=False, fp8_scales=False, retur
 
 class _Sdpa(Backend):
     kernel: ClassVar[SDPBackend]
+    native_gqa: ClassVar[bool] = True  # False: the kernel takes no enable_gqa; KV heads are repeated here
 
     def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
         case = plan
@@ -34,9 +35,12 @@ class _Sdpa(Backend):
         if case.options.alibi_slopes is not None:
             bias = alibi_bias(case, dense, torch.float32)
             mask = torch.where(keep, bias, float("-inf")).to(tensors.q.dtype)
+        k, v = dense.k, dense.v
+        if not self.native_gqa:
+            k, v = (x.repeat_interleave(case.heads.group_size, dim=1) for x in (k, v))
         with sdpa_kernel(self.kernel):
             out = F.scaled_dot_product_attention(
-                dense.q, dense.k, dense.v, attn_mask=mask, scale=case.sm_scale, enable_gqa=True
+                dense.q, k, v, attn_mask=mask, scale=case.sm_scale, enable_gqa=self.native_gqa
             )
         return KernelOutput(from_dense(case, out), None)
 
@@ -62,4 +66,5 @@ class SdpaEfficient(_Sdpa):
     name = "sdpa-efficient"
     description = "torch SDPA, memory-efficient attention backend (CUDA)"
     kernel = SDPBackend.EFFICIENT_ATTENTION
+    native_gqa = False  # "No available kernel" with enable_gqa=True (seen on the H200, torch 2.11)
     capabilities = _SDPA.replace(devices=("cuda",))

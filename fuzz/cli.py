@@ -34,6 +34,9 @@ def available_backends() -> tuple[list[Backend], dict[str, str]]:
     return usable, missing
 
 
+_INT_FIELDS = ("max_group_size", "min_qo_len", "max_qo_len", "page_size_multiple")
+
+
 def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
     """Apply ``--only FIELD=VALUES`` to a backend's capabilities (e.g. ``head_dims=64,128``,
     ``q_dtypes=bfloat16``, ``alibi=false``, ``kv_dtypes=`` for none). Narrows what is drawn; it
@@ -48,7 +51,9 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
         if not sep or name not in fields:
             raise click.UsageError(f"--only takes FIELD=VALUES with FIELD one of {sorted(fields)}; got {item!r}")
         current = getattr(caps, name)
-        if isinstance(current, bool):
+        if name in _INT_FIELDS:
+            changes[name] = int(raw)
+        elif isinstance(current, bool):
             if raw.lower() not in ("true", "false"):
                 raise click.UsageError(f"--only {name} takes true or false, got {raw!r}")
             if raw.lower() == "true" and not current:
