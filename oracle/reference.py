@@ -26,7 +26,7 @@ from oracle.tensors import Tensors, make_tensors, token_addresses
 
 LOG2_E = 1.0 / math.log(2.0)
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
-_CHUNK_BYTES = 1 << 27  # logits kept live per KV chunk
+_CHUNK_BYTES = {"cpu": 1 << 27, "cuda": 1 << 31}  # logits kept live per KV chunk
 
 
 def half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -187,7 +187,8 @@ def reference(
     for bucket in buckets:
         qb = _bucket_inputs(case, bucket, q)
         nb, max_q, max_kv = *bucket.q_rows.shape, bucket.kv_tokens.shape[1]
-        step = chunk_size or max(1, _CHUNK_BYTES // (8 * nb * case.heads.num_qo_heads * max_q))
+        budget = _CHUNK_BYTES.get(device.type, _CHUNK_BYTES["cpu"])
+        step = chunk_size or max(1, budget // (8 * nb * case.heads.num_qo_heads * max_q))
         m = q.new_full((nb, case.heads.num_kv_heads, case.heads.group_size, max_q), float("-inf"))
         denom = torch.zeros_like(m)
         acc = q.new_zeros(*m.shape, case.heads.head_dim_vo)
