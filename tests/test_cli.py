@@ -41,3 +41,16 @@ def test_replay_refuses_a_malformed_case(tmp_path) -> None:
     (tmp_path / "case.json").write_text(json.dumps({"schema_version": 7}))
     result = CliRunner().invoke(main, ["replay", str(tmp_path / "case.json"), "-b", "sdpa-math"])
     assert result.exit_code == 1 and "unknown case schema_version 7" in result.output
+
+
+def test_only_narrows_what_is_drawn_and_refuses_to_widen(tmp_path) -> None:
+    from fuzz.cli import narrow
+    from backends.base import get_backend
+
+    backend = narrow(get_backend("sdpa-math"), ("head_dims=64,128", "q_dtypes=bfloat16", "alibi=false", "max_group_size=4"))
+    caps = backend.capabilities
+    assert caps.head_dims == (64, 128) and caps.q_dtypes == ("bfloat16",) and not caps.alibi and caps.max_group_size == 4
+    result = CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "--only", "logits_soft_cap=true"])
+    assert result.exit_code == 2 and "widens" in result.output
+    result = CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "--only", "nonsense=1"])
+    assert result.exit_code == 2 and "FIELD=VALUES" in result.output
