@@ -98,6 +98,12 @@ class _FlashInferBackend(Backend):
         opts = case.options
         return {"k_scale": opts.k_scale, "v_scale": opts.v_scale} if opts.is_fp8 else {}
 
+    def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
+        """Run a planned paged wrapper (decode and paged prefill share this)."""
+        case, wrapper = plan
+        out, lse = wrapper.run(tensors.q, (tensors.k_cache, tensors.v_cache), return_lse=True, **self._scales(case))
+        return self._finish(case, out, lse)
+
 
 class _PagedDecode(_FlashInferBackend):
     use_tensor_cores: ClassVar[bool]
@@ -116,11 +122,6 @@ class _PagedDecode(_FlashInferBackend):
             case.heads.head_dim_qk, lay.page_size, **self._common_plan_kwargs(case),
         )
         return case, wrapper
-
-    def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
-        case, wrapper = plan
-        out, lse = wrapper.run(tensors.q, (tensors.k_cache, tensors.v_cache), return_lse=True, **self._scales(case))
-        return self._finish(case, out, lse)
 
 
 @register
@@ -161,11 +162,6 @@ class _PagedPrefill(_Prefill):
             causal=case.options.causal, **self._common_plan_kwargs(case),
         )
         return case, wrapper
-
-    def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
-        case, wrapper = plan
-        out, lse = wrapper.run(tensors.q, (tensors.k_cache, tensors.v_cache), return_lse=True, **self._scales(case))
-        return self._finish(case, out, lse)
 
 
 @register

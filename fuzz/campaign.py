@@ -20,7 +20,7 @@ from fuzz.runner import Outcome, check_case
 from fuzz.strategies import Limits, cases
 from oracle.report import format_report, repro_command
 from oracle.tensors import make_tensors, save_tensors
-from oracle.tolerance import Tolerance
+from oracle.tolerance import Tolerance, Verdict
 
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked between runs
 
@@ -118,9 +118,7 @@ def fuzz_backend(
     return result
 
 
-def _crash_verdict(outcome: Outcome):  # type: ignore[no-untyped-def]
-    from oracle.tolerance import Verdict
-
+def _crash_verdict(outcome: Outcome) -> Verdict:
     return Verdict(False, [f"crash: {outcome.message.splitlines()[0]}"])
 
 
