@@ -41,6 +41,7 @@ class Capabilities:
     max_group_size: int | None = None
     min_qo_len: int = 0  # 1 for decode kernels: one query per request
     max_qo_len: int | None = None  # 1 for decode kernels
+    uniform_qo_len: bool = False  # every request has the same qo_len (dense [B, seqlen_q] queries)
     qo_len_above_kv_len: bool = True
     empty_requests: bool = True  # kv_len 0 and qo_len 0 requests
     causal: tuple[bool, ...] = (False, True)
@@ -73,6 +74,7 @@ class Capabilities:
             (self.max_group_size is None or heads.group_size <= self.max_group_size, f"group {heads.group_size}"),
             (self.max_qo_len is None or max(lay.qo_lens) <= self.max_qo_len, f"qo_len > {self.max_qo_len}"),
             (min(lay.qo_lens) >= self.min_qo_len, f"qo_len < {self.min_qo_len}"),
+            (not self.uniform_qo_len or len(set(lay.qo_lens)) == 1, "qo_lens differ across requests"),
             (self.qo_len_above_kv_len or all(q <= k for q, k in zip(lay.qo_lens, lay.kv_lens)), "qo_len > kv_len"),
             (self.empty_requests or (min(lay.kv_lens) > 0 and min(lay.qo_lens) > 0), "empty request"),
             (opts.causal in self.causal, f"causal={opts.causal}"),

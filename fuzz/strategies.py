@@ -101,6 +101,8 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
     qo_lens = [_qo_len(draw, kv_lens[b], caps, limits, min_len, f"qo_len[{b}]") for b in range(batch)]
     if caps.min_qo_len > 0 and not caps.qo_len_above_kv_len:
         kv_lens = [max(k, q) for k, q in zip(kv_lens, qo_lens)]
+    if caps.uniform_qo_len:
+        qo_lens = [max(qo_lens[0], 1)] * batch
     if sum(qo_lens) == 0:
         qo_lens[0] = 1  # a call with no query at all tests nothing
     needed = sum(-(-n // page) for n in kv_lens)

@@ -13,10 +13,11 @@ CAPS = [
     Capabilities(min_qo_len=1, max_qo_len=1, causal=(False,), q_dtypes=("bfloat16",), kv_dtypes=("float8_e4m3fn",)),  # decode
     Capabilities(page_size_multiple=256, head_dims=(64, 128), head_dim_vo_may_differ=False),  # flash-attn 2 paged
     Capabilities(empty_requests=False, qo_len_above_kv_len=False, max_group_size=8, window_left=False, alibi=False),
+    Capabilities(uniform_qo_len=True, page_size_multiple=256),  # flash_attn_with_kvcache, paged
 ]
 
 
-@pytest.mark.parametrize("caps", CAPS, ids=["everything", "decode", "fa2_paged", "restricted"])
+@pytest.mark.parametrize("caps", CAPS, ids=["everything", "decode", "fa2_paged", "restricted", "kvcache"])
 def test_every_drawn_case_is_supported(caps: Capabilities) -> None:
     @settings(max_examples=80)
     @given(case=cases(caps, Limits(max_kv_len=600)))

@@ -1,0 +1,155 @@
+"""flash-attention 2: ``flash_attn_varlen_func(..., block_table=)`` and ``flash_attn_with_kvcache``
+(paged with ``block_table`` + ``cache_seqlens``, contiguous, and with forced split-KV).
+
+Conventions converted here: ``window_size=(left, right)`` with bottom-right alignment, so
+FlashInfer's ``window_left = w`` is ``(w, 0)`` causal or ``(w, -1)`` not; ALiBi is flash-attn's
+``-slope * |i + seqlen_k - seqlen_q - j|`` (the oracle's); ``softcap`` applies to the scaled logit.
+flash-attn reports LSE ``+inf`` for a row with no key (consumers such as vLLM's merge map it to
+``-inf``); it is mapped to ``-inf`` here, so a finite sentinel or a NaN still fails. Paged KV needs
+``page_size % 256 == 0`` (flash-attn 2's ``TORCH_CHECK``); ``with_kvcache`` takes one ``seqlen_q``
+for the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from backends.base import Backend, Capabilities, KernelOutput, register
+from oracle.case import Case
+from oracle.tensors import Tensors, token_addresses
+
+_FLASH_ATTN = Capabilities(
+    devices=("cuda",),
+    q_dtypes=("float16", "bfloat16"),
+    head_dims=(32, 40, 64, 80, 96, 128, 160, 192, 256),
+    head_dim_vo_may_differ=False,
+    sinks=False,
+    fp8_scales=False,
+)
+
+
+def _window(case: Case) -> tuple[int, int]:
+    return (case.options.window_left, 0 if case.options.causal else -1)
+
+
+def _alibi(case: Case, device: torch.device) -> torch.Tensor | None:
+    slopes = case.options.alibi_slopes
+    return None if slopes is None else torch.tensor(slopes, dtype=torch.float32, device=device)
+
+
+def _lse_to_natural_minus_inf(lse: torch.Tensor) -> torch.Tensor:
+    """flash-attn's LSE of an empty row is +inf; the oracle's is -inf."""
+    return torch.where(lse == float("inf"), float("-inf"), lse.float())
+
+
+class _FlashAttn(Backend):
+    def unavailable_reason(self) -> str | None:
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError as exc:
+            return f"flash-attn is not installed ({exc}); pip install 'paged-attention-oracle[flash-attn]'"
+        return super().unavailable_reason()
+
+    def versions(self) -> dict[str, str]:
+        import flash_attn
+
+        return {**super().versions(), "flash_attn": flash_attn.__version__}
+
+
+@register
+class FlashAttnVarlenPaged(_FlashAttn):
+    name = "flash-attn-varlen"
+    description = "flash_attn_varlen_func with a paged block_table"
+    capabilities = _FLASH_ATTN.replace(page_size_multiple=256)
+
+    def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
+        from flash_attn import flash_attn_varlen_func
+
+        case, device = plan, tensors.q.device
+        lay = case.layout
+        index = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+        cu_k = [0]
+        for n in lay.kv_lens:
+            cu_k.append(cu_k[-1] + n)
+        out, lse, _ = flash_attn_varlen_func(
+            tensors.q, tensors.k_cache, tensors.v_cache, index(lay.qo_indptr), index(cu_k),
+            max(lay.qo_lens), max(lay.kv_lens), softmax_scale=case.sm_scale, causal=case.options.causal,
+            window_size=_window(case), softcap=case.options.logits_soft_cap, alibi_slopes=_alibi(case, device),
+            return_attn_probs=True, block_table=index(lay.block_table(pad=0)),
+        )
+        return KernelOutput(out, _lse_to_natural_minus_inf(lse).transpose(0, 1))
+
+
+class _KvCache(_FlashAttn):
+    """``flash_attn_with_kvcache``: queries as a dense [B, seqlen_q] batch."""
+
+    paged: ClassVar[bool]
+    num_splits: ClassVar[int] = 0
+
+    def plan(self, case: Case) -> dict[str, Any]:
+        lay, device = case.layout, self.device or "cuda"
+        index = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+        return {
+            "case": case,
+            "cache_seqlens": index(lay.kv_lens),
+            "block_table": index(lay.block_table(pad=0)) if self.paged else None,
+        }
+
+    def _contiguous(self, case: Case, cache: torch.Tensor) -> torch.Tensor:
+        """[B, max_kv, Hkv, D]: each request's tokens gathered from its pages (zero padding)."""
+        lay = case.layout
+        dense = cache.new_zeros(lay.batch_size, max(max(lay.kv_lens), 1), *cache.shape[2:])
+        pages, slots = (t.to(cache.device) for t in token_addresses(case))
+        request = torch.repeat_interleave(torch.arange(lay.batch_size), torch.tensor(lay.kv_lens)).to(cache.device)
+        position = torch.cat([torch.arange(n) for n in lay.kv_lens]).to(cache.device)
+        dense[request, position] = cache[pages, slots]
+        return dense
+
+    def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
+        from flash_attn import flash_attn_with_kvcache
+
+        case: Case = plan["case"]
+        lay = case.layout
+        seqlen_q = lay.qo_lens[0]
+        k_cache, v_cache = tensors.k_cache, tensors.v_cache
+        if not self.paged:
+            k_cache, v_cache = self._contiguous(case, k_cache), self._contiguous(case, v_cache)
+        q = tensors.q.view(lay.batch_size, seqlen_q, *tensors.q.shape[1:])
+        out, lse = flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=plan["cache_seqlens"], block_table=plan["block_table"],
+            softmax_scale=case.sm_scale, causal=case.options.causal, window_size=_window(case),
+            softcap=case.options.logits_soft_cap, alibi_slopes=_alibi(case, tensors.q.device),
+            num_splits=self.num_splits, return_softmax_lse=True,
+        )
+        lse = _lse_to_natural_minus_inf(lse).transpose(1, 2).flatten(0, 1)  # [B, H, sq] -> [B * sq, H]
+        return KernelOutput(out.flatten(0, 1), lse)
+
+
+_KVCACHE = _FLASH_ATTN.replace(uniform_qo_len=True)
+
+
+@register
+class FlashAttnKvCachePaged(_KvCache):
+    name = "flash-attn-kvcache-paged"
+    description = "flash_attn_with_kvcache with block_table + cache_seqlens"
+    capabilities = _KVCACHE.replace(page_size_multiple=256)
+    paged = True
+
+
+@register
+class FlashAttnKvCache(_KvCache):
+    name = "flash-attn-kvcache"
+    description = "flash_attn_with_kvcache on a contiguous cache gathered from the pages"
+    capabilities = _KVCACHE
+    paged = False
+
+
+@register
+class FlashAttnKvCacheSplit(_KvCache):
+    name = "flash-attn-kvcache-split4"
+    description = "flash_attn_with_kvcache, contiguous cache, num_splits=4 (split-KV + combine)"
+    capabilities = _KVCACHE
+    paged = False
+    num_splits = 4
