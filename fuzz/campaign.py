@@ -62,9 +62,20 @@ def fuzz_backend(
     out_dir: Path | None = None,
     kernel_spec: str | None = None,
     progress: Callable[[str], None] | None = None,
+    isolate_timeout: float | None = None,
 ) -> BackendResult:
-    """Fuzz one backend until ``examples`` cases ran, the monotonic ``deadline`` passed, or a finding."""
+    """Fuzz one backend until ``examples`` cases ran, the monotonic ``deadline`` passed, or a finding.
+
+    With ``isolate_timeout`` every case runs in a worker process (``fuzz.isolation``): a crash of
+    the process or a case taking longer than that many seconds is a finding, and the worker is
+    restarted.
+    """
     result = BackendResult(backend.name)
+    isolated = None
+    if isolate_timeout is not None:
+        from fuzz.isolation import IsolatedBackend
+
+        isolated = IsolatedBackend(backend, kernel_spec or backend.name, timeout=isolate_timeout)
     start = time.monotonic()
     strategy = cases(backend.capabilities, limits)
     failing: list[Outcome] = []
@@ -72,7 +83,7 @@ def fuzz_backend(
     def prop(case):  # type: ignore[no-untyped-def]
         if deadline is not None and time.monotonic() > deadline and not failing:
             reject()  # out of time: Hypothesis has no graceful stop, so the rest are discarded
-        outcome = check_case(backend, case, tolerance)
+        outcome = isolated.check(case) if isolated else check_case(backend, case, tolerance)
         if outcome.is_finding:
             failing.append(outcome)
             raise _Finding(outcome.message)
@@ -107,6 +118,8 @@ def fuzz_backend(
             progress(result.line())
         if result.examples == before:
             break  # the strategy drew nothing new
+    if isolated is not None:
+        isolated.close()
     result.seconds = time.monotonic() - start
     if result.finding and out_dir is not None:
         result.finding_dir = save_finding(result.finding, backend, out_dir, kernel_spec)

@@ -98,11 +98,14 @@ def main() -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
 @click.option("--max-batch", default=Limits.max_batch, show_default=True)
 @click.option("--max-kv-len", default=Limits.max_kv_len, show_default=True)
+@click.option("--isolate/--no-isolate", default=None, help="Run cases in a restartable worker process (default: on for CUDA backends).")
+@click.option("--case-timeout", type=float, default=300.0, show_default=True, help="Seconds before an isolated case counts as a hang.")
 @click.option("--only", multiple=True, help="Narrow what is drawn: FIELD=VALUES of Capabilities, e.g. head_dims=64,128.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 def fuzz(
     backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int, time_budget: float | None,
-    out_dir: Path, max_batch: int, max_kv_len: int, only: tuple[str, ...], as_json: bool,
+    out_dir: Path, max_batch: int, max_kv_len: int, isolate: bool | None, case_timeout: float,
+    only: tuple[str, ...], as_json: bool,
 ) -> None:
     """Fuzz kernels against the oracle; exit 1 on any finding."""
     chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
@@ -115,9 +118,11 @@ def fuzz(
             deadline = start + time_budget * (i + 1) / len(chosen)
         click.echo(f"fuzzing {backend.name} on {backend.device} ...", err=True)
         spec = backend.name if isinstance(backend, UserKernel) else None
+        isolated = backend.device == "cuda" if isolate is None else isolate
         result = fuzz_backend(
             backend, examples=examples, base_seed=seed, deadline=deadline, limits=limits, out_dir=out_dir,
             kernel_spec=spec, progress=lambda line: click.echo("  " + line, err=True),
+            isolate_timeout=case_timeout if isolated else None,
         )
         results.append(result)
         if result.finding and not as_json:
