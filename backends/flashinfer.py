@@ -50,7 +50,7 @@ def _standard_alibi(case: Case) -> bool:
 class _FlashInferBackend(Backend):
     """Shared plan/run plumbing; subclasses build and plan their wrapper."""
 
-    wrapper_name: ClassVar[str]
+    kv_layout: ClassVar[str] = "NHD"  # "HND": the adapter hands the kernel [pages, heads, slots, dim]
 
     def unavailable_reason(self) -> str | None:
         try:
@@ -101,8 +101,13 @@ class _FlashInferBackend(Backend):
     def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
         """Run a planned paged wrapper (decode and paged prefill share this)."""
         case, wrapper = plan
-        out, lse = wrapper.run(tensors.q, (tensors.k_cache, tensors.v_cache), return_lse=True, **self._scales(case))
+        out, lse = wrapper.run(tensors.q, self._paged_kv(tensors), return_lse=True, **self._scales(case))
         return self._finish(case, out, lse)
+
+    def _paged_kv(self, tensors: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kv_layout == "HND":
+            return tensors.k_cache.transpose(1, 2).contiguous(), tensors.v_cache.transpose(1, 2).contiguous()
+        return tensors.k_cache, tensors.v_cache
 
 
 class _PagedDecode(_FlashInferBackend):
@@ -114,7 +119,7 @@ class _PagedDecode(_FlashInferBackend):
 
         lay, device = case.layout, self.device or "cuda"
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            _workspace(device), "NHD", use_tensor_cores=self.use_tensor_cores
+            _workspace(device), self.kv_layout, use_tensor_cores=self.use_tensor_cores
         )
         wrapper.plan(
             self._index(lay.kv_indptr, device), self._index(lay.kv_indices, device),
@@ -154,7 +159,7 @@ class _PagedPrefill(_Prefill):
         import flashinfer
 
         lay, device = case.layout, self.device or "cuda"
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend=self.backend)
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), self.kv_layout, backend=self.backend)
         wrapper.plan(
             self._index(lay.qo_indptr, device), self._index(lay.kv_indptr, device),
             self._index(lay.kv_indices, device), self._index(lay.kv_last_page_len, device),
@@ -169,6 +174,20 @@ class FlashInferPrefillFA2(_PagedPrefill):
     name = "flashinfer-prefill-fa2"
     description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2')"
     backend = "fa2"
+
+
+@register
+class FlashInferDecodeHND(FlashInferDecode):
+    name = "flashinfer-decode-hnd"
+    description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper, CUDA-core path, HND pages"
+    kv_layout = "HND"
+
+
+@register
+class FlashInferPrefillFA2HND(FlashInferPrefillFA2):
+    name = "flashinfer-prefill-fa2-hnd"
+    description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), HND pages"
+    kv_layout = "HND"
 
 
 @register

@@ -57,7 +57,7 @@ class FlashInferCascade(FlashInferPrefillFA2):
         states = []
         for part in ("prefix", "suffix"):
             _, wrapper = plan[part]
-            out, lse = wrapper.run(tensors.q, (tensors.k_cache, tensors.v_cache), return_lse=True, **self._scales(plan["case"]))
+            out, lse = wrapper.run(tensors.q, self._paged_kv(tensors), return_lse=True, **self._scales(plan["case"]))
             states += [out, lse]
         out, lse = flashinfer.merge_state(*states)
         return KernelOutput(out, lse.float() * LN_2)

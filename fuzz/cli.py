@@ -202,3 +202,48 @@ def env(as_json: bool) -> None:
     for name, entry in info["backends"].items():
         state = f"available on {entry['device']}" if entry["available"] else f"unavailable: {entry['why']}"
         click.echo(f"  {name:16s} {state}")
+
+
+@main.command()
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
+@click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
+@click.option("--examples", "-n", default=30, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--only", multiple=True, help="Narrow what is drawn (as for fuzz).")
+@click.option("--json", "as_json", is_flag=True)
+def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int, only: tuple[str, ...], as_json: bool) -> None:
+    """Report determinism and batch invariance per kernel (properties, not failures)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from fuzz.properties import measure
+    from fuzz.strategies import cases
+
+    report = {}
+    for backend in [narrow(b, only) for b in _select(backend_names, kernels)]:
+        counts = {"cases": 0, "deterministic": 0, "batched": 0, "batch_invariant": 0, "errors": 0}
+
+        @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+        @hypothesis_seed(seed)
+        @given(cases(backend.capabilities))
+        def run(case: Case) -> None:
+            try:
+                props = measure(backend, case)
+            except Exception:  # noqa: BLE001 - correctness is fuzz's job; count and move on
+                counts["errors"] += 1
+                return
+            counts["cases"] += 1
+            counts["deterministic"] += props.deterministic
+            if props.batch_invariant is not None:
+                counts["batched"] += 1
+                counts["batch_invariant"] += props.batch_invariant
+
+        run()
+        report[backend.name] = counts
+        if not as_json:
+            click.echo(
+                f"{backend.name}: deterministic {counts['deterministic']}/{counts['cases']}, "
+                f"batch-invariant {counts['batch_invariant']}/{counts['batched']} (errors {counts['errors']})"
+            )
+    if as_json:
+        click.echo(json.dumps(report, indent=1))

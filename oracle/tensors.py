@@ -38,13 +38,27 @@ class Tensors:
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {"q": self.q, "k_cache": self.k_cache, "v_cache": self.v_cache}
 
-    def fingerprint(self) -> dict[str, bytes]:
-        """Bit-exact copies, to check that a kernel left its inputs alone (NaN-safe)."""
-        return {name: _raw_bits(t).cpu().numpy().tobytes() for name, t in self.as_dict().items()}
+    def fingerprint(self) -> dict[str, tuple[int, int]]:
+        """Checksums of the raw bits, to check that a kernel left its inputs alone (NaN-safe;
+        computed where the tensors are, so a many-GiB pool is not copied to the host)."""
+        return {name: _checksum(t) for name, t in self.as_dict().items()}
 
 
 def _raw_bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(_BITS[t.element_size()])
+
+
+def _checksum(t: torch.Tensor, chunk: int = 1 << 24) -> tuple[int, int]:
+    """(sum, position-weighted sum) of the raw bits as int64: any single changed element changes
+    the weighted sum (weights 1..65521 are never 0 mod 2**64)."""
+    bits = _raw_bits(t).flatten()
+    plain = weighted = 0
+    for start in range(0, bits.numel(), chunk):
+        part = bits[start : start + chunk].to(torch.int64)
+        weights = (torch.arange(start, start + part.numel(), device=part.device) % 65521) + 1
+        plain += int(part.sum())
+        weighted += int((part * weights).sum())
+    return plain, weighted
 
 
 def _master(gen: torch.Generator, shape: tuple[int, ...], distribution: str, role: str) -> torch.Tensor:
@@ -77,16 +91,16 @@ def make_tensors(case: Case, device: str | torch.device = "cpu") -> Tensors:
     total_kv = sum(layout.kv_lens)
     k = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_qk), case.distribution, "k")
     v = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_vo), case.distribution, "v")
-    pages, slots = token_addresses(case)
+    pages, slots = (t.to(device) for t in token_addresses(case))
     caches = []
     for values, scale in ((k, opts.k_scale), (v, opts.v_scale)):
+        # the pool is made on the device: a huge-pool case would not fit twice in host memory
         pool = torch.full(
-            (layout.num_pages, layout.page_size, heads.num_kv_heads, values.shape[-1]), POISON,
-            dtype=torch.float32,
+            (layout.num_pages, layout.page_size, heads.num_kv_heads, values.shape[-1]), POISON, device=device
         ).to(kv_dtype)
-        pool[pages, slots] = (values / scale).to(torch.float32).to(kv_dtype)
+        pool[pages, slots] = (values / scale).to(torch.float32).to(kv_dtype).to(device)
         caches.append(pool)
-    return Tensors(q.to(q_dtype), caches[0], caches[1]).to(device)
+    return Tensors(q.to(q_dtype).to(device), caches[0], caches[1])
 
 
 def token_addresses(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
