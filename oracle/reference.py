@@ -61,49 +61,67 @@ class _Bucket:
     q_pos: torch.Tensor  # [nb, max_q] absolute position of each query
     kv_tokens: torch.Tensor  # [nb, max_kv] token into the gathered K/V; padding -> the zero row
     kv_len: torch.Tensor  # [nb]
+    first_key: int  # no query of the bucket sees a key before this one (sliding window)
+
+
+_PAD_RATIO = 1.25  # a bucket's padded work (nb * max_q * max_kv) may exceed its real work by this factor,
+_PAD_FREE = 1 << 15  # or by this many query-key pairs: cheaper than the fixed cost of one more bucket
+
+
+def _groups(qo_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> list[list[int]]:
+    """Requests with queries, sorted by (qo_len, kv_len) and cut greedily into buckets of
+    bounded padding (see ``_PAD_RATIO``). Depends only on the lengths, not the request order."""
+    groups: list[list[int]] = []
+    real = longest = 0
+    for b in sorted((b for b, n in enumerate(qo_lens) if n), key=lambda b: (qo_lens[b], kv_lens[b])):
+        qo, kv = qo_lens[b], max(kv_lens[b], 1)  # sorted: qo is the bucket's largest
+        if groups:
+            padded, grown = (len(groups[-1]) + 1) * qo * max(longest, kv), real + qo * kv
+            if padded <= _PAD_RATIO * grown or padded - grown <= _PAD_FREE:
+                groups[-1].append(b)
+                real, longest = grown, max(longest, kv)
+                continue
+        groups.append([b])
+        real, longest = qo * kv, kv
+    return groups
 
 
 def _buckets(case: Case, device: torch.device) -> list[_Bucket]:
-    layout = case.layout
-    groups: dict[int, list[int]] = {}
-    for b, qo_len in enumerate(layout.qo_lens):
-        if qo_len:
-            groups.setdefault(1 << (qo_len - 1).bit_length(), []).append(b)
+    layout, window = case.layout, case.options.window_left
     kv_start = [0]
     for n in layout.kv_lens:
         kv_start.append(kv_start[-1] + n)
-    total_kv = kv_start[-1]
     buckets = []
-    for requests in groups.values():
-        idx = torch.tensor(requests, device=device)
-        qo_len = torch.tensor(layout.qo_lens, device=device)[idx]
-        kv_len = torch.tensor(layout.kv_lens, device=device)[idx]
-        q_start = torch.tensor(layout.qo_indptr[:-1], device=device)[idx]
-        k_start = torch.tensor(kv_start[:-1], device=device)[idx]
-        i = torch.arange(int(qo_len.max()), device=device)
-        j = torch.arange(max(int(kv_len.max()), 1), device=device)
+    for group in _groups(layout.qo_lens, layout.kv_lens):
+        lengths = [(layout.qo_lens[b], layout.kv_lens[b], layout.qo_indptr[b], kv_start[b]) for b in group]
+        qo_len, kv_len, q_start, k_start = torch.tensor(lengths, device=device).T
+        i = torch.arange(max(n for n, *_ in lengths), device=device)
+        j = torch.arange(max(max(n for _, n, *_ in lengths), 1), device=device)
         q_valid = i[None, :] < qo_len[:, None]
+        first_query = min(kv - qo for qo, kv, *_ in lengths)  # position of the bucket's earliest query
         buckets.append(
             _Bucket(
                 q_rows=torch.where(q_valid, q_start[:, None] + i, 0),
                 q_valid=q_valid,
                 q_pos=(kv_len - qo_len)[:, None] + i,
-                kv_tokens=torch.where(j[None, :] < kv_len[:, None], k_start[:, None] + j, total_kv),
+                kv_tokens=torch.where(j[None, :] < kv_len[:, None], k_start[:, None] + j, kv_start[-1]),
                 kv_len=kv_len,
+                first_key=max(0, first_query - window) if window >= 0 else 0,
             )
         )
     return buckets
 
 
 def _logits(case: Case, bucket: _Bucket, q: torch.Tensor, k: torch.Tensor, cols: slice) -> torch.Tensor:
-    """Masked logits [nb, Hkv, G, max_q, chunk] for key columns ``cols``; masked keys are -inf.
+    """Masked logits [Hkv, nb, G, max_q, chunk] for key columns ``cols``; masked keys are -inf.
 
-    ``q`` is [nb, max_q, Hkv, G, D] and ``k`` [nb, chunk, Hkv, D], both in the compute dtype.
+    ``q`` is [Hkv, nb, G * max_q, D] and ``k`` [Hkv, nb, chunk, D], both in the compute dtype.
     """
-    opts = case.options
-    s = torch.einsum("bqhgd,bkhd->bhgqk", q, k) * case.sm_scale
+    opts, heads = case.options, case.heads
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(case.sm_scale)
+    s = s.view(heads.num_kv_heads, *bucket.q_rows.shape[:1], heads.group_size, -1, s.shape[-1])
     if opts.logits_soft_cap > 0:
-        s = opts.logits_soft_cap * torch.tanh(s / opts.logits_soft_cap)
+        s = s.div_(opts.logits_soft_cap).tanh_().mul_(opts.logits_soft_cap)
     k_pos = torch.arange(cols.start, cols.stop, device=s.device)
     q_pos = bucket.q_pos[:, :, None]  # [nb, max_q, 1]
     keep = (k_pos[None, None, :] < bucket.kv_len[:, None, None]) & bucket.q_valid[:, :, None]
@@ -113,33 +131,43 @@ def _logits(case: Case, bucket: _Bucket, q: torch.Tensor, k: torch.Tensor, cols:
         keep &= k_pos[None, None, :] >= q_pos - opts.window_left
     if opts.alibi_slopes is not None:
         slopes = torch.tensor(opts.alibi_slopes, dtype=s.dtype, device=s.device).view(
-            1, case.heads.num_kv_heads, case.heads.group_size, 1, 1
+            heads.num_kv_heads, 1, heads.group_size, 1, 1
         )
-        distance = (q_pos - k_pos[None, None, :]).abs().to(s.dtype)[:, None, None]
-        s = s - slopes * distance
-    return s.masked_fill(~keep[:, None, None], float("-inf"))
+        distance = (q_pos - k_pos[None, None, :]).abs().to(s.dtype)
+        s = s.sub_(slopes * distance[None, :, None])
+    return s.masked_fill_(~keep[None, :, None], float("-inf"))
 
 
-def _with_zero_row(x: torch.Tensor) -> torch.Tensor:
-    """Append one zero token: the target of every padded KV index."""
-    return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """[tokens, Hkv, D] -> [Hkv, tokens + 1, D]: one appended zero token, the target of every
+    padded KV index; heads first, so that gathering a chunk gives matmul-ready [Hkv, nb, chunk, D]."""
+    out = x.new_zeros(x.shape[1], x.shape[0] + 1, x.shape[2])
+    out[:, :-1] = x.transpose(0, 1)
+    return out
 
 
 def _bucket_inputs(case: Case, bucket: _Bucket, q: torch.Tensor) -> torch.Tensor:
+    """The bucket's queries as [Hkv, nb, G * max_q, D], zero in padded rows."""
     heads = case.heads
     qb = q[bucket.q_rows] * bucket.q_valid[..., None, None]
-    return qb.view(*bucket.q_rows.shape, heads.num_kv_heads, heads.group_size, heads.head_dim_qk)
+    qb = qb.view(*bucket.q_rows.shape, heads.num_kv_heads, heads.group_size, heads.head_dim_qk)
+    return qb.permute(2, 0, 3, 1, 4).flatten(2, 3)
+
+
+def _weigh(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``p`` [Hkv, nb, G, max_q, chunk] times ``v`` [Hkv, nb, chunk, D] -> [Hkv, nb, G, max_q, D]."""
+    return torch.matmul(p.flatten(2, 3), v).view(*p.shape[:-1], v.shape[-1])
 
 
 def _scatter(case: Case, buckets: list[_Bucket], results: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor):
-    """Put per-bucket [nb, Hkv, G, max_q, ...] results back into flat [total_q, Hq, ...] rows."""
+    """Put per-bucket [Hkv, nb, G, max_q, ...] results back into flat [total_q, Hq, ...] rows."""
     heads, total_q = case.heads, case.layout.total_q
     out = like.new_zeros(total_q, heads.num_qo_heads, heads.head_dim_vo)
     lse = like.new_full((total_q, heads.num_qo_heads), float("-inf"))
     for bucket, (o, l) in zip(buckets, results):
         rows, valid = bucket.q_rows[bucket.q_valid], bucket.q_valid
-        out[rows] = o.permute(0, 3, 1, 2, 4)[valid].flatten(1, 2)
-        lse[rows] = l.permute(0, 3, 1, 2)[valid].flatten(1, 2)
+        out[rows] = o.permute(1, 3, 0, 2, 4)[valid].flatten(1, 2)
+        lse[rows] = l.permute(1, 3, 0, 2)[valid].flatten(1, 2)
     return out, lse
 
 
@@ -148,7 +176,7 @@ def _sink_logits(case: Case, like: torch.Tensor) -> torch.Tensor | None:
         return None
     h = case.heads
     return torch.tensor(case.options.sinks, dtype=like.dtype, device=like.device).view(
-        1, h.num_kv_heads, h.group_size, 1
+        h.num_kv_heads, 1, h.group_size, 1
     )
 
 
@@ -179,7 +207,8 @@ def reference(
     if lse_base not in ("e", "2"):
         raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
     dtype, device = torch.float64, tensors.q.device
-    keys, values = (_with_zero_row(x) for x in gather_kv(case, tensors, dtype))
+    keys, values = (_heads_first(x) for x in gather_kv(case, tensors, dtype))
+    abs_values = values.abs() if logit_noise else None
     q = tensors.q.to(dtype)
     buckets = _buckets(case, device)
     sink = _sink_logits(case, q)
@@ -189,24 +218,25 @@ def reference(
         nb, max_q, max_kv = *bucket.q_rows.shape, bucket.kv_tokens.shape[1]
         budget = _CHUNK_BYTES.get(device.type, _CHUNK_BYTES["cpu"])
         step = chunk_size or max(1, budget // (8 * nb * case.heads.num_qo_heads * max_q))
-        m = q.new_full((nb, case.heads.num_kv_heads, case.heads.group_size, max_q), float("-inf"))
+        m = q.new_full((case.heads.num_kv_heads, nb, case.heads.group_size, max_q), float("-inf"))
         denom = torch.zeros_like(m)
         acc = q.new_zeros(*m.shape, case.heads.head_dim_vo)
         noise_v, noise_w = torch.zeros_like(acc), torch.zeros_like(m)
-        for start in range(0, max_kv, step):
+        for start in range(bucket.first_key, max_kv, step):  # earlier keys are outside every window
             cols = slice(start, min(start + step, max_kv))
             tokens = bucket.kv_tokens[:, cols]
-            s = _logits(case, bucket, qb, keys[tokens], cols)
+            s = _logits(case, bucket, qb, keys[:, tokens], cols)
             m_new = torch.maximum(m, s.amax(-1))
             m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # all -inf so far: nothing to rescale
-            p = torch.exp(s - m_safe[..., None])
-            rescale = torch.exp(m - m_safe)
-            v = values[tokens]
-            denom = denom * rescale + p.sum(-1)
-            acc = acc * rescale[..., None] + torch.einsum("bhgqk,bkhd->bhgqd", p, v)
             if logit_noise:
-                weighted = p * half_ulp(torch.where(torch.isinf(s), 0.0, s), torch.float32)
-                noise_v = noise_v * rescale[..., None] + torch.einsum("bhgqk,bkhd->bhgqd", weighted, v.abs())
+                ulp = half_ulp(torch.where(torch.isinf(s), 0.0, s), torch.float32)
+            p = s.sub_(m_safe[..., None]).exp_()  # in place: s is not needed any more
+            rescale = torch.exp(m - m_safe)
+            denom = denom * rescale + p.sum(-1)
+            acc = acc * rescale[..., None] + _weigh(p, values[:, tokens])
+            if logit_noise:
+                weighted = ulp.mul_(p)
+                noise_v = noise_v * rescale[..., None] + _weigh(weighted, abs_values[:, tokens])
                 noise_w = noise_w * rescale + weighted.sum(-1)
             m = m_new
         empty = denom == 0
@@ -231,7 +261,7 @@ def plain_attention(
     ``reorder_ops`` scales q before the dot product instead of the logits after it (flash-attn's
     second control): the same precision, rounded differently.
     """
-    keys, values = (_with_zero_row(x) for x in gather_kv(case, tensors, dtype))
+    keys, values = (_heads_first(x) for x in gather_kv(case, tensors, dtype))
     q = tensors.q.to(dtype)
     if reorder_ops:
         q = q * case.sm_scale
@@ -241,14 +271,13 @@ def plain_attention(
     results = []
     for bucket in buckets:
         max_kv = bucket.kv_tokens.shape[1]
-        s = _logits(case, bucket, _bucket_inputs(case, bucket, q), keys[bucket.kv_tokens], slice(0, max_kv))
+        s = _logits(case, bucket, _bucket_inputs(case, bucket, q), keys[:, bucket.kv_tokens], slice(0, max_kv))
         if sink is not None:
             s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
         empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
         lse = torch.logsumexp(s[..., :max_kv], dim=-1)
         p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1).to(dtype)
-        v = values[bucket.kv_tokens]
-        out = torch.einsum("bhgqk,bkhd->bhgqd", p[..., :max_kv], v)
+        out = _weigh(p[..., :max_kv], values[:, bucket.kv_tokens])
         results.append((torch.where(empty[..., None], 0.0, out), torch.where(empty, float("-inf"), lse)))
     return _scatter(case, buckets, results, q)
 
