@@ -129,6 +129,10 @@ def format_report(case: Case, backend: str, verdict: Verdict, repro: str | None 
         worst = worst_elements(case, verdict.error)
         if worst:
             lines += ["", "## Worst elements", "", *[f"- {w.describe()}" for w in worst]]
+        if verdict.lse_error is not None:
+            worst_lse = worst_elements(case, verdict.lse_error[..., None], k=4)
+            if worst_lse:
+                lines += ["", "## Worst LSE elements", "", *[f"- {w.describe().replace(' dim 0', '')}" for w in worst_lse]]
         lines += ["", "## Max error per request", "", "| request | qo_len | kv_len | max err |", "|---|---|---|---|"]
         for b, err in enumerate(per_request_error(case, verdict.error)):
             lines.append(f"| {b} | {lay.qo_lens[b]} | {lay.kv_lens[b]} | {err:.3g} |")

@@ -67,6 +67,7 @@ class Verdict:
     out: ErrorStats | None = None
     lse: ErrorStats | None = None
     error: torch.Tensor | None = None  # |kernel - ref| of out, [total_q, Hq, Dvo], float64 (NaN -> inf)
+    lse_error: torch.Tensor | None = None  # |kernel - ref| of lse, [total_q, Hq]; a wrong empty row is inf
 
     def headline(self) -> str:
         if self.passed:
@@ -164,7 +165,7 @@ def compare(
             f"out mean error {out_stats.mean_error:.3g} > {out_stats.limit_mean:.3g} allowed "
             f"({tolerance.mean_ratio:g} x control mean {out_stats.control_mean_error:.3g} + mean floor)"
         )
-    lse_stats = None
+    lse_stats, lse_error = None, None
     if lse is not None:
         lse = lse.to(ref_lse.device)
         if tuple(lse.shape) != (total_q, heads.num_qo_heads):
@@ -178,10 +179,11 @@ def compare(
             bad_lse = ~empty_rows & ~torch.isfinite(lse64)
             if bad_lse.any():
                 failures.append(f"lse has {int(bad_lse.sum())} non-finite values on rows with keys")
-            lse_stats, _ = _stats("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, tolerance)
+            lse_stats, lse_error = _stats("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, tolerance)
+            lse_error = torch.where(wrong_empty, float("inf"), lse_error)
             if lse_stats.max_error > lse_stats.limit_max:
                 failures.append(
                     f"lse max error {lse_stats.max_error:.3g} > {lse_stats.limit_max:.3g} allowed "
                     f"({lse_stats.mismatches} / {lse_stats.numel} mismatch)"
                 )
-    return Verdict(not failures, failures, out_stats, lse_stats, error)
+    return Verdict(not failures, failures, out_stats, lse_stats, error, lse_error)
