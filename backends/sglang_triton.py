@@ -1,0 +1,86 @@
+"""SGLang's Triton decode kernel (``decode_attention_fwd``): token-level ``kv_indptr`` /
+``kv_indices`` into a flat K/V buffer, split-KV in two stages with ``num_kv_splits`` per request.
+
+The canonical pages are handed over as a flat buffer (``k_cache.view(num_pages * page_size, ...)``,
+a view) and each request's tokens as ``page * page_size + slot``: the kernel sees the same bytes,
+poison included. Two backends: one split (``sglang-decode``) and eight splits forced
+(``sglang-decode-split8``, the split/merge path). No LSE is returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from backends.base import Backend, Capabilities, KernelOutput, register
+from oracle.case import FP8_DTYPES, Case
+from oracle.tensors import Tensors, token_addresses
+
+_SGLANG = Capabilities(
+    devices=("cuda",), q_dtypes=("float16", "bfloat16"), kv_dtypes=FP8_DTYPES, min_qo_len=1, max_qo_len=1,
+    causal=(False, True), window_left=False, alibi=False, custom_sm_scale=True, returns_lse=False,
+)
+
+
+class _SglangDecode(Backend):
+    num_kv_splits: ClassVar[int]
+    capabilities = _SGLANG
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - sglang's import pulls many modules
+            return f"sglang's Triton decode kernel does not import ({type(exc).__name__}: {str(exc)[:80]})"
+        return super().unavailable_reason()
+
+    def versions(self) -> dict[str, str]:
+        import sglang
+        import triton
+
+        return {**super().versions(), "sglang": getattr(sglang, "__version__", "?"), "triton": triton.__version__}
+
+    def plan(self, case: Case) -> dict[str, Any]:
+        lay, device = case.layout, self.device or "cuda"
+        pages, slots = token_addresses(case)
+        indptr = [0]
+        for n in lay.kv_lens:
+            indptr.append(indptr[-1] + n)
+        return {
+            "case": case,
+            "kv_indptr": torch.tensor(indptr, dtype=torch.int32, device=device),
+            "kv_indices": (pages * lay.page_size + slots).to(torch.int64).to(device),
+            "num_kv_splits": torch.full((lay.batch_size,), self.num_kv_splits, dtype=torch.int32, device=device),
+        }
+
+    def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
+        from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+
+        case: Case = plan["case"]
+        heads, opts = case.heads, case.options
+        batch = case.layout.batch_size
+        flat = lambda cache: cache.view(-1, *cache.shape[2:])  # noqa: E731
+        out = tensors.q.new_empty(batch, heads.num_qo_heads, heads.head_dim_vo)
+        logits = torch.empty(batch, heads.num_qo_heads, self.num_kv_splits, heads.head_dim_vo, dtype=torch.float32, device=out.device)
+        lse = torch.empty(batch, heads.num_qo_heads, self.num_kv_splits, dtype=torch.float32, device=out.device)
+        sinks = None if opts.sinks is None else torch.tensor(opts.sinks, dtype=torch.float32, device=out.device)
+        decode_attention_fwd(
+            tensors.q, flat(tensors.k_cache), flat(tensors.v_cache), out, plan["kv_indptr"], plan["kv_indices"],
+            logits, lse, plan["num_kv_splits"], self.num_kv_splits, case.sm_scale, opts.k_scale, opts.v_scale,
+            logit_cap=opts.logits_soft_cap, sinks=sinks,
+        )
+        return KernelOutput(out, None)
+
+
+@register
+class SglangDecode(_SglangDecode):
+    name = "sglang-decode"
+    description = "SGLang Triton decode_attention_fwd, one KV split"
+    num_kv_splits = 1
+
+
+@register
+class SglangDecodeSplit8(_SglangDecode):
+    name = "sglang-decode-split8"
+    description = "SGLang Triton decode_attention_fwd, eight KV splits (two-stage merge)"
+    num_kv_splits = 8
