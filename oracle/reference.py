@@ -32,13 +32,19 @@ _CHUNK_BYTES = {"cpu": 1 << 27, "cuda": 1 << 31}  # logits kept live per KV chun
 def half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Half the spacing of ``dtype`` at each |x|: the bound on rounding x to ``dtype`` (float64).
 
+    0, inf and nan count as lying in [0.5, 1) (``torch.frexp``'s exponent 0).
+
     >>> half_ulp(torch.tensor([1.0, 3.0], dtype=torch.float64), torch.bfloat16).tolist()
     [0.00390625, 0.0078125]
     """
-    _, exponent = torch.frexp(x.abs())
+    x = x.to(torch.float64)
     info = torch.finfo(dtype)
-    spacing = torch.pow(2.0, (exponent - 1 - _MANTISSA_BITS[dtype]).to(torch.float64))
-    return spacing.clamp(min=info.smallest_normal * info.eps) / 2
+    # The largest power of two <= |x|, read off the exponent bits (0 for float64 subnormals, whose
+    # spacing clamps to the smallest one anyway): several times cheaper than frexp and pow.
+    binade = (x.view(torch.int64) & 0x7FF0000000000000).view(torch.float64)
+    binade = torch.where((x == 0) | ~torch.isfinite(x), 0.5, binade)
+    spacing = binade.mul_(2.0 ** -_MANTISSA_BITS[dtype]).clamp_(min=info.smallest_normal * info.eps)
+    return spacing.div_(2)
 
 
 def gather_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,8 +161,12 @@ def _bucket_inputs(case: Case, bucket: _Bucket, q: torch.Tensor) -> torch.Tensor
 
 
 def _weigh(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``p`` [Hkv, nb, G, max_q, chunk] times ``v`` [Hkv, nb, chunk, D] -> [Hkv, nb, G, max_q, D]."""
-    return torch.matmul(p.flatten(2, 3), v).view(*p.shape[:-1], v.shape[-1])
+    """``p`` [Hkv, nb, G, max_q, chunk] times ``v`` [Hkv, nb, chunk, D] -> [Hkv, nb, G, max_q, D].
+
+    ``v`` goes in as the transpose of a contiguous [D, chunk]: CPU BLAS is faster so (bf16: 5x).
+    """
+    v_t = v.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return torch.matmul(p.flatten(2, 3), v_t).view(*p.shape[:-1], v.shape[-1])
 
 
 def _scatter(case: Case, buckets: list[_Bucket], results: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor):
@@ -229,7 +239,7 @@ def reference(
             m_new = torch.maximum(m, s.amax(-1))
             m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # all -inf so far: nothing to rescale
             if logit_noise:
-                ulp = half_ulp(torch.where(torch.isinf(s), 0.0, s), torch.float32)
+                ulp = half_ulp(s, torch.float32)  # masked -inf gets a finite bound, and weight 0
             p = s.sub_(m_safe[..., None]).exp_()  # in place: s is not needed any more
             rescale = torch.exp(m - m_safe)
             denom = denom * rescale + p.sum(-1)
