@@ -247,3 +247,31 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
             )
     if as_json:
         click.echo(json.dumps(report, indent=1))
+
+
+@main.command()
+@click.option("--examples", "-n", default=200, show_default=True, help="Budget per planted bug.")
+@click.option("--correct-examples", default=150, show_default=True, help="Examples per correct kernel.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def selftest(examples: int, correct_examples: int, seed: int, as_json: bool) -> None:
+    """Detection power: planted bugs found, correct kernels not flagged; exit 1 otherwise."""
+    import dataclasses
+
+    from fuzz.quality.selftest import run_selftest
+
+    results = run_selftest(examples=examples, correct_examples=correct_examples, seed=seed,
+                           progress=None if as_json else click.echo)
+    bugs = [r for r in results if r.planted]
+    correct = [r for r in results if not r.planted]
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+    else:
+        found = sum(r.detected for r in bugs)
+        median = sorted(r.examples for r in bugs)[len(bugs) // 2]
+        click.echo(
+            f"detection {found}/{len(bugs)} planted bugs (median {median} examples to detection), "
+            f"false alarms {sum(r.detected for r in correct)}/{len(correct)} correct kernels"
+        )
+    if not all(r.ok for r in results):
+        sys.exit(1)

@@ -22,9 +22,9 @@ def test_fuzz_correct_cpu_kernels_exits_zero(tmp_path) -> None:
 
 
 def test_fuzz_finding_exits_one_with_repro(tmp_path) -> None:
-    result = CliRunner().invoke(main, ["fuzz", "-k", "tests.quality.planted:wrong_gqa_map", "-n", "100", "--out", str(tmp_path)])
+    result = CliRunner().invoke(main, ["fuzz", "-k", "fuzz.quality.planted:wrong_gqa_map", "-n", "100", "--out", str(tmp_path)])
     assert result.exit_code == 1
-    assert "repro:  pa-oracle replay" in result.output and "--kernel tests.quality.planted:wrong_gqa_map" in result.output
+    assert "repro:  pa-oracle replay" in result.output and "--kernel fuzz.quality.planted:wrong_gqa_map" in result.output
 
 
 def test_unknown_backend_suggests_a_close_name() -> None:

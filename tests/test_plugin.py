@@ -15,6 +15,6 @@ def test_conformance_suite_fails_on_a_planted_bug_with_a_repro(pytester: pytest.
     import pathlib
 
     monkeypatch.setenv("PYTHONPATH", str(pathlib.Path(__file__).resolve().parents[1]))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "fuzz.test_conformance", "--pa-kernel", "tests.quality.planted:top_left_causal", "--pa-examples", "100")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "fuzz.test_conformance", "--pa-kernel", "fuzz.quality.planted:top_left_causal", "--pa-examples", "100")
     result.assert_outcomes(failed=1)
     assert any("repro: pa-oracle replay" in line for line in result.outlines)

@@ -6,7 +6,7 @@ from backends.base import get_backend
 from backends.user import UserKernel
 from fuzz.properties import measure
 from oracle.case import Case, Heads, Layout, Options
-from tests.quality import planted
+from fuzz.quality import planted
 
 CASE = Case(Layout.from_lengths([1, 5, 3], [40, 9, 3], 4, extra_pages=2), Heads(4, 2, 16, 16), Options(causal=True))
 

@@ -1,0 +1,41 @@
+"""The suite's detection power: fuzz every planted-bug kernel (each must be found) and every
+correct-but-differently-rounded kernel (none may be flagged), with a fixed seed and budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from backends.user import UserKernel
+from fuzz.campaign import fuzz_backend
+from fuzz.quality import planted
+
+
+@dataclass(frozen=True)
+class SelftestResult:
+    kernel: str
+    planted: bool  # True: a bug the suite must find; False: a correct kernel it must pass
+    detected: bool
+    examples: int
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return self.detected == self.planted
+
+
+def run_selftest(
+    *, examples: int = 200, correct_examples: int = 150, seed: int = 0, progress: Callable[[str], None] | None = None
+) -> list[SelftestResult]:
+    results = []
+    for name in planted.PLANTED + planted.CORRECT:
+        is_bug = name in planted.BUGS
+        kernel = UserKernel(getattr(planted, name), name=f"fuzz.quality.planted:{name}")
+        outcome = fuzz_backend(kernel, examples=examples if is_bug else correct_examples, base_seed=seed)
+        message = outcome.finding.message.splitlines()[0] if outcome.finding else ""
+        result = SelftestResult(name, is_bug, outcome.finding is not None, outcome.examples, message)
+        results.append(result)
+        if progress:
+            state = "found" if result.detected else "not flagged"
+            progress(f"{'ok ' if result.ok else 'BAD'} {name}: {state} after {result.examples} examples {message[:90]}")
+    return results
