@@ -9,6 +9,7 @@ conventions, and only there. The strategies draw only cases its ``Capabilities``
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -99,9 +100,17 @@ class Backend:
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
     description: ClassVar[str] = ""
+    package: ClassVar[str | None] = None  # the kernel library's import name, if any
+    extra: ClassVar[str | None] = None  # the pip extra that installs it
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine (missing package, no GPU), or None."""
+        if self.package is not None:
+            try:
+                importlib.import_module(self.package)
+            except ImportError as exc:
+                hint = f"; pip install 'paged-attention-oracle[{self.extra}]'" if self.extra else ""
+                return f"{self.package} is not installed ({exc}){hint}"
         if self.device is None:
             return f"needs one of devices {self.capabilities.devices}; this machine has " + (
                 "cuda and cpu" if torch.cuda.is_available() else "cpu only"
@@ -116,7 +125,10 @@ class Backend:
         return "cpu" if "cpu" in devices else None
 
     def versions(self) -> dict[str, str]:
-        return {"torch": torch.__version__}
+        versions = {"torch": torch.__version__}
+        if self.package is not None:
+            versions[self.package] = getattr(importlib.import_module(self.package), "__version__", "?")
+        return versions
 
     def unsupported_reason(self, case: Case) -> str | None:
         return self.capabilities.unsupported_reason(case)

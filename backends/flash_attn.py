@@ -45,17 +45,8 @@ def _lse_to_natural_minus_inf(lse: torch.Tensor) -> torch.Tensor:
 
 
 class _FlashAttn(Backend):
-    def unavailable_reason(self) -> str | None:
-        try:
-            import flash_attn  # noqa: F401
-        except ImportError as exc:
-            return f"flash-attn is not installed ({exc}); pip install 'paged-attention-oracle[flash-attn]'"
-        return super().unavailable_reason()
-
-    def versions(self) -> dict[str, str]:
-        import flash_attn
-
-        return {**super().versions(), "flash_attn": flash_attn.__version__}
+    package = "flash_attn"
+    extra = "flash-attn"
 
 
 @register

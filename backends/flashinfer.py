@@ -52,17 +52,8 @@ class _FlashInferBackend(Backend):
 
     kv_layout: ClassVar[str] = "NHD"  # "HND": the adapter hands the kernel [pages, heads, slots, dim]
 
-    def unavailable_reason(self) -> str | None:
-        try:
-            import flashinfer  # noqa: F401
-        except ImportError as exc:
-            return f"flashinfer is not installed ({exc}); pip install 'paged-attention-oracle[flashinfer]'"
-        return super().unavailable_reason()
-
-    def versions(self) -> dict[str, str]:
-        import flashinfer
-
-        return {**super().versions(), "flashinfer": flashinfer.__version__}
+    package = "flashinfer"
+    extra = "flashinfer"
 
     def unsupported_reason(self, case: Case) -> str | None:
         reason = super().unsupported_reason(case)
