@@ -73,7 +73,6 @@ def flashinfer_time(case: Case, tensors) -> float:  # type: ignore[no-untyped-de
     from backends.flashinfer import FlashInferDecodeTensorCores, FlashInferPrefillFA2
 
     lay = case.layout
-    decode_rows = sum(1 for q in lay.qo_lens if q == 1)
     split = lambda keep: Layout.from_lengths(  # noqa: E731
         [q for q in lay.qo_lens if keep(q)], [k for q, k in zip(lay.qo_lens, lay.kv_lens) if keep(q)], lay.page_size
     )
@@ -82,7 +81,6 @@ def flashinfer_time(case: Case, tensors) -> float:  # type: ignore[no-untyped-de
     dec, pre = FlashInferDecodeTensorCores(), FlashInferPrefillFA2()
     dec_plan, pre_plan = dec.plan(decode), pre.plan(prefill)
     dec_t, pre_t = make_tensors(decode, "cuda"), make_tensors(prefill, "cuda")
-    del decode_rows
     return timed(lambda: (dec.run(dec_plan, dec_t), pre.run(pre_plan, pre_t)), "cuda", repeat=10)
 
 
