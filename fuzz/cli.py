@@ -275,3 +275,8 @@ def selftest(examples: int, correct_examples: int, seed: int, as_json: bool) -> 
         )
     if not all(r.ok for r in results):
         sys.exit(1)
+
+
+from gates.cli import gate  # noqa: E402  (the group imports nothing heavy)
+
+main.add_command(gate)
