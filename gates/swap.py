@@ -1,0 +1,279 @@
+"""Run a transformers model's attention through a backend adapter of this suite, on a paged KV pool.
+
+``register_paged_attention(backend)`` registers an attention function and a mask function with
+transformers under one name; a model loaded (or switched, ``model.set_attn_implementation``) to that
+name sends every attention call here. Per call, the padded batch becomes the suite's canonical
+ragged case: the real (unpadded) query tokens in CSR ``qo_indptr`` order, each sequence's real keys
+written into a page pool with a seeded random page table (unused pages and slots NaN), bottom-right
+causal alignment. The backend runs that case; its ragged output is scattered back to the padded
+``[B, S, Hq, D]`` layout transformers expects (padding rows zero).
+
+The mask function hands the attention function the 2-D padding mask together with the 4-D boolean
+mask transformers would give SDPA; before the first layer uses a mask, the canonical case's own
+mask (causal over the compacted real tokens, sliding window) is checked against it, so a model
+whose mask the canonical case cannot express (packed or bidirectional blocks, holes between real
+tokens under a sliding window) fails loudly instead of silently attending differently.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from backends.base import Backend, Capabilities, KernelOutput, get_backend
+from backends.user import UserKernel
+from oracle.case import Case, Heads, Layout, Options
+from oracle.reference import reference
+from oracle.tensors import POISON, Tensors, token_addresses
+
+STOCK_PREFIX = "hf:"  # "hf:sdpa", "hf:eager": transformers' own implementation, not swapped
+
+
+class SwapError(RuntimeError):
+    """The model's attention call cannot be expressed as (or run as) a canonical paged case."""
+
+
+class OracleBackend(Backend):
+    """The float64 oracle as a backend, its output cast to the model's dtype (not in the fuzz
+    registry: fuzzing the oracle against itself proves nothing)."""
+
+    name = "oracle"
+    description = "oracle.reference in float64, cast to the query dtype"
+    capabilities = Capabilities()
+
+    def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
+        ref = reference(plan, tensors)
+        return KernelOutput(ref.out.to(tensors.q.dtype), ref.lse.float())
+
+
+def resolve_backend(spec: str | Backend | Callable[..., Any]) -> Backend:
+    """A backend from a registry name, ``"oracle"``, a user kernel ``MODULE:FUNCTION`` or function,
+    or a ``Backend`` instance; raises ``SwapError`` if it cannot run on this machine."""
+    if isinstance(spec, Backend):
+        backend = spec
+    elif callable(spec):
+        backend = UserKernel(spec)
+    elif spec == OracleBackend.name:
+        backend = OracleBackend()
+    elif ":" in spec:
+        backend = UserKernel.from_spec(spec)
+    else:
+        backend = get_backend(spec)
+    reason = backend.unavailable_reason()
+    if reason:
+        raise SwapError(f"backend {backend.name} is not available here: {reason}")
+    return backend
+
+
+@dataclass
+class PagedMask:
+    """What the mask function hands each attention call (transformers passes it through untouched).
+
+    ``allowed`` [B, 1, S, L] is transformers' own boolean SDPA mask (True: attend); ``key_valid``
+    [B, L] marks real (non-padding) key tokens; query ``i``'s own token is key ``query_key_offset + i``.
+    """
+
+    allowed: torch.Tensor
+    key_valid: torch.Tensor
+    query_key_offset: int
+    checked_windows: set[int] = field(default_factory=set)  # window_left values already checked
+
+    @property
+    def query_valid(self) -> torch.Tensor:
+        s = self.allowed.shape[2]
+        return self.key_valid[:, self.query_key_offset : self.query_key_offset + s]
+
+
+def _mask_function(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor = 0,
+    kv_offset: int = 0,
+    mask_function: Callable[..., Any] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+    **kwargs: Any,
+) -> PagedMask:
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+
+    allowed = sdpa_mask(
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+        mask_function=mask_function or causal_mask_function, attention_mask=attention_mask,
+        allow_is_causal_skip=False, use_vmap=kwargs.get("use_vmap", False), device=device,
+    )
+    padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    if padding is None:
+        key_valid = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device)
+    else:
+        key_valid = padding[:, kv_offset : kv_offset + kv_length].to(device=device, dtype=torch.bool)
+    offset = int(q_offset) - kv_offset
+    if not 0 <= offset <= kv_length - q_length:
+        raise SwapError(f"queries at cache positions {int(q_offset)}.. do not lie inside the {kv_length} keys")
+    return PagedMask(allowed.expand(batch_size, 1, q_length, kv_length), key_valid, offset)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class PagedAttention:
+    """The attention function registered with transformers (one per backend, page size and seed)."""
+
+    def __init__(self, backend: Backend, *, page_size: int, seed: int) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.backend, self.page_size, self.seed = backend, page_size, seed
+        self.calls = 0  # attention calls served (tests check that the swap really ran)
+
+    def __call__(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        *,
+        scaling: float | None = None,
+        dropout: float = 0.0,
+        sliding_window: int | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        if not isinstance(attention_mask, PagedMask):
+            raise SwapError(
+                f"attention_mask is {type(attention_mask).__name__}, not the PagedMask of this swap: the model did "
+                "not build its mask through transformers' mask interface for this attn_implementation"
+            )
+        if dropout:
+            raise SwapError(f"attention dropout {dropout} (put the model in eval mode)")
+        if kwargs.get("s_aux") is not None:
+            raise SwapError("attention sinks (s_aux) are not wired into the swap")
+        if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
+            raise SwapError(f"{type(module).__name__} is not causal; the swap runs causal decoder attention")
+        batch, _, q_len, _ = query.shape
+        if key.shape[2] != attention_mask.key_valid.shape[1] or query.shape[0] != key.shape[0]:
+            raise SwapError(
+                f"keys {tuple(key.shape)} do not match the mask's {tuple(attention_mask.key_valid.shape)} [B, L]"
+            )
+        if query.device.type not in self.backend.capabilities.devices:
+            raise SwapError(f"backend {self.backend.name} runs on {self.backend.capabilities.devices}, the model on {query.device}")
+        window_left = -1 if sliding_window is None else int(sliding_window) - 1  # transformers counts the query
+        if window_left not in attention_mask.checked_windows:
+            _check_mask(attention_mask, window_left)
+            attention_mask.checked_windows.add(window_left)
+        case, tensors = self._case(module, query, key, value, attention_mask, scaling, window_left, kwargs)
+        reason = self.backend.unsupported_reason(case)
+        if reason:
+            raise SwapError(f"backend {self.backend.name} cannot run {type(module).__name__}: {reason}")
+        result = self.backend.run(self.backend.plan(case), tensors).out
+        expected = (case.layout.total_q, case.heads.num_qo_heads, case.heads.head_dim_vo)
+        if tuple(result.shape) != expected:
+            raise SwapError(f"backend {self.backend.name} returned out {tuple(result.shape)}, expected {expected}")
+        out = query.new_zeros(batch, q_len, query.shape[1], value.shape[-1])
+        out[attention_mask.query_valid] = result.to(query.dtype)
+        self.calls += 1
+        return out, None
+
+    def _case(
+        self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: PagedMask,
+        scaling: float | None, window_left: int, kwargs: dict[str, Any],
+    ) -> tuple[Case, Tensors]:
+        config = getattr(module, "config", None)
+        soft_cap = kwargs["softcap"] if "softcap" in kwargs else getattr(config, "attn_logit_softcapping", None)
+        qo_lens = mask.query_valid.sum(1).tolist()
+        kv_lens = mask.key_valid.sum(1).tolist()
+        rng = random.Random(f"{self.seed}:{self.calls}")
+        needed = sum(-(-n // self.page_size) for n in kv_lens)
+        extra = max(1, needed // 4)  # pages no request references: NaN, like every unused slot
+        order = list(range(needed + extra))
+        rng.shuffle(order)
+        layout = Layout.from_lengths(qo_lens, kv_lens, self.page_size, page_order=order, extra_pages=extra)
+        dtype = _dtype_name(query.dtype)
+        case = Case(
+            layout,
+            Heads(query.shape[1], key.shape[1], query.shape[-1], value.shape[-1]),
+            Options(
+                causal=True,
+                sm_scale=float(scaling if scaling is not None else getattr(module, "scaling", query.shape[-1] ** -0.5)),
+                window_left=window_left,
+                logits_soft_cap=float(soft_cap or 0.0),
+                q_dtype=dtype,
+                kv_dtype=dtype,
+            ),
+        )
+        pages, slots = (t.to(query.device) for t in token_addresses(case))
+        caches = []
+        for states in (key, value):
+            pool = states.new_full((layout.num_pages, self.page_size, states.shape[1], states.shape[-1]), POISON)
+            pool[pages, slots] = states.transpose(1, 2)[mask.key_valid]
+            caches.append(pool)
+        q = query.transpose(1, 2)[mask.query_valid].contiguous()
+        return case, Tensors(q, caches[0], caches[1])
+
+
+def _check_mask(mask: PagedMask, window_left: int) -> None:
+    """Raise unless the canonical case's mask (bottom-right causal over each sequence's real tokens,
+    compacted; ``window_left``) equals transformers' own mask on every real query row."""
+    key_valid, query_valid = mask.key_valid, mask.query_valid
+    compact = key_valid.long().cumsum(1) - 1  # index of each real key among its sequence's real keys
+    s = query_valid.shape[1]
+    query_pos = compact[:, mask.query_key_offset : mask.query_key_offset + s]  # [B, S]
+    kv_lens, qo_lens = key_valid.sum(1, keepdim=True), query_valid.sum(1, keepdim=True)
+    rank = query_valid.long().cumsum(1) - 1
+    if not torch.equal((query_pos == kv_lens - qo_lens + rank) | ~query_valid, torch.ones_like(query_valid)):
+        raise SwapError("a sequence has real keys after its first real query that are not queries of this call")
+    keep = key_valid[:, None, :] & (compact[:, None, :] <= query_pos[:, :, None])
+    if window_left >= 0:
+        keep &= compact[:, None, :] >= query_pos[:, :, None] - window_left
+    differs = (keep != mask.allowed[:, 0]) & query_valid[:, :, None]
+    if differs.any():
+        b, i, j = (int(x) for x in differs.nonzero()[0])
+        raise SwapError(
+            f"the model's attention mask is not the canonical one (bottom-right causal over the real tokens"
+            f"{f', window_left={window_left}' if window_left >= 0 else ''}): sequence {b}, query {i}, key {j}: "
+            f"transformers {'attends' if mask.allowed[b, 0, i, j] else 'masks'} it"
+        )
+
+
+def implementation_name(backend: Backend, page_size: int, seed: int) -> str:
+    """The name under which the swap registers. transformers treats any name containing "flash" as
+    flash-attention (and one with "/" as a hub kernel), so those are spelled differently here."""
+    label = re.sub(r"[^A-Za-z0-9_.:-]", "_", backend.name).replace("flash", "Flash")
+    return f"pa-oracle[{label},page={page_size},seed={seed}]"
+
+
+def register_paged_attention(
+    backend: str | Backend | Callable[..., Any], *, page_size: int = 16, seed: int = 0
+) -> str:
+    """Register the swap for ``backend``; returns the ``attn_implementation`` name to load a model
+    with (``from_pretrained(..., attn_implementation=name)``) or to switch one to
+    (``model.set_attn_implementation(name)``)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    resolved = resolve_backend(backend)
+    name = implementation_name(resolved, page_size, seed)
+    AttentionInterface.register(name, PagedAttention(resolved, page_size=page_size, seed=seed))
+    AttentionMaskInterface.register(name, _mask_function)
+    return name
+
+
+def registered_swap(name: str) -> PagedAttention:
+    """The ``PagedAttention`` registered under ``name`` (to read its call count)."""
+    from transformers import AttentionInterface
+
+    fn = AttentionInterface._global_mapping.get(name)
+    if not isinstance(fn, PagedAttention):
+        raise KeyError(f"{name!r} is not a registered paged-attention swap")
+    return fn
+
+
+def attn_implementation_for(spec: str, *, page_size: int = 16, seed: int = 0) -> str:
+    """``"hf:sdpa"`` -> transformers' stock ``"sdpa"``; anything else -> the swap for that backend."""
+    if spec.startswith(STOCK_PREFIX):
+        return spec.removeprefix(STOCK_PREFIX)
+    return register_paged_attention(spec, page_size=page_size, seed=seed)
