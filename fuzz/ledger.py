@@ -4,16 +4,24 @@ backends and versions it applies to, a reason and an issue URL, and a status:
 * ``tolerated``: the case still runs and must still fail; an unexpected pass fails loudly so the
   entry gets removed;
 * ``quarantine``: never launched (for crashers that poison the CUDA context).
+
+An entry may also carry ``matches``, a predicate over drawn cases (``fuzz.features``): every key
+is a feature name, a scalar value must equal the case's feature and a list must contain it, e.g.
+``{"kv_len_0_with_queries": true}`` or ``{"alibi": true, "logits_soft_cap": true}`` or
+``{"group_size": [5]}``. A campaign skips drawn cases that an entry matches, so it surfaces new
+findings, not the known ones.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from oracle.case import CaseError
+from fuzz.features import FEATURES, Feature, case_features
+from oracle.case import Case, CaseError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SCHEMA_VERSION = 1
@@ -27,31 +35,94 @@ class Entry:
     status: Literal["tolerated", "quarantine"]
     reason: str
     issue: str
+    matches: dict[str, Feature | tuple[Feature, ...]] | None = None
 
     def applies(self, case_name: str, backend: str, versions: dict[str, str]) -> bool:
-        return (
-            case_name == self.case
-            and backend in self.backends
-            and all(versions.get(k) == v for k, v in self.versions.items())
+        return case_name == self.case and self.covers(backend, versions)
+
+    def covers(self, backend: str, versions: dict[str, str]) -> bool:
+        return backend in self.backends and all(versions.get(k) == v for k, v in self.versions.items())
+
+    def matches_case(self, case: Case) -> bool:
+        """True if the ``matches`` predicate holds for ``case`` (False for an entry without one)."""
+        if not self.matches:
+            return False
+        features = case_features(case)
+        return all(
+            features[name] in want if isinstance(want, tuple) else features[name] == want
+            for name, want in self.matches.items()
         )
 
 
+_ENTRY_KEYS = {"case", "backends", "versions", "status", "reason", "issue", "matches"}
+
+
 def load_ledger(path: Path = GOLDEN / "ledger.json") -> list[Entry]:
-    data = json.loads(path.read_text())
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise CaseError(f"{path}: unknown ledger schema_version {data.get('schema_version')!r}")
-    entries = []
-    for i, raw in enumerate(data["entries"]):
-        if raw.get("status") not in ("tolerated", "quarantine"):
-            raise CaseError(f"{path}: entry {i} status must be 'tolerated' or 'quarantine'")
-        if not raw.get("reason") or not str(raw.get("issue", "")).startswith("http"):
-            raise CaseError(f"{path}: entry {i} must cite a reason and an issue URL")
-        entries.append(Entry(raw["case"], tuple(raw["backends"]), dict(raw.get("versions", {})), raw["status"], raw["reason"], raw["issue"]))
-    return entries
+    """Read and strictly validate a ledger file; a ``CaseError`` names the entry and field at fault."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise CaseError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        raise CaseError(f"{path}: unknown ledger schema_version {version!r}")
+    if set(data) != {"schema_version", "entries"} or not isinstance(data["entries"], list):
+        raise CaseError(f"{path}: a ledger holds exactly 'schema_version' and a list 'entries'")
+    return [_entry(raw, f"{path}: entry {i}") for i, raw in enumerate(data["entries"])]
+
+
+def _entry(raw: Any, where: str) -> Entry:
+    if not isinstance(raw, dict):
+        raise CaseError(f"{where} must be an object")
+    unknown = set(raw) - _ENTRY_KEYS
+    if unknown:
+        raise CaseError(f"{where} has unknown fields {sorted(unknown)} (known: {sorted(_ENTRY_KEYS)})")
+    if raw.get("status") not in ("tolerated", "quarantine"):
+        raise CaseError(f"{where} status must be 'tolerated' or 'quarantine'")
+    if not raw.get("reason") or not str(raw.get("issue", "")).startswith("http"):
+        raise CaseError(f"{where} must cite a reason and an issue URL")
+    if not isinstance(raw.get("case"), str) or not raw["case"]:
+        raise CaseError(f"{where} must name its golden case ('case')")
+    backends = raw.get("backends")
+    if not isinstance(backends, list) or not backends or not all(isinstance(b, str) for b in backends):
+        raise CaseError(f"{where} 'backends' must be a non-empty list of backend names")
+    versions = raw.get("versions", {})
+    if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
+        raise CaseError(f"{where} 'versions' must map package names to version strings")
+    matches = None if raw.get("matches") is None else _predicate(raw["matches"], where)
+    return Entry(raw["case"], tuple(backends), dict(versions), raw["status"], raw["reason"], raw["issue"], matches)
+
+
+def _predicate(raw: Any, where: str) -> dict[str, Feature | tuple[Feature, ...]]:
+    if not isinstance(raw, dict) or not raw:
+        raise CaseError(f"{where} 'matches' must be a non-empty object of feature: value")
+    predicate: dict[str, Feature | tuple[Feature, ...]] = {}
+    for name, want in raw.items():
+        if name not in FEATURES:
+            close = difflib.get_close_matches(name, FEATURES, n=2)
+            hint = f"; did you mean {' or '.join(close)}?" if close else f" (known: {', '.join(FEATURES)})"
+            raise CaseError(f"{where} 'matches' names unknown feature {name!r}{hint}")
+        values = want if isinstance(want, list) else [want]
+        if not values:
+            raise CaseError(f"{where} 'matches' {name}: an empty list matches nothing")
+        kind = FEATURES[name]
+        for value in values:
+            ok = value in kind if isinstance(kind, tuple) else type(value) is kind
+            if not ok:
+                expected = f"one of {kind}" if isinstance(kind, tuple) else kind.__name__
+                raise CaseError(f"{where} 'matches' {name}: {value!r} is not {expected}")
+        predicate[name] = tuple(values) if isinstance(want, list) else want
+    return predicate
 
 
 def lookup(entries: list[Entry], case_name: str, backend: str, versions: dict[str, str]) -> Entry | None:
+    """The entry for golden case ``case_name`` on ``backend`` at ``versions``, if any."""
     return next((e for e in entries if e.applies(case_name, backend, versions)), None)
+
+
+def known_finding(entries: list[Entry], case: Case, backend: str, versions: dict[str, str]) -> Entry | None:
+    """The entry whose ``matches`` predicate covers a drawn ``case`` on ``backend``, if any."""
+    return next((e for e in entries if e.covers(backend, versions) and e.matches_case(case)), None)
 
 
 def golden_cases(folder: Path = GOLDEN / "cases") -> list[Path]:
