@@ -1,0 +1,118 @@
+"""``pa-oracle triage`` and ``pa-oracle golden add`` (registered on the main group in ``fuzz.cli``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from fuzz.ledger import GOLDEN
+from oracle.case import CaseError
+
+
+@click.command()
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
+@click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Report folder. Default: FINDING_DIR/triage, or pa-triage/<case id> for a case file.")
+@click.option("--no-minimize", is_flag=True, help="Skip delta debugging; localize the case as given.")
+@click.option("--budget", default=200, show_default=True, help="Kernel runs the minimization may spend.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...], out_dir: Path | None,
+           no_minimize: bool, budget: int, as_json: bool) -> None:
+    """Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the
+    error and write triage.md / triage.html; exit 1 if any backend fails the case."""
+    from fuzz.cli import _select, available_backends
+    from fuzz.triage.pipeline import load_source, run_triage
+    from fuzz.triage.render import write_report
+
+    try:
+        case, case_json = load_source(source)
+    except CaseError as exc:
+        raise click.ClickException(str(exc)) from None
+    if budget < 1:
+        raise click.UsageError("--budget must be >= 1")
+    missing: dict[str, str] = {}
+    if backend_names or kernels:
+        backends = _select(backend_names, kernels)
+    else:
+        backends, missing = available_backends()
+        own_kernel = case.meta.get("kernel")
+        if own_kernel:  # the user kernel that found the case is in no registry
+            backends += _select((), (own_kernel,))
+    out_dir = out_dir or (source / "triage" if source.is_dir() else Path("pa-triage") / case.case_id)
+    say = (lambda _: None) if as_json else (lambda line: click.echo(line, err=True))
+    result = run_triage(case, case_json, backends, out_dir, minimize_case=not no_minimize, budget=budget, progress=say)
+    written = write_report(result, out_dir)
+    if as_json:
+        click.echo(json.dumps(_summary(result, written), indent=1))
+    else:
+        for row in result.survey:
+            verdict = {"pass": "agrees", "fail": "DISAGREES", "crash": "CRASHES", "unsupported": "unsupported"}[row.status]
+            click.echo(f"{row.backend:32s} {verdict:12s} {row.message if row.status != 'pass' else ''}".rstrip())
+        if missing:
+            click.echo(f"({len(missing)} more backends are unavailable here: pa-oracle env says why)")
+        if result.minimized is not None:
+            m = result.minimized
+            click.echo(f"\nminimized for {result.focus} in {m.runs} runs: {m.work.case.summary()}")
+        for label, loc in result.localized:
+            for check in loc.patterns:
+                click.echo(f"  [{label}] {check.name}: {check.finding}")
+        click.echo(f"\nreport: {written['markdown']}  {written['html']}")
+        if result.repro:
+            click.echo(f"repro:  {result.repro}")
+    if result.failing:
+        sys.exit(1)
+
+
+def _summary(result, written) -> dict:  # type: ignore[no-untyped-def]
+    m = result.minimized
+    return {
+        "case": result.case.case_id,
+        "backends": [{"backend": r.backend, "status": r.status, "message": r.message} for r in result.survey],
+        "focus": result.focus,
+        "minimized": None if m is None else {
+            "case": m.work.case.summary(), "path": str(result.minimized_path) if result.minimized_path else None,
+            "runs": m.runs, "budget": m.budget, "exhausted": m.exhausted, "steps": [s.description for s in m.steps],
+        },
+        "localization": {
+            label: [{"check": c.name, "result": c.result, "finding": c.finding, "evidence": list(c.evidence)} for c in loc.checks]
+            for label, loc in result.localized
+        },
+        "repro": result.repro,
+        "report": {k: str(v) for k, v in written.items()},
+    }
+
+
+@click.group()
+def golden() -> None:
+    """The regression corpus (golden/cases + golden/ledger.json)."""
+
+
+@golden.command("add")
+@click.argument("finding", type=click.Path(exists=True, path_type=Path))
+@click.option("--name", help="Golden case name (file stem). Default: <backend>-<case id>.")
+@click.option("--reason", help="What is wrong, on which kernel and version, where it was seen (required).")
+@click.option("--issue", help="URL of the issue or PR that tracks it (required).")
+@click.option("--status", type=click.Choice(["tolerated", "quarantine", "quarantined"]), default="tolerated", show_default=True,
+              help="tolerated: still runs and must still fail; quarantine(d): never launched (crashers).")
+@click.option("--backend", "-b", "backends", multiple=True, help="Backends the entry covers (default: the finding's).")
+@click.option("--golden-dir", type=click.Path(file_okay=False, path_type=Path), default=GOLDEN, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def golden_add(finding: Path, name: str | None, reason: str | None, issue: str | None, status: str,
+               backends: tuple[str, ...], golden_dir: Path, as_json: bool) -> None:
+    """Promote FINDING (a finding folder or its case.json) into the golden corpus with a ledger entry."""
+    from fuzz.triage.golden import GoldenError, promote
+
+    try:
+        done = promote(finding, reason=reason, issue=issue, golden_dir=golden_dir, name=name,
+                       status="quarantine" if status.startswith("quarantine") else "tolerated", backends=backends)
+    except GoldenError as exc:
+        raise click.UsageError(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"case": str(done.case_path), "tensors": str(done.tensors_path), "entry": done.entry}, indent=1))
+    else:
+        click.echo(f"added {done.case_path} (+ {done.tensors_path.name}) and a {done.entry['status']} entry in {done.ledger_path}")

@@ -1,0 +1,116 @@
+"""Promote a saved finding into the regression corpus: ``golden/cases/NAME.json`` + ``NAME.npz``
+and a ledger entry (reason and issue URL required), keeping ``ledger.json``'s format."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fuzz.ledger import load_ledger
+from oracle.case import Case, CaseError
+from oracle.tensors import make_tensors, save_tensors
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_NOT_VERSIONS = ("kernel", "module_file")  # machine-specific entries of a user kernel's versions()
+
+
+class GoldenError(ValueError):
+    """A promotion refused: the message says why and what to pass."""
+
+
+@dataclass(frozen=True)
+class Promoted:
+    case_path: Path
+    tensors_path: Path
+    ledger_path: Path
+    entry: dict[str, Any]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.") or "case"
+
+
+def ledger_versions(versions: dict[str, str]) -> dict[str, str]:
+    """The versions an entry is pinned to: the kernel packages (torch only when there is none)."""
+    kept = {k: v for k, v in versions.items() if k not in _NOT_VERSIONS}
+    packages = {k: v for k, v in kept.items() if k != "torch"}
+    return packages or kept
+
+
+def _finding_case(finding: Path) -> tuple[Case, Path]:
+    path = finding / "case.json" if finding.is_dir() else finding
+    if not path.is_file():
+        raise GoldenError(f"{finding}: no case.json (give a finding folder written by pa-oracle fuzz or triage)")
+    try:
+        case = Case.load(path)
+        make_tensors(case)  # the sidecar loads, matches the case's shapes and carries signal
+    except CaseError as exc:
+        raise GoldenError(f"{path}: the case does not load: {exc}") from None
+    return case, path
+
+
+def promote(
+    finding: Path,
+    *,
+    reason: str | None,
+    issue: str | None,
+    golden_dir: Path,
+    name: str | None = None,
+    status: Literal["tolerated", "quarantine"] = "tolerated",
+    backends: tuple[str, ...] = (),
+) -> Promoted:
+    """Copy the finding's case (+ tensors) into ``golden_dir/cases`` and append a ledger entry."""
+    if not reason or not reason.strip():
+        raise GoldenError("a ledger entry needs --reason: what is wrong, on which kernel and version, where it was seen")
+    if not issue or not issue.startswith(("http://", "https://")):
+        raise GoldenError(f"a ledger entry needs --issue with the URL of the issue or PR that tracks it (got {issue!r})")
+    case, case_json = _finding_case(Path(finding))
+    meta = dict(case.meta)
+    backends = backends or ((meta["backend"],) if meta.get("backend") else ())
+    if not backends:
+        raise GoldenError(f"{case_json} names no backend: pass --backend NAME (repeatable)")
+    name = name or slug(f"{backends[0]}-{case.case_id}")
+    if not _NAME.match(name):
+        raise GoldenError(f"--name {name!r}: use lowercase letters, digits, '-', '_' and '.'")
+    cases_dir, ledger_path = Path(golden_dir) / "cases", Path(golden_dir) / "ledger.json"
+    target_json, target_npz = cases_dir / f"{name}.json", cases_dir / f"{name}.npz"
+    for path in (target_json, target_npz):
+        if path.exists():
+            raise GoldenError(f"{path} already exists: choose another --name (golden add never overwrites)")
+    data = json.loads(ledger_path.read_text()) if ledger_path.exists() else {"schema_version": 1, "entries": []}
+    entry = {
+        "case": name,
+        "backends": list(backends),
+        "versions": ledger_versions(meta.get("versions", {})),
+        "status": status,
+        "reason": reason.strip(),
+        "issue": issue,
+    }
+    data["entries"].append(entry)
+    text = json.dumps(data, indent=1) + "\n"
+    with tempfile.TemporaryDirectory() as tmp:  # the ledger's own loader must accept the result
+        (Path(tmp) / "ledger.json").write_text(text)
+        try:
+            load_ledger(Path(tmp) / "ledger.json")
+        except CaseError as exc:
+            raise GoldenError(str(exc).replace(str(Path(tmp) / "ledger.json"), str(ledger_path))) from None
+    cases_dir.mkdir(parents=True, exist_ok=True)
+    if case.tensors_file is not None:
+        shutil.copyfile(case.tensors_file, target_npz)
+    else:
+        save_tensors(make_tensors(case), target_npz)
+    golden_meta = {"guards": reason.strip(), "source": issue, "found_by": meta}
+    case.replace(tensors_file=target_npz.name, meta=golden_meta).save(target_json)
+    try:
+        make_tensors(Case.load(target_json))
+    except CaseError as exc:
+        target_json.unlink()
+        target_npz.unlink()
+        raise GoldenError(f"the promoted case does not load back: {exc}") from None
+    ledger_path.write_text(text)
+    return Promoted(target_json, target_npz, ledger_path, entry)

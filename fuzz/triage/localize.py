@@ -1,0 +1,530 @@
+"""Where a failing kernel is wrong and what the error follows, as checks with evidence.
+
+Wrong (row, qo head) pairs are those whose error exceeds the verdict's allowed maximum (out or
+LSE). Per pair, two probes explain the kernel's value with the oracle's semantics (``oracle.case``)
+in float64 on that row alone: *one key toggled* (the oracle with key ``j`` dropped, or a masked
+key added: an off-by-one at the last page, the window edge or the causal diagonal) and *another
+kv head* (a wrong GQA map). Checks then test row sets against page alignment, the causal diagonal,
+the window edge, empty rows, declared KV splits and the LSE's base, and say "no pattern" when
+none fits. Heuristics: a check that finds no pattern proves nothing either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from backends.base import Backend
+from fuzz.runner import Outcome, check_case
+from oracle.case import Case
+from oracle.reference import LOG2_E, Reference, gather_kv, reference
+from oracle.report import Location, worst_elements
+from oracle.tensors import Tensors, make_tensors
+from oracle.tolerance import Tolerance, Verdict
+
+MAX_PROBED_PAIRS = 48  # wrong (row, head) pairs probed, worst first
+
+CheckResult = Literal["pattern", "no pattern", "n/a"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    result: CheckResult
+    finding: str
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Toggle:
+    """The oracle with one key toggled matches the kernel on (row, head)."""
+
+    row: int
+    head: int
+    key: int  # position of the key within its request
+    dropped: bool  # True: an attended key dropped; False: a masked key added
+    labels: tuple[str, ...]
+    page: int
+    slot: int
+
+    def describe(self) -> str:
+        what = "without" if self.dropped else "with the masked"
+        where = ", ".join(self.labels) or "no special position"
+        return f"row {self.row} head {self.head}: the oracle {what} key {self.key} ({where}; page {self.page} slot {self.slot})"
+
+
+@dataclass
+class Capture:
+    """A case run on a backend: the verdict and the raw kernel output beside the reference."""
+
+    case: Case
+    backend: str
+    outcome: Outcome
+    tensors: Tensors | None = None  # on CPU
+    ref: Reference | None = None
+    out: torch.Tensor | None = None  # kernel out, float64, CPU
+    lse: torch.Tensor | None = None
+    split_count: int | None = None  # KV splits the backend declares (``num_kv_splits`` / ``num_splits``)
+
+
+def capture(backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> Capture:
+    """Judge ``case`` with ``check_case``, then run the kernel once more to keep its raw output."""
+    outcome = check_case(backend, case, tolerance)
+    splits = getattr(backend, "num_kv_splits", None) or getattr(backend, "num_splits", None)
+    result = Capture(case, backend.name, outcome, split_count=splits if isinstance(splits, int) and splits > 1 else None)
+    if outcome.verdict is None or outcome.verdict.error is None:
+        return result
+    tensors = make_tensors(case, backend.device or "cpu")
+    try:
+        kernel = backend.run(backend.plan(case), tensors)
+    except Exception:  # noqa: BLE001 - the verdict stands; the probes need the raw output
+        return result
+    result.tensors = tensors.to("cpu")
+    result.ref = reference(case, result.tensors)
+    result.out = kernel.out.detach().to("cpu", torch.float64)
+    if kernel.lse is not None and tuple(kernel.lse.shape) == tuple(result.ref.lse.shape):
+        result.lse = kernel.lse.detach().to("cpu", torch.float64)
+    return result
+
+
+@dataclass
+class Localization:
+    case: Case
+    backend: str
+    status: str
+    score: torch.Tensor  # [total_q, Hq]: error / allowed, the worse of out and LSE (inf: non-finite)
+    wrong: torch.Tensor  # [total_q, Hq] bool
+    threshold: str  # how "wrong" was decided
+    verdict: Verdict | None = None
+    worst: list[Location] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    toggles: list[Toggle] = field(default_factory=list)
+    kv_reads: dict[tuple[int, int], int] = field(default_factory=dict)  # (row, qo head) -> kv head that fits
+    profile: tuple[int, int, list[float], int | None] | None = None  # (row, head, error per key toggled, key that fits)
+
+    @property
+    def patterns(self) -> list[Check]:
+        return [c for c in self.checks if c.result == "pattern"]
+
+
+# --- per-row probes ------------------------------------------------------------------------------
+
+
+class _Rows:
+    """Per-row facts and float64 keys/values per request for the probes."""
+
+    def __init__(self, cap: Capture) -> None:
+        case, lay = cap.case, cap.case.layout
+        self.case, self.cap = case, cap
+        self.request = [lay.request_of_row(r) for r in range(lay.total_q)]
+        self.token = [r - lay.qo_indptr[b] for r, b in enumerate(self.request)]
+        self.position = [lay.position_of_row(r) for r in range(lay.total_q)]
+        self.kv_len = [lay.kv_lens[b] for b in self.request]
+        self.qo_len = [lay.qo_lens[b] for b in self.request]
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        if cap.tensors is not None:
+            keys, values = gather_kv(case, cap.tensors, torch.float64)
+            self.keys, self.values = list(keys.split(list(lay.kv_lens))), list(values.split(list(lay.kv_lens)))
+
+    def logits(self, row: int, head: int, kv_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits [K], attended [K] bool, values [K, Dvo]) of one query row and head against the
+        keys of kv head ``kv_head``, following ``oracle.case`` (cap, ALiBi, causal, window)."""
+        case, opts = self.case, self.case.options
+        b, p = self.request[row], self.position[row]
+        k, v = self.keys[b][:, kv_head], self.values[b][:, kv_head]
+        s = case.sm_scale * (k @ self.cap.tensors.q[row, head].to(torch.float64))
+        if opts.logits_soft_cap > 0:
+            s = opts.logits_soft_cap * torch.tanh(s / opts.logits_soft_cap)
+        j = torch.arange(len(s))
+        if opts.alibi_slopes is not None:
+            s = s - opts.alibi_slopes[head] * (p - j).abs().to(torch.float64)
+        attend = torch.ones(len(s), dtype=torch.bool)
+        if opts.causal:
+            attend &= j <= p
+        if opts.window_left >= 0:
+            attend &= j >= p - opts.window_left
+        return s, attend, v
+
+    def _sink(self, head: int) -> float | None:
+        sinks = self.case.options.sinks
+        return None if sinks is None else sinks[head]
+
+    def attend(self, row: int, head: int, kv_head: int) -> tuple[torch.Tensor, float]:
+        """(out [Dvo], lse) of the row: the oracle's value, recomputed for one row."""
+        s, attend, v = self.logits(row, head, kv_head)
+        if not attend.any():
+            return torch.zeros(v.shape[-1], dtype=torch.float64), -math.inf
+        m = s[attend].max()
+        w = torch.exp(s - m) * attend
+        z = w.sum()
+        sink = self._sink(head)
+        total = z + (math.exp(sink - m) if sink is not None else 0.0)
+        return (w @ v) / total, float(m + torch.log(z))
+
+    def toggled(self, row: int, head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(out [K, Dvo], lse [K], dropped [K]): the oracle with each key ``j`` toggled in turn."""
+        s, attend, v = self.logits(row, head, head // self.case.heads.group_size)
+        m = s.max() if len(s) else torch.tensor(0.0, dtype=torch.float64)
+        w = torch.exp(s - m)
+        z = (w * attend).sum()
+        sink = self._sink(head)
+        sink_w = math.exp(sink - m) if sink is not None else 0.0
+        sign = torch.where(attend, -1.0, 1.0).to(torch.float64)
+        numer = (w * attend) @ v + (sign * w)[:, None] * v
+        z_j = z + sign * w
+        empty = z_j <= 0
+        out = torch.where(empty[:, None], 0.0, numer / torch.where(empty, 1.0, z_j + sink_w)[:, None])
+        lse = torch.where(empty, -math.inf, m + torch.log(torch.where(empty, 1.0, z_j)))
+        return out, lse, attend
+
+
+def _key_labels(rows: _Rows, row: int, key: int) -> tuple[str, ...]:
+    case, opts, ps = rows.case, rows.case.options, rows.case.layout.page_size
+    p, kv_len = rows.position[row], rows.kv_len[row]
+    labels = []
+    if key == kv_len - 1:
+        labels.append("the last key")
+    if key == 0:
+        labels.append("the first key")
+    if key > 0 and key % ps == 0:
+        labels.append("first slot of a page")
+    if key < kv_len - 1 and key % ps == ps - 1:
+        labels.append("last slot of a full page")
+    if opts.causal and key == p:
+        labels.append("the causal diagonal")
+    if opts.causal and key == p + 1:
+        labels.append("one past the causal diagonal")
+    if opts.window_left >= 0 and key == p - opts.window_left:
+        labels.append("the window's left edge")
+    if opts.window_left >= 0 and key == p - opts.window_left - 1:
+        labels.append("one outside the window")
+    if case.options.causal and key > p + 1:
+        labels.append("a future key")
+    return tuple(labels)
+
+
+def _misfit(cap: Capture, row: int, head: int, out: torch.Tensor, lse: torch.Tensor, use_out: bool, use_lse: bool) -> torch.Tensor:
+    """Per candidate: how far the kernel is from it, in units of the allowed error (<= 1 fits)."""
+    verdict = cap.outcome.verdict
+    misfit = torch.zeros(out.shape[0], dtype=torch.float64)
+    if use_out:
+        limit = max(verdict.out.limit_max, 1e-300)
+        misfit = torch.maximum(misfit, (out - cap.out[row, head]).abs().amax(-1) / limit)
+    if use_lse:
+        limit = max(verdict.lse.limit_max, 1e-300)
+        diff = (lse - cap.lse[row, head]).abs()
+        diff = torch.where(torch.isinf(lse) & (lse == cap.lse[row, head]), 0.0, diff)
+        misfit = torch.maximum(misfit, diff / limit)
+    return torch.nan_to_num(misfit, nan=math.inf)
+
+
+# --- localization --------------------------------------------------------------------------------
+
+
+def _scores(cap: Capture) -> tuple[torch.Tensor, torch.Tensor, str]:
+    verdict, case = cap.outcome.verdict, cap.case
+    shape = (case.layout.total_q, case.heads.num_qo_heads)
+    score = torch.zeros(shape, dtype=torch.float64)
+    out_error = verdict.error.amax(-1) if verdict.error.numel() else torch.zeros(shape, dtype=torch.float64)
+    limit, threshold = verdict.out.limit_max, "error above the allowed maximum"
+    if verdict.out.mismatches == 0 and out_error.numel() and out_error.max() > 0 and verdict.out.mean_error > verdict.out.limit_mean:
+        limit, threshold = verdict.out.limit_mean, "out error above the allowed *mean* (the failure is a mean-error one)"
+    score = torch.maximum(score, out_error / max(limit, 1e-300))
+    if verdict.lse is not None and verdict.lse_error is not None:
+        score = torch.maximum(score, verdict.lse_error / max(verdict.lse.limit_max, 1e-300))
+    wrong = score > 1
+    if cap.out is not None and cap.ref is not None:
+        empty = torch.isinf(cap.ref.lse)
+        wrong |= empty & (cap.out != 0).any(-1)
+    return score, wrong, threshold
+
+
+def localize(cap: Capture) -> Localization:
+    """Locate and characterize the errors of a captured run (a crash or a pass has nothing to locate)."""
+    case, verdict = cap.case, cap.outcome.verdict
+    shape = (case.layout.total_q, case.heads.num_qo_heads)
+    if verdict is None or verdict.error is None or verdict.out is None:
+        why = f"the kernel {cap.outcome.status}ed: no output to locate" if cap.outcome.status == "crash" else cap.outcome.message
+        return Localization(case, cap.backend, cap.outcome.status, torch.zeros(shape), torch.zeros(shape, dtype=torch.bool), "n/a",
+                            checks=[Check("output", "n/a", why)])
+    score, wrong, threshold = _scores(cap)
+    loc = Localization(case, cap.backend, cap.outcome.status, score, wrong, threshold, verdict, worst_elements(case, verdict.error))
+    rows = _Rows(cap)
+    if cap.out is not None and rows.keys:
+        _probe(cap, rows, loc)
+    loc.checks = [
+        _check_tensors(cap, loc),
+        _check_requests(rows, loc),
+        _check_heads(cap, rows, loc),
+        _check_rows(rows, loc),
+        _check_pages(rows, loc),
+        _check_empty_rows(cap, loc),
+        _check_causal(rows, loc),
+        _check_window(rows, loc),
+        _check_splits(cap, rows, loc),
+        _check_lse(cap, loc),
+    ]
+    return loc
+
+
+def _probe(cap: Capture, rows: _Rows, loc: Localization) -> None:
+    """Key toggles and kv-head reads of the worst wrong pairs (``loc.toggles``, ``loc.kv_reads``)."""
+    verdict = cap.outcome.verdict
+    pairs = loc.wrong.nonzero().tolist()
+    pairs.sort(key=lambda rh: -float(loc.score[rh[0], rh[1]]))
+    for row, head in pairs[:MAX_PROBED_PAIRS]:
+        if not torch.isfinite(cap.out[row, head]).all():
+            continue
+        use_out = bool(verdict.error[row, head].max() > verdict.out.limit_max) or bool(torch.isinf(cap.ref.lse[row, head]))
+        use_lse = cap.lse is not None and verdict.lse_error is not None and bool(verdict.lse_error[row, head] > verdict.lse.limit_max)
+        if not (use_out or use_lse):
+            use_out = True
+        if rows.kv_len[row] > 0:
+            out, lse, attended = rows.toggled(row, head)
+            misfit = _misfit(cap, row, head, out, lse, use_out, use_lse)
+            best = int(misfit.argmin())
+            fits = bool(misfit[best] <= 1)
+            if loc.profile is None:
+                loc.profile = (row, head, misfit.clamp(max=1e6).tolist(), best if fits else None)
+            if fits:
+                page, slot = case_slot(cap.case, rows.request[row], best)
+                loc.toggles.append(Toggle(row, head, best, bool(attended[best]), _key_labels(rows, row, best), page, slot))
+        reads = []
+        for kv_head in range(cap.case.heads.num_kv_heads):
+            out, lse = rows.attend(row, head, kv_head)
+            reads.append(float(_misfit(cap, row, head, out[None], torch.tensor([lse]), use_out, use_lse)[0]))
+        best_kv = min(range(len(reads)), key=reads.__getitem__)
+        if reads[best_kv] <= 1:
+            loc.kv_reads[(row, head)] = best_kv
+
+
+def case_slot(case: Case, request: int, key: int) -> tuple[int, int]:
+    page_slot = case.layout.slot_of(request, key)
+    assert page_slot is not None
+    return page_slot
+
+
+def _fmt(values: list[int] | set[int], limit: int = 12) -> str:
+    values = sorted(values)
+    text = ", ".join(map(str, values[:limit]))
+    return "{" + text + (f", ... ({len(values)} in all)" if len(values) > limit else "") + "}"
+
+
+def _check_tensors(cap: Capture, loc: Localization) -> Check:
+    verdict = cap.outcome.verdict
+    out_wrong = int((verdict.error.amax(-1) > verdict.out.limit_max).sum()) if verdict.error.numel() else 0
+    lse_wrong = int((verdict.lse_error > verdict.lse.limit_max).sum()) if verdict.lse_error is not None else None
+    total = loc.wrong.numel()
+    parts = [f"out wrong on {out_wrong} of {total} (row, head) pairs"]
+    parts.append("the kernel returns no LSE" if lse_wrong is None else f"LSE wrong on {lse_wrong} of {total}")
+    evidence = [f"wrong pairs decided by: {loc.threshold}"]
+    if out_wrong == 0 and lse_wrong:
+        return Check("out or LSE", "pattern", "only the LSE is wrong; the output is right", tuple(parts + evidence))
+    if lse_wrong == 0 and out_wrong:
+        return Check("out or LSE", "pattern", "only the output is wrong; the LSE is right", tuple(parts + evidence))
+    return Check("out or LSE", "no pattern", "; ".join(parts), tuple(evidence))
+
+
+def _wrong_rows(loc: Localization) -> set[int]:
+    return set(loc.wrong.any(-1).nonzero().flatten().tolist())
+
+
+def _check_requests(rows: _Rows, loc: Localization) -> Check:
+    with_rows = sorted(set(rows.request))
+    bad = sorted({rows.request[r] for r in _wrong_rows(loc)})
+    maxima = [f"request {b}: max error/allowed {float(loc.score[[r for r in range(len(rows.request)) if rows.request[r] == b]].max()):.3g}" for b in with_rows]
+    if not bad:
+        return Check("requests", "n/a", "no wrong (row, head) pair above the threshold", tuple(maxima))
+    if len(bad) == len(with_rows):
+        return Check("requests", "no pattern", f"every request with queries is wrong ({len(bad)})", tuple(maxima))
+    return Check("requests", "pattern", f"requests {_fmt(bad)} of {len(with_rows)} are wrong; {_fmt(set(with_rows) - set(bad))} are right", tuple(maxima))
+
+
+def _check_heads(cap: Capture, rows: _Rows, loc: Localization) -> Check:
+    heads = cap.case.heads
+    n, group, n_kv = heads.num_qo_heads, heads.group_size, heads.num_kv_heads
+    bad = set(loc.wrong.any(0).nonzero().flatten().tolist())
+    evidence = []
+    reads = loc.kv_reads
+    misread = {rh: kv for rh, kv in reads.items() if kv != rh[1] // group}
+    if misread:
+        mapping = dict(sorted({h: kv for (_, h), kv in misread.items()}.items()))
+        evidence.append(f"{len(misread)} of {len(reads)} probed wrong pairs match the oracle on another kv head: qo head -> kv head read {mapping}")
+        if all(kv == h % n_kv for (_, h), kv in misread.items()):
+            return Check("heads", "pattern", "wrong qo heads read kv head h % num_kv_heads instead of h // group_size: a wrong GQA head map",
+                         tuple(evidence + [f"wrong qo heads {_fmt(bad)} of {n} (group size {group}, {n_kv} kv heads)"]))
+        return Check("heads", "pattern", f"wrong qo heads read another kv head ({mapping}): a wrong head map", tuple(evidence))
+    if not bad:
+        return Check("heads", "n/a", "no wrong pair above the threshold")
+    if len(bad) == n:
+        return Check("heads", "no pattern", f"every qo head ({n}) is wrong", tuple(evidence))
+    gqa_alt = {h for h in range(n) if h % n_kv != h // group}
+    if bad == gqa_alt:
+        return Check("heads", "pattern", "exactly the qo heads with h % num_kv_heads != h // group_size are wrong (a wrong GQA map reads those)",
+                     tuple(evidence + [f"wrong {_fmt(bad)}"]))
+    if bad == {h for h in range(n) if h % group}:
+        return Check("heads", "pattern", "every qo head but the first of each group is wrong", (f"wrong {_fmt(bad)}, group size {group}",))
+    bad_kv = {h // group for h in bad}
+    if all(h in bad for h in range(n) if h // group in bad_kv):
+        return Check("heads", "pattern", f"the whole groups of kv heads {_fmt(bad_kv)} are wrong, the others right", (f"wrong qo heads {_fmt(bad)}",))
+    return Check("heads", "no pattern", f"qo heads {_fmt(bad)} of {n} are wrong; no GQA pattern found", tuple(evidence))
+
+
+def _check_rows(rows: _Rows, loc: Localization) -> Check:
+    bad = _wrong_rows(loc)
+    all_rows = set(range(len(rows.request)))
+    if not bad:
+        return Check("query rows", "n/a", "no wrong row")
+    if bad == all_rows:
+        return Check("query rows", "no pattern", f"every query row ({len(all_rows)}) is wrong")
+    properties = {
+        "the last query of its request": lambda r: rows.token[r] == rows.qo_len[r] - 1,
+        "the first query of its request": lambda r: rows.token[r] == 0,
+        "a query before the first key (position < 0)": lambda r: rows.position[r] < 0,
+        "a decode row (qo_len 1)": lambda r: rows.qo_len[r] == 1,
+    }
+    detail = (f"wrong rows {_fmt(bad)} of {len(all_rows)}; their tokens {_fmt({rows.token[r] for r in bad})}",)
+    for name, holds in properties.items():
+        if {r for r in all_rows if holds(r)} == bad:
+            return Check("query rows", "pattern", f"exactly the rows that are {name} are wrong", detail)
+    return Check("query rows", "no pattern", "wrong rows share none of: last / first query, position < 0, decode", detail)
+
+
+def _toggle_share(loc: Localization, label: str, dropped: bool | None = None) -> tuple[int, int]:
+    hits = sum(label in t.labels and (dropped is None or t.dropped == dropped) for t in loc.toggles)
+    return hits, len(loc.toggles)
+
+
+def _toggle_evidence(loc: Localization, k: int = 3) -> list[str]:
+    if not loc.toggles:
+        return []
+    counts = Counter((t.dropped, t.labels) for t in loc.toggles)
+    lines = [
+        f"{n} of {len(loc.toggles)} fitted pairs: the oracle {'without' if dropped else 'with the masked'} "
+        f"{', '.join(labels) or 'a key at no special position'}"
+        for (dropped, labels), n in counts.most_common(k)
+    ]
+    return lines + [t.describe() for t in loc.toggles[:2]]
+
+
+def _check_pages(rows: _Rows, loc: Localization) -> Check:
+    ps = rows.case.layout.page_size
+    bad_rows = _wrong_rows(loc)
+    rem = lambda r: rows.kv_len[r] % ps  # noqa: E731
+    evidence = []
+    hits, fitted = _toggle_share(loc, "the last key")
+    if fitted and hits == fitted:
+        slots = {rows.kv_len[t.row] - 1 - (rows.kv_len[t.row] - 1) // ps * ps for t in loc.toggles}
+        dropped = all(t.dropped for t in loc.toggles)
+        verb = "without its last key" if dropped else "with one key more"
+        return Check("page boundary", "pattern",
+                     f"the kernel's value is the oracle's {verb} (slot {_fmt(slots)} of the last page) on every fitted pair: "
+                     "an off-by-one in the last page length", tuple(_toggle_evidence(loc)))
+    hits, fitted = _toggle_share(loc, "first slot of a page")
+    if fitted and hits == fitted:
+        return Check("page boundary", "pattern", "the key that explains the error is the first slot of a page on every fitted pair",
+                     tuple(_toggle_evidence(loc)))
+    if not bad_rows:
+        return Check("page boundary", "n/a", "no wrong row")
+    good_rows = {r for r in range(len(rows.request)) if rows.kv_len[r] > 0} - bad_rows
+    bad_rem = {rem(r) for r in bad_rows if rows.kv_len[r] > 0}
+    good_rem = {rem(r) for r in good_rows}
+    evidence.append(f"wrong rows: kv_len % page_size ({ps}) in {_fmt(bad_rem)}; right rows: {_fmt(good_rem) if good_rows else 'none'}")
+    if bad_rem and good_rows and not bad_rem & good_rem:
+        if bad_rem == {0}:
+            finding = "wrong rows all have a full last page (kv_len % page_size == 0); right rows do not"
+        elif 0 in good_rem and len(good_rem) == 1:
+            finding = "wrong rows all end inside a page (kv_len % page_size != 0); rows with a full last page are right"
+        else:
+            finding = f"wrong rows all have kv_len % page_size in {_fmt(bad_rem)}; right rows in {_fmt(good_rem)}"
+        return Check("page boundary", "pattern", finding, tuple(evidence))
+    if not good_rows:
+        evidence.append("every row with keys is wrong, so page alignment cannot separate wrong from right rows")
+    return Check("page boundary", "no pattern", "no page-alignment pattern found", tuple(evidence + _toggle_evidence(loc)))
+
+
+def _check_empty_rows(cap: Capture, loc: Localization) -> Check:
+    if cap.ref is None:
+        return Check("empty rows", "n/a", "no raw kernel output")
+    empty = torch.isinf(cap.ref.lse)
+    if not empty.any():
+        return Check("empty rows", "n/a", "the case has no row without keys to attend")
+    bad_empty = int((loc.wrong & empty).sum())
+    bad_other = int((loc.wrong & ~empty).sum())
+    evidence = (f"{int(empty.sum())} empty (row, head) pairs, {bad_empty} wrong; {bad_other} wrong pairs with keys",)
+    if bad_empty and not bad_other:
+        return Check("empty rows", "pattern", "only rows with no key to attend are wrong", evidence)
+    if bad_empty:
+        return Check("empty rows", "pattern", "empty rows are wrong (and other rows too)", evidence)
+    return Check("empty rows", "no pattern", "empty rows are right", evidence)
+
+
+def _check_causal(rows: _Rows, loc: Localization) -> Check:
+    if not rows.case.options.causal:
+        return Check("causal diagonal", "n/a", "the case is not causal")
+    evidence = _toggle_evidence(loc)
+    for label in ("the causal diagonal", "one past the causal diagonal", "a future key"):
+        hits, fitted = _toggle_share(loc, label)
+        if fitted and hits == fitted:
+            return Check("causal diagonal", "pattern", f"the error is explained by {label} on every fitted pair", tuple(evidence))
+    bad = {rows.request[r] for r in _wrong_rows(loc)}
+    requests = set(rows.request)
+    shifted = {b for b in requests if rows.case.layout.kv_lens[b] != rows.case.layout.qo_lens[b]}
+    if bad and bad == shifted and shifted != requests:
+        return Check("causal diagonal", "pattern",
+                     "exactly the requests with kv_len != qo_len are wrong: the mask is aligned top-left, not bottom-right",
+                     (f"wrong requests {_fmt(bad)}; requests with kv_len == qo_len {_fmt(requests - shifted)} are right",))
+    return Check("causal diagonal", "no pattern", "no causal-diagonal pattern found", tuple(evidence))
+
+
+def _check_window(rows: _Rows, loc: Localization) -> Check:
+    if rows.case.options.window_left < 0:
+        return Check("window edge", "n/a", "no sliding window")
+    for label in ("the window's left edge", "one outside the window"):
+        hits, fitted = _toggle_share(loc, label)
+        if fitted and hits == fitted:
+            return Check("window edge", "pattern", f"the error is explained by {label} on every fitted pair: a window off by one",
+                         tuple(_toggle_evidence(loc)))
+    return Check("window edge", "no pattern", "no window-edge pattern found", tuple(_toggle_evidence(loc)))
+
+
+def _check_splits(cap: Capture, rows: _Rows, loc: Localization) -> Check:
+    n = cap.split_count
+    if not n:
+        return Check("split boundary", "n/a", "the backend declares no KV split count")
+    bad = _wrong_rows(loc)
+    assumption = f"assuming {n} even splits of ceil(kv_len / {n}) keys"
+    short = {r for r in range(len(rows.request)) if 0 < rows.kv_len[r] < n}
+    if bad and short and bad == short:
+        return Check("split boundary", "pattern", f"exactly the rows with fewer keys than splits ({n}) are wrong: an empty split",
+                     (assumption,))
+    on_boundary = [t for t in loc.toggles if t.key % -(-rows.kv_len[t.row] // n) == 0 and t.key > 0]
+    if loc.toggles and len(on_boundary) == len(loc.toggles):
+        return Check("split boundary", "pattern", "the key that explains the error starts a split on every fitted pair",
+                     (assumption, *_toggle_evidence(loc)))
+    return Check("split boundary", "no pattern", "no split-boundary pattern found", (assumption,))
+
+
+def _check_lse(cap: Capture, loc: Localization) -> Check:
+    if cap.lse is None or cap.ref is None:
+        return Check("LSE", "n/a", "the kernel returns no LSE")
+    ref, kernel = cap.ref.lse, cap.lse
+    empty = torch.isinf(ref)
+    if empty.any() and not (kernel[empty] == -math.inf).all():
+        values = sorted(set(kernel[empty & (kernel != -math.inf)].tolist()))[:3]
+        return Check("LSE", "pattern", f"empty rows get a finite LSE {values} instead of -inf (a sentinel)")
+    live = ~empty & torch.isfinite(kernel) & (ref.abs() > 1e-3)
+    if not live.any():
+        return Check("LSE", "n/a", "no row with keys and a finite kernel LSE")
+    limit = cap.outcome.verdict.lse.limit_max if cap.outcome.verdict.lse else 0.0
+    if (kernel[live] - ref[live] * LOG2_E).abs().max() <= max(limit, 1e-6) * LOG2_E and (kernel[live] - ref[live]).abs().max() > limit:
+        return Check("LSE", "pattern", "the kernel's LSE is the oracle's times log2(e): a base-2 LSE where natural log is declared")
+    diff = kernel[live] - ref[live]
+    if diff.numel() >= 3 and diff.abs().max() > limit and (diff - diff.mean()).abs().max() <= limit:
+        return Check("LSE", "pattern", f"the kernel's LSE is the oracle's plus a constant {float(diff.mean()):.4g} ({diff.numel()} values)")
+    return Check("LSE", "no pattern", f"LSE error up to {float((kernel[live] - ref[live]).abs().max()):.3g} (allowed {limit:.3g}); no base or offset pattern")

@@ -1,0 +1,366 @@
+"""Delta debugging of a failing case, beyond Hypothesis's shrinking: ddmin over the requests, then
+greedy one-step reductions (page pool, lengths, heads, options, head dims, data) repeated until a
+whole round changes nothing or the budget of kernel runs is spent.
+
+Verification model: a candidate is kept only if it is a valid case (``oracle.case``), the backend
+supports it (``unsupported_reason``), it is strictly smaller (``size``: no measure grows, one
+shrinks) and it *reproduces* the original failure: the same status and, for a failure, a
+non-empty subset of the original's failure kinds (for a crash: the same exception type), so a
+reduction never swaps the bug for another one. At the end, when the budget was not spent, no
+single reduction of the result (``one_step_reductions``) reproduces the failure.
+
+EXTENDING: a reduction is a generator of ``(description, Workload)`` added to ``PASSES``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from functools import partial
+from typing import Callable, Iterator
+
+from backends.base import Backend
+from fuzz.runner import Outcome, check_case
+from fuzz.triage.workload import (
+    Workload,
+    keep_heads,
+    keep_requests,
+    regenerate,
+    relabel_pages,
+    resize,
+    set_options,
+    shrink_head_dims,
+)
+from oracle.case import CaseError
+from oracle.tolerance import Tolerance
+
+Candidates = Iterator[tuple[str, Callable[[], Workload]]]  # description, builder
+
+# (substring of a Verdict failure line, its kind): the first match names the line's kind
+_FAILURE_KINDS = (
+    ("out has shape", "out shape"),
+    ("lse has shape", "lse shape"),
+    ("out dtype", "out dtype"),
+    ("non-finite elements", "out non-finite"),
+    ("empty rows (no key", "empty row out"),
+    ("empty rows have lse", "empty row lse"),
+    ("non-finite values", "lse non-finite"),
+    ("out max error", "out error"),
+    ("out mean error", "out error"),
+    ("lse max error", "lse error"),
+    ("modified its inputs", "writes inputs"),
+)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What kind of failure an outcome is: its status and failure kinds (or exception type)."""
+
+    status: str
+    kinds: frozenset[str]
+
+    def reproduced_by(self, other: Signature) -> bool:
+        if other.status != self.status:
+            return False
+        if self.status in ("fail", "crash"):
+            return bool(other.kinds) and other.kinds <= self.kinds
+        return True
+
+    def describe(self) -> str:
+        return self.status + (f" ({', '.join(sorted(self.kinds))})" if self.kinds else "")
+
+
+def signature(outcome: Outcome) -> Signature:
+    if outcome.status == "crash":
+        return Signature("crash", frozenset({outcome.message.split(":", 1)[0]}))
+    if outcome.status == "fail" and outcome.verdict is not None:
+        kinds = set()
+        for line in outcome.verdict.failures:
+            kinds.add(next((kind for text, kind in _FAILURE_KINDS if text in line), line.split(" ")[0]))
+        return Signature("fail", frozenset(kinds))
+    return Signature(outcome.status, frozenset())
+
+
+def size(work: Workload) -> tuple[int, ...]:
+    """Measures that a reduction may only lower (a partial order; see ``smaller``)."""
+    case = work.case
+    lay, heads, opts = case.layout, case.heads, case.options
+    options_on = sum(
+        (
+            opts.causal, opts.window_left >= 0, opts.logits_soft_cap > 0, opts.alibi_slopes is not None,
+            opts.sinks is not None, opts.sm_scale is not None, opts.k_scale != 1, opts.v_scale != 1, opts.is_fp8,
+        )
+    )
+    data = work.explicit + (case.distribution != "normal") + (case.seed != 0)
+    out_of_order = sum(page != i for i, page in enumerate(lay.kv_indices))
+    return (
+        lay.batch_size, lay.total_q, sum(lay.kv_lens), lay.num_pages, out_of_order,
+        heads.num_qo_heads, heads.num_kv_heads, heads.head_dim_qk, heads.head_dim_vo, options_on, data,
+    )
+
+
+def smaller(a: Workload, b: Workload) -> bool:
+    """``a`` is strictly smaller than ``b``: no measure larger, at least one smaller."""
+    sa, sb = size(a), size(b)
+    return sa != sb and all(x <= y for x, y in zip(sa, sb))
+
+
+# --- one-step reductions ------------------------------------------------------------------------
+
+
+def drop_one_request(work: Workload) -> Candidates:
+    batch = work.case.layout.batch_size
+    for b in range(batch) if batch > 1 else ():
+        yield f"drop request {b}", partial(keep_requests, work, [i for i in range(batch) if i != b])
+
+
+def compact_pages(work: Workload) -> Candidates:
+    yield "renumber pages 0..n-1 in order of use (unused pages dropped)", partial(relabel_pages, work, keep_order=False)
+    yield "drop unused pages (page order kept)", partial(relabel_pages, work, keep_order=True)
+
+
+def _cuts(n: int) -> list[tuple[str, int, int]]:
+    """Sub-ranges of ``range(n)``, coarse to fine: halves, then one element less at each end."""
+    cuts = [("second half", n // 2, n), ("first half", 0, n - n // 2), ("drop the first", 1, n), ("drop the last", 0, n - 1)]
+    seen, out = {(0, n)}, []
+    for name, a, e in cuts:
+        if 0 <= a <= e <= n and (a, e) not in seen:
+            seen.add((a, e))
+            out.append((name, a, e))
+    return out
+
+
+def shorten(work: Workload) -> Candidates:
+    """Fewer keys (halve, then step; a prefix keeps positions from 0, a suffix keeps the query's
+    distance to the last keys) and fewer queries (a suffix keeps the queries' positions)."""
+    lay = work.case.layout
+    batch = range(lay.batch_size)
+    for name, *_ in _cuts(max(lay.kv_lens)):  # every request at once first (uniform-length kernels)
+        cut = {b: r for b in batch for n, *r in _cuts(lay.kv_lens[b]) if n == name}
+        if len(cut) == lay.batch_size and lay.batch_size > 1:
+            yield f"keys: {name} of every request", partial(resize, work, {}, {b: tuple(r) for b, r in cut.items()})
+    for name, *_ in _cuts(max(lay.qo_lens)):
+        cut = {b: r for b in batch for n, *r in _cuts(lay.qo_lens[b]) if n == name}
+        if len(cut) == lay.batch_size and lay.batch_size > 1:
+            yield f"queries: {name} of every request", partial(resize, work, {b: tuple(r) for b, r in cut.items()}, {})
+    for b in batch:
+        for name, a, e in _cuts(lay.kv_lens[b]):
+            yield f"request {b} keys: {name} ({lay.kv_lens[b]} -> {e - a})", partial(resize, work, {}, {b: (a, e)})
+        for name, a, e in _cuts(lay.qo_lens[b]):
+            yield f"request {b} queries: {name} ({lay.qo_lens[b]} -> {e - a})", partial(resize, work, {b: (a, e)}, {})
+
+
+def fewer_heads(work: Workload) -> Candidates:
+    """Fewer KV heads at the same group size, then a smaller group."""
+    heads = work.case.heads
+    every_member = list(range(heads.group_size))
+    for name, a, e in _cuts(heads.num_kv_heads):
+        if e > a:
+            yield f"kv heads: {name} ({heads.num_kv_heads} -> {e - a})", partial(keep_heads, work, range(a, e), every_member)
+    for name, a, e in _cuts(heads.group_size):
+        if e > a:
+            yield f"group: {name} ({heads.group_size} -> {e - a})", partial(keep_heads, work, range(heads.num_kv_heads), range(a, e))
+
+
+def options_off(work: Workload) -> Candidates:
+    opts = work.case.options
+    offs = [
+        ("causal off", opts.causal, {"causal": False}),
+        ("window off", opts.window_left >= 0, {"window_left": -1}),
+        ("soft cap off", opts.logits_soft_cap > 0, {"logits_soft_cap": 0.0}),
+        ("alibi off", opts.alibi_slopes is not None, {"alibi_slopes": None}),
+        ("sinks off", opts.sinks is not None, {"sinks": None}),
+        ("default sm_scale", opts.sm_scale is not None, {"sm_scale": None}),
+        ("fp8 scales 1", opts.k_scale != 1 or opts.v_scale != 1, {"k_scale": 1.0, "v_scale": 1.0}),
+        (f"kv dtype {opts.q_dtype} (fp8 off)", opts.is_fp8, {"kv_dtype": opts.q_dtype, "k_scale": 1.0, "v_scale": 1.0}),
+    ]
+    for name, on, changes in offs:
+        if on:
+            yield name, partial(set_options, work, **changes)
+
+
+def smaller_head_dims(work: Workload) -> Candidates:
+    h = work.case.heads
+    if h.head_dim_qk != h.head_dim_vo:
+        dim = min(h.head_dim_qk, h.head_dim_vo)
+        yield f"head dims {h.head_dim_qk}/{h.head_dim_vo} -> {dim}/{dim}", partial(shrink_head_dims, work, dim, dim)
+    pairs = [(h.head_dim_qk // 2, h.head_dim_vo // 2), (h.head_dim_qk // 2, h.head_dim_vo), (h.head_dim_qk, h.head_dim_vo // 2)]
+    for qk, vo in dict.fromkeys(pairs):
+        if qk >= 1 and vo >= 1 and (qk, vo) != (h.head_dim_qk, h.head_dim_vo):
+            yield f"head dims {h.head_dim_qk}/{h.head_dim_vo} -> {qk}/{vo}", partial(shrink_head_dims, work, qk, vo)
+
+
+def simpler_data(work: Workload) -> Candidates:
+    case = work.case
+    if work.explicit:
+        yield "tensors generated from seed 0, normal (npz dropped)", partial(regenerate, work, seed=0, distribution="normal")
+        if (case.seed, case.distribution) != (0, "normal"):
+            yield f"tensors generated from seed {case.seed}, {case.distribution}", partial(
+                regenerate, work, seed=case.seed, distribution=case.distribution
+            )
+        return
+    if case.distribution != "normal":
+        yield f"distribution {case.distribution} -> normal", partial(regenerate, work, seed=case.seed, distribution="normal")
+    if case.seed != 0:
+        yield f"seed {case.seed} -> 0", partial(regenerate, work, seed=0, distribution=case.distribution)
+
+
+PASSES: tuple[tuple[str, Callable[[Workload], Candidates]], ...] = (
+    ("requests", drop_one_request),
+    ("pages", compact_pages),
+    ("lengths", shorten),
+    ("heads", fewer_heads),
+    ("options", options_off),
+    ("head dims", smaller_head_dims),
+    ("data", simpler_data),
+)
+
+
+def one_step_reductions(work: Workload) -> Iterator[tuple[str, Workload]]:
+    """Every single reduction of ``work`` that builds a valid case (not yet filtered by backend)."""
+    for _, make in PASSES:
+        yield from _valid(make(work))
+
+
+def _valid(candidates: Candidates) -> Iterator[tuple[str, Workload]]:
+    """Build each candidate; an invalid one (``CaseError``, out-of-range cut) is skipped."""
+    for description, build in candidates:
+        try:
+            yield description, build()
+        except ValueError:  # CaseError is a ValueError
+            continue
+
+
+# --- the search --------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    kind: str  # the pass that made it
+    description: str
+    summary: str  # the case after the step
+
+
+@dataclass
+class Minimized:
+    original: Workload
+    work: Workload
+    outcome: Outcome  # the minimized case's outcome
+    signature: Signature
+    steps: list[Step] = field(default_factory=list)
+    runs: int = 0  # kernel runs spent
+    budget: int = 0
+    exhausted: bool = False  # the budget ran out before a round without progress
+
+    @property
+    def reduced(self) -> bool:
+        return bool(self.steps)
+
+
+class _BudgetSpent(Exception):
+    pass
+
+
+class _Tester:
+    """Runs candidates on the backend, within a budget, caching by workload key."""
+
+    def __init__(self, backend: Backend, target: Signature, budget: int, folder: Path, tolerance: Tolerance) -> None:
+        self.backend, self.target, self.budget, self.folder, self.tolerance = backend, target, budget, folder, tolerance
+        self.runs = 0
+        self.seen: dict[str, Outcome | None] = {}
+
+    def outcome(self, work: Workload) -> Outcome | None:
+        """The candidate's outcome, or None if it is not a valid, supported case."""
+        key = work.key()
+        if key in self.seen:
+            return self.seen[key]
+        result: Outcome | None = None
+        if self.backend.unsupported_reason(work.case) is None:
+            if self.runs >= self.budget:
+                raise _BudgetSpent
+            try:
+                case = work.materialize(self.folder)
+                self.runs += 1
+                result = check_case(self.backend, case, self.tolerance)
+            except CaseError:  # e.g. near-uniform data after slicing: not a case the oracle judges
+                self.runs -= 1
+                result = None
+            if result is not None and result.status == "unsupported":
+                result = None
+        self.seen[key] = result
+        return result
+
+    def reproduces(self, work: Workload) -> bool:
+        outcome = self.outcome(work)
+        return outcome is not None and self.target.reproduced_by(signature(outcome))
+
+
+def _ddmin_requests(work: Workload, tester: _Tester, steps: list[Step], say: Callable[[str], None]) -> Workload:
+    """Zeller's ddmin over the request list (subsets, then complements, finer and finer)."""
+    items = list(range(work.case.layout.batch_size))
+    base, n = work, 2
+    while len(items) >= 2:
+        chunk = -(-len(items) // n)
+        subsets = [items[i : i + chunk] for i in range(0, len(items), chunk)]
+        tries = [(s, "keep requests") for s in subsets] + [
+            ([i for i in items if i not in s], "drop requests") for s in subsets if len(subsets) > 2
+        ]
+        for subset, verb in tries:
+            candidate = keep_requests(base, subset)
+            if smaller(candidate, work) and tester.reproduces(candidate):
+                shown = subset if verb == "keep requests" else [i for i in items if i not in subset]
+                steps.append(Step("requests", f"{verb} {shown} of {items}", candidate.case.summary()))
+                say(f"  requests: {steps[-1].description}")
+                items, work = subset, candidate
+                n = 2 if verb == "keep requests" else max(n - 1, 2)
+                break
+        else:
+            if n >= len(items):
+                break
+            n = min(len(items), 2 * n)
+    return work
+
+
+def minimize(
+    backend: Backend,
+    work: Workload,
+    *,
+    budget: int = 200,
+    tolerance: Tolerance = Tolerance(),
+    progress: Callable[[str], None] | None = None,
+) -> Minimized:
+    """Reduce ``work`` while it reproduces its failure on ``backend``, with at most ``budget``
+    kernel runs (the first run, of the original case, included)."""
+    say = progress or (lambda _: None)
+    with tempfile.TemporaryDirectory(prefix="pa-triage-") as tmp:
+        tester = _Tester(backend, Signature("pass", frozenset()), max(budget, 1), Path(tmp), tolerance)
+        first = tester.outcome(work)
+        if first is None or not first.is_finding:
+            status = "unsupported" if first is None else first.status
+            raise ValueError(f"{backend.name} does not fail this case ({status}); nothing to minimize")
+        tester.target = signature(first)
+        result = Minimized(work, work, first, tester.target, budget=budget)
+        try:
+            changed = True
+            while changed:
+                changed = False
+                reduced = _ddmin_requests(result.work, tester, result.steps, say)
+                changed |= reduced is not result.work
+                result.work = reduced
+                for kind, make in PASSES[1:]:
+                    progress_made = True
+                    while progress_made:
+                        progress_made = False
+                        for description, candidate in _valid(make(result.work)):
+                            if smaller(candidate, result.work) and tester.reproduces(candidate):
+                                result.work = candidate
+                                result.steps.append(Step(kind, description, candidate.case.summary()))
+                                say(f"  {kind}: {description}")
+                                progress_made = changed = True
+                                break
+        except _BudgetSpent:
+            result.exhausted = True
+        result.runs = tester.runs
+        result.outcome = tester.seen.get(result.work.key()) or first
+    return result

@@ -1,0 +1,126 @@
+"""One triage run: survey the backends on a case, minimize it for one failing backend, localize
+the error on the minimized and the original case, and write the report files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from backends.base import Backend
+from backends.user import UserKernel
+from fuzz.runner import check_case
+from fuzz.triage.localize import Localization, capture, localize
+from fuzz.triage.minimize import Minimized, minimize
+from fuzz.triage.workload import Workload
+from oracle.case import Case, CaseError
+from oracle.report import repro_command
+from oracle.tolerance import Tolerance
+
+
+@dataclass(frozen=True)
+class SurveyRow:
+    backend: str
+    status: str  # pass, fail, crash, unsupported
+    message: str
+
+    @property
+    def agrees(self) -> bool:
+        return self.status == "pass"
+
+
+@dataclass
+class Triage:
+    source: Path
+    case: Case
+    survey: list[SurveyRow]
+    focus: str | None = None  # the failing backend that was minimized and localized
+    kernel_spec: str | None = None  # set when the focus is a user kernel
+    minimized: Minimized | None = None
+    minimized_path: Path | None = None
+    localized: list[tuple[str, Localization]] = field(default_factory=list)  # (which case, result)
+
+    @property
+    def failing(self) -> list[SurveyRow]:
+        return [row for row in self.survey if row.status in ("fail", "crash")]
+
+    @property
+    def case_path(self) -> Path:
+        """The case the regression test should load: the minimized one if any."""
+        return self.minimized_path or self.source
+
+    @property
+    def repro(self) -> str | None:
+        if self.focus is None:
+            return None
+        return repro_command(str(self.case_path), self.focus, self.kernel_spec)
+
+
+def load_source(path: Path) -> tuple[Case, Path]:
+    """A case from ``CASE.json`` or a finding folder holding ``case.json``; (case, json path)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "case.json"
+        if not path.exists():
+            raise CaseError(f"{path.parent} is not a finding folder: it has no case.json")
+    return Case.load(path), path
+
+
+def survey(
+    case: Case, backends: list[Backend], tolerance: Tolerance = Tolerance(), progress: Callable[[str], None] | None = None
+) -> list[SurveyRow]:
+    rows = []
+    for backend in backends:
+        if progress:
+            progress(f"running {backend.name} ...")
+        outcome = check_case(backend, case, tolerance)
+        rows.append(SurveyRow(backend.name, outcome.status, outcome.message.splitlines()[0] if outcome.message else ""))
+    return rows
+
+
+def pick_focus(case: Case, rows: list[SurveyRow]) -> str | None:
+    """The backend to minimize for: the one that found the case if it still fails, else the first failing."""
+    failing = [row.backend for row in rows if row.status in ("fail", "crash")]
+    for preferred in (case.meta.get("kernel"), case.meta.get("backend")):
+        if preferred in failing:
+            return preferred
+    return failing[0] if failing else None
+
+
+def run_triage(
+    case: Case,
+    source: Path,
+    backends: list[Backend],
+    out_dir: Path,
+    *,
+    minimize_case: bool = True,
+    budget: int = 200,
+    tolerance: Tolerance = Tolerance(),
+    progress: Callable[[str], None] | None = None,
+) -> Triage:
+    say = progress or (lambda _: None)
+    result = Triage(Path(source), case, survey(case, backends, tolerance, say))
+    result.focus = pick_focus(case, result.survey)
+    if result.focus is None:
+        return result
+    backend = next(b for b in backends if b.name == result.focus)
+    result.kernel_spec = backend.name if isinstance(backend, UserKernel) else None
+    if minimize_case:
+        say(f"minimizing for {backend.name} (budget {budget} kernel runs) ...")
+        result.minimized = minimize(backend, Workload.from_case(case), budget=budget, tolerance=tolerance, progress=say)
+        if result.minimized.reduced:
+            meta = {
+                "found_by": "pa-oracle triage",
+                "backend": backend.name,
+                "kernel": result.kernel_spec,
+                "status": result.minimized.outcome.status,
+                "message": result.minimized.outcome.message.splitlines()[0],
+                "versions": backend.versions(),
+                "minimized_from": case.case_id,
+            }
+            result.minimized_path = result.minimized.work.save(Path(out_dir) / "minimized", meta)
+            minimized_case = Case.load(result.minimized_path)
+            result.localized.append(("minimized case", localize(capture(backend, minimized_case, tolerance))))
+    say(f"localizing on {backend.name} ...")
+    result.localized.append(("original case", localize(capture(backend, case, tolerance))))
+    return result

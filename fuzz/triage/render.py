@@ -1,0 +1,203 @@
+"""The triage report, written twice from one list of blocks: markdown (plots as PNG files beside it)
+and a self-contained HTML page (plots embedded as base64 PNG). It ends with the repro command and
+a ready-to-paste pytest test that is red while the kernel is wrong and green once it is fixed.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from fuzz.triage import plots
+from fuzz.triage.localize import Localization
+from fuzz.triage.pipeline import Triage
+from oracle.report import format_report
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # heading, text, items, table, code, image, details
+    content: object
+    extra: object = None  # heading level, code language, image caption, details summary
+
+
+def pytest_snippet(case_path: Path, backend: str, kernel_spec: str | None, case_id: str) -> str:
+    """A test that loads the case and asserts the backend passes it (red now, green when fixed)."""
+    name = "test_" + re.sub(r"\W+", "_", f"{backend}_{case_id}").strip("_").lower()
+    if kernel_spec:
+        make, imports = f"UserKernel.from_spec({kernel_spec!r})", "from backends.user import UserKernel"
+    else:
+        make, imports = f"get_backend({backend!r})", "from backends.base import get_backend"
+    return f'''\
+# Regression test from `pa-oracle triage`: fails while {backend} is wrong on this case, passes once fixed.
+from pathlib import Path
+
+import pytest
+
+{imports}
+from fuzz.runner import check_case
+from oracle.case import Case
+
+CASE = Path({str(Path(case_path).resolve())!r})
+
+
+def {name}() -> None:
+    backend = {make}
+    reason = backend.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    outcome = check_case(backend, Case.load(CASE))
+    assert outcome.status == "pass", outcome.message
+'''
+
+
+def _localization_blocks(label: str, loc: Localization, images: dict[str, tuple[bytes, str]]) -> list[Block]:
+    blocks = [Block("heading", f"Where the error is ({label})", 2), Block("text", f"`{loc.case.summary()}` on {loc.backend}")]
+    rows = [[c.name, c.result, c.finding] for c in loc.checks]
+    blocks.append(Block("table", (["check", "result", "finding"], rows)))
+    evidence = [f"**{c.name}**: " + "; ".join(c.evidence) for c in loc.checks if c.evidence and c.result != "n/a"]
+    if evidence:
+        blocks += [Block("text", "Evidence:"), Block("items", evidence)]
+    if loc.worst:
+        blocks += [Block("text", "Worst elements:"), Block("items", [w.describe() for w in loc.worst[:5]])]
+    for name, (png, caption) in images.items():
+        blocks.append(Block("image", (f"{label.split()[0]}-{name}.png", png), caption))
+    return blocks
+
+
+def build(triage: Triage) -> list[Block]:
+    case = triage.case
+    failing, agree = triage.failing, [r for r in triage.survey if r.agrees]
+    unsupported = [r for r in triage.survey if r.status == "unsupported"]
+    blocks = [
+        Block("heading", f"Triage of case {case.case_id}", 1),
+        Block("text", f"`{case.summary()}` from `{triage.source}`"),
+        Block("text", f"{len(failing)} backend(s) disagree with the oracle, {len(agree)} agree, {len(unsupported)} do not support the case."),
+        Block("heading", "Backends", 2),
+        Block("table", (["backend", "verdict", "detail"], [[r.backend, r.status.upper(), r.message] for r in triage.survey])),
+    ]
+    if triage.focus is None:
+        return blocks + [Block("text", "No backend fails this case: nothing to minimize or localize.")]
+    m = triage.minimized
+    if m is not None:
+        blocks += [Block("heading", f"Minimized for {triage.focus}", 2)]
+        state = (
+            "budget spent: a further reduction may exist (raise `--budget`)" if m.exhausted
+            else "no single further reduction reproduces the failure"
+        )
+        items = [
+            f"original: `{m.original.case.summary()}`",
+            f"minimized: `{m.work.case.summary()}`",
+            f"failure kept: {m.signature.describe()}",
+            f"{m.runs} kernel runs of a budget of {m.budget}; {state}",
+        ]
+        if triage.minimized_path:
+            items.append(f"saved: `{triage.minimized_path}`")
+        blocks.append(Block("items", items))
+        if m.steps:
+            blocks.append(Block("items", [f"{s.kind}: {s.description}" for s in m.steps]))
+        else:
+            blocks.append(Block("text", "No reduction kept the failure: the case is already minimal for these reductions."))
+    no_plots = plots.unavailable_reason()
+    for label, loc in triage.localized:
+        blocks += _localization_blocks(label, loc, plots.figures(loc))
+    if no_plots:
+        blocks.append(Block("text", f"No plots: {no_plots}."))
+    if triage.localized and triage.localized[0][1].verdict is not None:
+        label, loc = triage.localized[0]
+        blocks.append(Block("details", format_report(loc.case, triage.focus, loc.verdict), f"Full verdict report ({label})"))
+    blocks += [
+        Block("heading", "Reproduce", 2),
+        Block("code", triage.repro or "", "sh"),
+        Block("text", "Regression test, ready to paste (red now, green when the kernel is fixed):"),
+        Block("code", pytest_snippet(triage.case_path, triage.focus, triage.kernel_spec, case.case_id), "python"),
+        Block("text", "To keep the case in the regression corpus: "
+              f"`pa-oracle golden add {triage.case_path.parent} --reason TEXT --issue URL`."),
+    ]
+    return blocks
+
+
+def to_markdown(blocks: list[Block], image_dir: str = "plots") -> str:
+    lines: list[str] = []
+    for block in blocks:
+        if block.kind == "heading":
+            lines += ["#" * int(block.extra) + " " + str(block.content), ""]
+        elif block.kind == "text":
+            lines += [str(block.content), ""]
+        elif block.kind == "items":
+            lines += [f"- {item}" for item in block.content] + [""]  # type: ignore[attr-defined]
+        elif block.kind == "table":
+            header, rows = block.content  # type: ignore[misc]
+            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
+        elif block.kind == "code":
+            lines += [f"```{block.extra or ''}", str(block.content).rstrip("\n"), "```", ""]
+        elif block.kind == "image":
+            name, _ = block.content  # type: ignore[misc]
+            lines += [f"![{block.extra}]({image_dir}/{name})", "", f"*{block.extra}*", ""]
+        elif block.kind == "details":
+            body = re.sub(r"^(#+) ", r"\1### ", str(block.content), flags=re.M)  # nest its headings
+            lines += [f"### {block.extra}", "", body, ""]
+    return "\n".join(lines)
+
+
+_CSS = (
+    "body{font-family:sans-serif;max-width:70em;margin:2em auto;padding:0 1em}"
+    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}"
+    "pre{background:#f6f6f6;padding:8px;overflow-x:auto}img{max-width:100%}figcaption{font-size:90%;color:#555}"
+)
+
+
+def _inline(text: str) -> str:
+    """Escape, then render `code` and **bold** spans."""
+    text = html.escape(text)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
+
+
+def to_html(blocks: list[Block], title: str) -> str:
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"]
+    for block in blocks:
+        if block.kind == "heading":
+            parts.append(f"<h{block.extra}>{_inline(str(block.content))}</h{block.extra}>")
+        elif block.kind == "text":
+            parts.append(f"<p>{_inline(str(block.content))}</p>")
+        elif block.kind == "items":
+            parts.append("<ul>" + "".join(f"<li>{_inline(str(i))}</li>" for i in block.content) + "</ul>")  # type: ignore[attr-defined]
+        elif block.kind == "table":
+            header, rows = block.content  # type: ignore[misc]
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            body = "".join("<tr>" + "".join(f"<td>{_inline(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+            parts.append(f"<table><tr>{head}</tr>{body}</table>")
+        elif block.kind == "code":
+            parts.append(f"<pre><code>{html.escape(str(block.content))}</code></pre>")
+        elif block.kind == "image":
+            _, png = block.content  # type: ignore[misc]
+            data = base64.b64encode(png).decode()
+            parts.append(f"<figure><img alt='{html.escape(str(block.extra))}' src='data:image/png;base64,{data}'>"
+                         f"<figcaption>{html.escape(str(block.extra))}</figcaption></figure>")
+        elif block.kind == "details":
+            parts.append(f"<details><summary>{html.escape(str(block.extra))}</summary><pre>{html.escape(str(block.content))}</pre></details>")
+    return "\n".join(parts) + "\n</body></html>\n"
+
+
+def write_report(triage: Triage, out_dir: Path) -> dict[str, Path]:
+    """Write ``triage.md``, ``triage.html``, ``plots/*.png`` and ``test_regression.py``; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    blocks = build(triage)
+    written = {"markdown": out_dir / "triage.md", "html": out_dir / "triage.html"}
+    for block in blocks:
+        if block.kind == "image":
+            name, png = block.content  # type: ignore[misc]
+            (out_dir / "plots").mkdir(exist_ok=True)
+            (out_dir / "plots" / name).write_bytes(png)
+    written["markdown"].write_text(to_markdown(blocks))
+    written["html"].write_text(to_html(blocks, f"Triage of case {triage.case.case_id}"))
+    if triage.focus is not None:
+        written["test"] = out_dir / "test_regression.py"
+        written["test"].write_text(pytest_snippet(triage.case_path, triage.focus, triage.kernel_spec, triage.case.case_id))
+    return written
