@@ -105,6 +105,8 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
         qo_lens = [max(qo_lens[0], 1)] * batch
     if sum(qo_lens) == 0:
         qo_lens[0] = 1  # a call with no query at all tests nothing
+        if not caps.qo_len_above_kv_len:
+            kv_lens[0] = max(kv_lens[0], 1)
     needed = sum(-(-n // page) for n in kv_lens)
     extra = draw(st.integers(0, limits.max_extra_pages), label="unused_pool_pages")
     order = draw(st.permutations(range(needed + extra)), label="page_order")
