@@ -1,0 +1,157 @@
+"""SGLang's Triton extend (prefill with a cached prefix) kernel, ``extend_attention_fwd``
+(``sglang.srt.layers.attention.triton_ops.extend_attention``).
+
+Mapping: the last ``qo_len`` keys of each request are the "extend" tokens, handed over as
+contiguous ``k_extend``/``v_extend`` rows next to the queries (``qo_indptr``); the first
+``kv_len - qo_len`` are the prefix, read from the pool through token-level ``kv_indptr`` /
+``kv_indices`` (``page * page_size + slot`` into ``k_cache.view(-1, Hkv, D)``, a view: the kernel
+sees the canonical bytes, poison included). ``is_causal`` masks only the extend part (every prefix
+key precedes every query), as the oracle's bottom-right causal does when ``qo_len <= kv_len``.
+
+Conventions (read from the kernel): the window mask is ``q_pos <= k_pos + sliding_window_size``,
+enabled only when ``sliding_window_size > 0``: FlashInfer's ``window_left`` for ``w >= 1``, and
+``window_left = 0`` cannot be expressed. ``logit_cap`` caps the scaled logit; a sink adds
+``exp(sink - max)`` to the denominator. Every argument is passed by keyword (0.5.x moved
+``k_scale``/``v_scale`` in between positional ones); fp8 KV is declared only when the installed
+kernel takes ``k_scale``/``v_scale``, which scale the prefix (pool) part: the extend rows are
+given dequantized, as SGLang gives the model-dtype K/V it has just written to the pool.
+``tl.dot`` needs every block dim >= 16, so head dims start at 16. No ALiBi, no LSE.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from backends.base import Backend, Capabilities, KernelOutput, register
+from oracle.case import FP8_DTYPES, Case, Layout
+from oracle.tensors import Tensors, token_addresses
+
+_MODULE = "sglang.srt.layers.attention.triton_ops.extend_attention"
+_NEEDED = frozenset({"qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "is_causal", "mask_indptr",
+                     "max_len_extend", "sm_scale", "logit_cap", "sliding_window_size", "sinks"})
+
+_SGLANG_EXTEND = Capabilities(
+    devices=("cuda",), q_dtypes=("float16", "bfloat16"),
+    head_dims=(16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 192, 256),
+    qo_len_above_kv_len=False, alibi=False, fp8_scales=False, returns_lse=False,
+)
+
+
+def capabilities_for(parameters: Collection[str]) -> Capabilities:
+    """The adapter's capabilities for an ``extend_attention_fwd`` with these parameter names."""
+    if {"k_scale", "v_scale"} <= set(parameters):
+        return _SGLANG_EXTEND.replace(kv_dtypes=FP8_DTYPES, fp8_scales=True)
+    return _SGLANG_EXTEND
+
+
+@functools.cache
+def _kernel() -> tuple[Any, frozenset[str]]:
+    """(extend_attention_fwd, its parameter names); raises whatever SGLang's import raises."""
+    import importlib
+
+    fn = importlib.import_module(_MODULE).extend_attention_fwd
+    return fn, frozenset(inspect.signature(fn).parameters)
+
+
+@dataclass(frozen=True)
+class ExtendIndices:
+    """Token-level indices of a case split into SGLang's prefix and extend parts."""
+
+    kv_indptr: tuple[int, ...]  # prefix lengths, CSR
+    kv_indices: tuple[int, ...]  # prefix tokens' flat pool slots
+    extend_slots: tuple[int, ...]  # extend tokens' flat pool slots, in qo_indptr order
+
+
+def extend_indices(case: Case) -> ExtendIndices:
+    """The prefix is each request's first ``kv_len - qo_len`` keys, the extend part its last ``qo_len``."""
+    lay: Layout = case.layout
+    pages, slots = token_addresses(case)
+    flat = (pages * lay.page_size + slots).tolist()
+    kv_indptr, kv_indices, extend_slots, start = [0], [], [], 0
+    for b, (qo_len, kv_len) in enumerate(zip(lay.qo_lens, lay.kv_lens)):
+        if qo_len > kv_len:
+            raise ValueError(f"request {b}: qo_len={qo_len} > kv_len={kv_len} has no extend/prefix split")
+        prefix = kv_len - qo_len
+        kv_indices += flat[start : start + prefix]
+        extend_slots += flat[start + prefix : start + kv_len]
+        kv_indptr.append(kv_indptr[-1] + prefix)
+        start += kv_len
+    return ExtendIndices(tuple(kv_indptr), tuple(kv_indices), tuple(extend_slots))
+
+
+@register
+class SglangExtend(Backend):
+    name = "sglang-extend"
+    description = "SGLang Triton extend_attention_fwd: paged prefix via kv_indices + contiguous extend K/V"
+    capabilities = _SGLANG_EXTEND
+
+    def __init__(self) -> None:
+        try:
+            self.capabilities = capabilities_for(_kernel()[1])  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - unavailable_reason says why
+            pass
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            _, params = _kernel()
+        except Exception as exc:  # noqa: BLE001 - sglang's import pulls many modules
+            return f"sglang's Triton extend kernel does not import ({type(exc).__name__}: {str(exc)[:80]})"
+        missing = _NEEDED - params
+        if missing:
+            return f"this sglang's extend_attention_fwd lacks {sorted(missing)} (the kv_indptr/kv_indices API of sglang >= 0.5)"
+        return super().unavailable_reason()
+
+    def versions(self) -> dict[str, str]:
+        import sglang
+        import triton
+
+        return {**super().versions(), "sglang": getattr(sglang, "__version__", "?"), "triton": triton.__version__}
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        reason = super().unsupported_reason(case)
+        if reason is None and case.options.window_left == 0:
+            return "unsupported: window_left=0 (SGLang's sliding_window_size enables a window only when > 0)"
+        return reason
+
+    def plan(self, case: Case) -> dict[str, Any]:
+        device = self.device or "cuda"
+        idx = extend_indices(case)
+        as_tensor = lambda xs, dtype: torch.tensor(xs, dtype=dtype, device=device)  # noqa: E731
+        return {
+            "case": case,
+            "qo_indptr": as_tensor(case.layout.qo_indptr, torch.int32),
+            "kv_indptr": as_tensor(idx.kv_indptr, torch.int32),
+            "kv_indices": as_tensor(idx.kv_indices, torch.int64),
+            "extend_slots": as_tensor(idx.extend_slots, torch.int64),
+        }
+
+    def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
+        fn, params = _kernel()
+        case: Case = plan["case"]
+        heads, opts = case.heads, case.options
+        k_buffer = tensors.k_cache.view(-1, *tensors.k_cache.shape[2:])
+        v_buffer = tensors.v_cache.view(-1, *tensors.v_cache.shape[2:])
+        k_extend, v_extend = k_buffer[plan["extend_slots"]], v_buffer[plan["extend_slots"]]
+        if opts.is_fp8:
+            k_extend = (k_extend.float() * opts.k_scale).to(tensors.q.dtype)
+            v_extend = (v_extend.float() * opts.v_scale).to(tensors.q.dtype)
+        out = torch.full((tensors.q.shape[0], heads.num_qo_heads, heads.head_dim_vo), math.nan, dtype=tensors.q.dtype, device=tensors.q.device)
+        sinks = None if opts.sinks is None else torch.tensor(opts.sinks, dtype=torch.float32, device=out.device)
+        kwargs: dict[str, Any] = {
+            "q_extend": tensors.q, "k_extend": k_extend, "v_extend": v_extend, "o_extend": out,
+            "k_buffer": k_buffer, "v_buffer": v_buffer, "qo_indptr": plan["qo_indptr"], "kv_indptr": plan["kv_indptr"],
+            "kv_indices": plan["kv_indices"], "custom_mask": None, "is_causal": opts.causal, "mask_indptr": None,
+            "max_len_extend": max(case.layout.qo_lens), "sm_scale": case.sm_scale, "logit_cap": opts.logits_soft_cap,
+            "sliding_window_size": opts.window_left, "sinks": sinks,
+        }
+        if {"k_scale", "v_scale"} <= params:  # triton_backend passes layer.k_scale_float (1.0 when unset)
+            kwargs.update(k_scale=opts.k_scale, v_scale=opts.v_scale)
+        fn(**kwargs)
+        return KernelOutput(out, None)
