@@ -1,0 +1,483 @@
+"""GSM8k accuracy gate: lm-eval's own ``gsm8k`` task (prompt, 5-shot, "strict-match" and
+"flexible-extract" filters, exact-match metric) runs twice on one loaded model, its attention
+through the backend and through the reference; the per-question outcomes are paired by doc id.
+
+The gate fails if the exact McNemar test finds the backend significantly worse (one-sided), or,
+when a golden expected accuracy exists (``golden/gsm8k/<model>.json``), if the backend's one-sided
+Wilson lower bound lies below the expected accuracy minus a margin. ``lm_eval`` is imported lazily.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gates.stats import (
+    McNemar,
+    mcnemar_detectable_drop,
+    mcnemar_exact,
+    wilson_interval,
+    wilson_lower_bound,
+    wilson_margin,
+)
+
+FILTERS = ("strict-match", "flexible-extract")  # lm-eval gsm8k.yaml's filter_list
+EXPECTED_DIR = Path(__file__).resolve().parents[1] / "golden" / "gsm8k"
+SCHEMA_VERSION = 1
+
+
+class GateInputError(ValueError):
+    """Bad gate input: a malformed expected file, runs that cannot be paired, a data folder without its files."""
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """What changes the score and so must match between an expected file and a run."""
+
+    num_fewshot: int = 5
+    max_gen_toks: int = 256  # lm-eval HFLM's default generation budget
+    task: str = "gsm8k"
+
+    def __post_init__(self) -> None:
+        if self.num_fewshot < 0 or self.max_gen_toks < 1:
+            raise GateInputError(f"need num_fewshot >= 0 and max_gen_toks >= 1, got {self}")
+
+
+# ---------------------------------------------------------------- the lm-eval task
+def stock_task_yaml() -> Path:
+    import lm_eval
+
+    return Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+
+
+def local_task_yaml(data_dir: Path) -> str:
+    """A task config that includes lm-eval's own gsm8k.yaml (prompt, filters, metric) and reads the
+    problems from ``data_dir/test.jsonl``, the few-shot examples from ``data_dir/train.jsonl``."""
+    files = {split: (data_dir / f"{split}.jsonl").resolve() for split in ("train", "test")}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise GateInputError(f"--data {data_dir}: missing {', '.join(missing)} (GSM8k JSONL: question, answer)")
+    return (
+        f"include: {json.dumps(str(stock_task_yaml()))}\n"
+        "task: gsm8k\n"
+        "dataset_path: json\n"
+        "dataset_name: null\n"
+        "dataset_kwargs:\n"
+        "  data_files:\n"
+        f"    train: {json.dumps(str(files['train']))}\n"
+        f"    test: {json.dumps(str(files['test']))}\n"
+    )
+
+
+def task_manager(data_dir: Path | None, workdir: Path) -> Any:
+    """lm-eval's TaskManager: the stock tasks, or (``data_dir``) only the local gsm8k config,
+    written to ``workdir`` and found through ``include_path``."""
+    from lm_eval.tasks import TaskManager
+
+    if data_dir is None:
+        return TaskManager()
+    (workdir / "gsm8k_local.yaml").write_text(local_task_yaml(data_dir))
+    return TaskManager(include_path=str(workdir), include_defaults=False)
+
+
+# ---------------------------------------------------------------- one run
+@dataclass(frozen=True)
+class Question:
+    doc_id: int
+    question: str
+    target: str  # the gold final answer (after "#### ")
+    prompt_hash: str  # lm-eval's hash of the full few-shot prompt: both runs must have seen the same one
+
+
+@dataclass
+class RunOutcome:
+    """One lm-eval run: per filter, doc id -> answered right; the raw and extracted answers."""
+
+    label: str
+    correct: dict[str, dict[int, bool]]
+    responses: dict[int, str]
+    extracted: dict[str, dict[int, str]]
+    questions: dict[int, Question]
+    seconds: float = 0.0
+
+    def accuracy(self, filter_name: str) -> float:
+        outcomes = self.correct[filter_name]
+        return sum(outcomes.values()) / len(outcomes)
+
+
+def outcome_from_samples(label: str, samples: list[dict[str, Any]], *, seconds: float = 0.0) -> RunOutcome:
+    """Per-question correctness from lm-eval's logged samples (``log_samples=True``): one entry per
+    (doc, filter) with ``doc_id``, ``filter``, ``exact_match``, ``resps``, ``filtered_resps``."""
+    correct: dict[str, dict[int, bool]] = {}
+    extracted: dict[str, dict[int, str]] = {}
+    responses: dict[int, str] = {}
+    questions: dict[int, Question] = {}
+    for sample in samples:
+        try:
+            doc_id, filter_name, score = int(sample["doc_id"]), str(sample["filter"]), float(sample["exact_match"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GateInputError(f"{label}: a logged sample lacks doc_id/filter/exact_match ({exc!r})") from None
+        if score not in (0.0, 1.0):
+            raise GateInputError(f"{label}: doc {doc_id} {filter_name}: exact_match {score} is not 0 or 1")
+        if doc_id in correct.setdefault(filter_name, {}):
+            raise GateInputError(f"{label}: doc {doc_id} logged twice for filter {filter_name}")
+        correct[filter_name][doc_id] = score == 1.0
+        extracted.setdefault(filter_name, {})[doc_id] = _first_text(sample.get("filtered_resps"))
+        responses.setdefault(doc_id, _first_text(sample.get("resps")))
+        doc = sample.get("doc") or {}
+        questions.setdefault(
+            doc_id,
+            Question(doc_id, str(doc.get("question", "")), str(sample.get("target", "")).rsplit("####", 1)[-1].strip(),
+                     str(sample.get("prompt_hash", ""))),
+        )
+    if not correct:
+        raise GateInputError(f"{label}: lm-eval logged no samples")
+    return RunOutcome(label, correct, responses, extracted, questions, seconds)
+
+
+def _first_text(value: Any) -> str:
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return "" if isinstance(value, (list, tuple)) or value is None else str(value)
+
+
+def run_gsm8k(
+    model: Any,
+    tokenizer: Any,
+    *,
+    attn_implementation: str,
+    label: str,
+    settings: TaskSettings,
+    limit: int | None,
+    data_dir: Path | None,
+    batch_size: int = 1,
+) -> RunOutcome:
+    """lm-eval's gsm8k on ``model`` switched to ``attn_implementation``; greedy, as the task says."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    from gates.swap import registered_swap
+
+    try:
+        swap = registered_swap(attn_implementation)
+    except KeyError:  # a stock transformers implementation
+        swap = None
+    calls_before = swap.calls if swap else 0
+    model.set_attn_implementation(attn_implementation)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pa-gsm8k-") as workdir:
+        manager = task_manager(data_dir, Path(workdir))
+        results = lm_eval.simple_evaluate(
+            model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size),
+            tasks=[settings.task],
+            task_manager=manager,
+            num_fewshot=settings.num_fewshot,
+            limit=limit,
+            log_samples=True,
+            gen_kwargs={"max_gen_toks": settings.max_gen_toks},
+            bootstrap_iters=0,
+        )
+    if swap is not None and swap.calls == calls_before:
+        raise GateInputError(f"{label}: the model never called the swapped attention ({attn_implementation})")
+    outcome = outcome_from_samples(label, results["samples"][settings.task], seconds=time.monotonic() - start)
+    for filter_name in outcome.correct:  # our tally must be lm-eval's own score
+        reported = results["results"][settings.task].get(f"exact_match,{filter_name}")
+        if reported is not None and abs(float(reported) - outcome.accuracy(filter_name)) > 1e-9:
+            raise GateInputError(f"{label}: {filter_name} per-question mean {outcome.accuracy(filter_name)} != lm-eval's {reported}")
+    return outcome
+
+
+# ---------------------------------------------------------------- expected accuracy (golden)
+@dataclass(frozen=True)
+class Expected:
+    """A golden accuracy: ``golden/gsm8k/<model>.json``."""
+
+    model: str
+    task: TaskSettings
+    n: int
+    accuracy: dict[str, float]  # per filter
+    date: str
+    lm_eval_version: str
+    reference: str = ""  # the attention implementation that measured it
+    schema_version: int = SCHEMA_VERSION
+
+
+def model_key(model: str, gguf_file: str | None = None) -> str:
+    """The name of a model's golden file: the GGUF file's stem, else the folder name or hub id."""
+    if gguf_file:
+        name = Path(gguf_file).stem
+    elif Path(model).exists():
+        name = Path(model).resolve().name
+    else:
+        name = model.replace("/", "--")
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def load_expected(path: Path) -> Expected:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise GateInputError(f"expected file {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        raise GateInputError(f"expected file {path}: schema_version {data.get('schema_version') if isinstance(data, dict) else None!r}, this version reads {SCHEMA_VERSION}")
+    try:
+        expected = Expected(
+            model=str(data["model"]), task=TaskSettings(**data["task"]), n=int(data["n"]),
+            accuracy={str(k): float(v) for k, v in data["accuracy"].items()}, date=str(data["date"]),
+            lm_eval_version=str(data["lm_eval_version"]), reference=str(data.get("reference", "")),
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise GateInputError(f"expected file {path}: missing or malformed field ({exc!r}); fields: {', '.join(Expected.__dataclass_fields__)}") from None
+    bad = {k: v for k, v in expected.accuracy.items() if k not in FILTERS or not 0 <= v <= 1}
+    if bad or expected.n < 1:
+        raise GateInputError(f"expected file {path}: accuracies must be in [0, 1] for filters {FILTERS} and n >= 1, got {bad or expected.n}")
+    return expected
+
+
+def save_expected(path: Path, expected: Expected) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = asdict(expected)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def expected_from_run(outcome: RunOutcome, *, model: str, settings: TaskSettings) -> Expected:
+    from importlib.metadata import version
+
+    return Expected(
+        model=model, task=settings, n=len(outcome.questions),
+        accuracy={f: round(outcome.accuracy(f), 6) for f in outcome.correct}, date=datetime.date.today().isoformat(),
+        lm_eval_version=version("lm-eval"), reference=outcome.label,
+    )
+
+
+# ---------------------------------------------------------------- the verdict
+@dataclass(frozen=True)
+class FilterVerdict:
+    filter: str
+    n: int
+    backend_correct: int
+    reference_correct: int
+    backend_interval: tuple[float, float]  # Wilson 95%
+    reference_interval: tuple[float, float]
+    mcnemar: McNemar
+    detectable_drop: float  # what McNemar detects with 80% power at this n, noise = the observed wins
+    expected: float | None = None
+    margin: float | None = None
+    backend_lower_bound: float | None = None  # one-sided Wilson at 1 - alpha
+    failures: tuple[str, ...] = ()
+
+    @property
+    def backend_accuracy(self) -> float:
+        return self.backend_correct / self.n
+
+    @property
+    def reference_accuracy(self) -> float:
+        return self.reference_correct / self.n
+
+
+@dataclass(frozen=True)
+class GateResult:
+    backend: str
+    reference: str
+    model: str
+    settings: TaskSettings
+    alpha: float
+    gated: tuple[str, ...]
+    verdicts: dict[str, FilterVerdict]
+    identical_responses: int
+    losses: dict[str, list[int]] = field(default_factory=dict)  # per filter, doc ids the backend lost
+    wins: dict[str, list[int]] = field(default_factory=dict)
+    expected_source: str | None = None
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{name}: {why}" for name in self.gated for why in self.verdicts[name].failures]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def pair(backend: RunOutcome, reference: RunOutcome, filter_name: str) -> list[tuple[int, bool, bool]]:
+    """(doc id, backend right, reference right) for every question; both runs must cover the same
+    questions with the same prompts."""
+    for run in (backend, reference):
+        if filter_name not in run.correct:
+            raise GateInputError(f"{run.label}: no outcomes for filter {filter_name!r} (has {sorted(run.correct)})")
+    ids_b, ids_r = set(backend.correct[filter_name]), set(reference.correct[filter_name])
+    if ids_b != ids_r:
+        raise GateInputError(
+            f"runs cover different questions: only {backend.label}: {sorted(ids_b - ids_r)[:10]}, "
+            f"only {reference.label}: {sorted(ids_r - ids_b)[:10]}"
+        )
+    for doc_id in sorted(ids_b):
+        qb, qr = backend.questions.get(doc_id), reference.questions.get(doc_id)
+        if qb and qr and qb.prompt_hash != qr.prompt_hash:
+            raise GateInputError(f"doc {doc_id}: the two runs saw different prompts (few-shot examples or seed differ)")
+    return [(i, backend.correct[filter_name][i], reference.correct[filter_name][i]) for i in sorted(ids_b)]
+
+
+def judge(
+    backend: RunOutcome,
+    reference: RunOutcome,
+    *,
+    model: str,
+    settings: TaskSettings,
+    alpha: float = 0.05,
+    gated: tuple[str, ...] = ("flexible-extract",),
+    expected: Expected | None = None,
+    expected_source: str | None = None,
+    margin: float | None = None,
+) -> GateResult:
+    """Pair the runs and judge every filter; ``gated`` filters decide pass/fail. ``margin`` None:
+    the smallest margin at which a backend exactly at the expected accuracy fails with probability
+    <= alpha (``stats.wilson_margin``)."""
+    if not 0 < alpha < 0.5:
+        raise GateInputError(f"alpha must lie in (0, 0.5), got {alpha}")
+    if expected is not None:
+        if expected.task != settings:
+            raise GateInputError(f"expected accuracy was measured with {expected.task}, this run uses {settings}")
+        if expected.model != model:
+            raise GateInputError(f"expected accuracy is for model {expected.model!r}, this run is {model!r}")
+    verdicts, losses, wins = {}, {}, {}
+    for filter_name in FILTERS:
+        if filter_name not in backend.correct and filter_name not in gated:
+            continue
+        pairs = pair(backend, reference, filter_name)
+        n = len(pairs)
+        b_right, r_right = sum(b for _, b, _ in pairs), sum(r for _, _, r in pairs)
+        losses[filter_name] = [i for i, b, r in pairs if r and not b]
+        wins[filter_name] = [i for i, b, r in pairs if b and not r]
+        test = mcnemar_exact(len(losses[filter_name]), len(wins[filter_name]))
+        failures = []
+        if test.p_backend_worse <= alpha:
+            failures.append(
+                f"McNemar: backend loses {test.losses} questions the reference answers and wins {test.wins}, "
+                f"one-sided p = {test.p_backend_worse:.3g} <= alpha {alpha}"
+            )
+        baseline = r_right / n
+        noise = min(test.wins / n, baseline, 1 - baseline)
+        target = expected.accuracy.get(filter_name) if expected else None
+        used_margin = bound = None
+        if target is not None:
+            used_margin = wilson_margin(n, expected=target, alpha=alpha) if margin is None else margin
+            bound = wilson_lower_bound(b_right, n, alpha=alpha)
+            if bound < target - used_margin:
+                failures.append(
+                    f"Wilson lower bound {bound:.4f} ({b_right}/{n} right) < expected {target:.4f} - margin {used_margin:.4f}"
+                )
+        verdicts[filter_name] = FilterVerdict(
+            filter_name, n, b_right, r_right, wilson_interval(b_right, n), wilson_interval(r_right, n), test,
+            mcnemar_detectable_drop(n, baseline=baseline, discordance=noise, alpha=alpha), target, used_margin, bound,
+            tuple(failures),
+        )
+    identical = sum(backend.responses.get(i) == reference.responses.get(i) for i in reference.responses)
+    return GateResult(
+        backend.label, reference.label, model, settings, alpha, tuple(gated), verdicts, identical, losses, wins,
+        expected_source,
+    )
+
+
+# ---------------------------------------------------------------- reports
+def result_json(result: GateResult, backend: RunOutcome, reference: RunOutcome) -> dict[str, Any]:
+    def filter_json(v: FilterVerdict) -> dict[str, Any]:
+        return {
+            "n": v.n, "backend_accuracy": v.backend_accuracy, "reference_accuracy": v.reference_accuracy,
+            "backend_wilson95": list(v.backend_interval), "reference_wilson95": list(v.reference_interval),
+            "losses": v.mcnemar.losses, "wins": v.mcnemar.wins, "mcnemar_p_two_sided": v.mcnemar.p_two_sided,
+            "mcnemar_p_backend_worse": v.mcnemar.p_backend_worse, "detectable_drop_80pct": _finite(v.detectable_drop),
+            "expected": v.expected, "margin": v.margin, "backend_lower_bound": v.backend_lower_bound,
+            "gated": v.filter in result.gated, "failures": list(v.failures),
+        }
+
+    return {
+        "gate": "gsm8k", "passed": result.passed, "failures": result.failures, "model": result.model,
+        "backend": result.backend, "reference": result.reference, "task": asdict(result.settings), "alpha": result.alpha,
+        "expected_file": result.expected_source, "identical_responses": result.identical_responses,
+        "seconds": {backend.label: round(backend.seconds, 1), reference.label: round(reference.seconds, 1)},
+        "filters": {name: filter_json(v) for name, v in result.verdicts.items()},
+        "questions": [
+            {"doc_id": i, "target": q.target,
+             "backend": {f: backend.correct[f][i] for f in result.verdicts},
+             "reference": {f: reference.correct[f][i] for f in result.verdicts}}
+            for i, q in sorted(reference.questions.items())
+        ],
+    }
+
+
+def _finite(x: float) -> float | None:
+    return None if x == float("inf") else x
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def result_markdown(result: GateResult, backend: RunOutcome, reference: RunOutcome, *, command: str = "", shown: int = 5) -> str:
+    lines = [
+        f"# GSM8k gate: {'PASS' if result.passed else 'FAIL'} ({result.backend} vs {result.reference})", "",
+        *([f"- {f}" for f in result.failures] or ["No gated check failed."]), "",
+    ]
+    if command:
+        lines += ["To recreate this report, run:", "", f"    {command}", ""]
+    s = result.settings
+    lines += [
+        (
+            f"Model `{result.model}`; lm-eval task `{s.task}`, {s.num_fewshot}-shot, greedy, max {s.max_gen_toks} new "
+            f"tokens; alpha {result.alpha}; gated filters: {', '.join(result.gated)}; "
+            f"expected: {result.expected_source or 'none'}."
+        ),
+        (
+            f"Identical generations: {result.identical_responses}/{len(reference.responses)}. "
+            f"Time: backend {backend.seconds:.0f} s, reference {reference.seconds:.0f} s."
+        ),
+        "",
+        "| filter | n | backend (Wilson 95%) | reference (Wilson 95%) | lost / won | McNemar p (worse / two-sided) | detects (80%) | expected - margin | backend lower bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in result.verdicts.values():
+        lo_b, hi_b = v.backend_interval
+        lo_r, hi_r = v.reference_interval
+        floor = None if v.expected is None or v.margin is None else v.expected - v.margin
+        detects = "no drop" if v.detectable_drop == float("inf") else f"{100 * v.detectable_drop:.1f} pts"
+        lines.append(
+            f"| {v.filter}{' (gated)' if v.filter in result.gated else ''} | {v.n} | {_pct(v.backend_accuracy)} ({_pct(lo_b)}-{_pct(hi_b)}) "
+            f"| {_pct(v.reference_accuracy)} ({_pct(lo_r)}-{_pct(hi_r)}) | {v.mcnemar.losses} / {v.mcnemar.wins} "
+            f"| {v.mcnemar.p_backend_worse:.3g} / {v.mcnemar.p_two_sided:.3g} | {detects} | {_pct(floor)} | {_pct(v.backend_lower_bound)} |"
+        )
+    lines += [
+        "",
+        (
+            "'detects': the drop the one-sided McNemar test catches with 80% power at this n, taking the observed "
+            "wins as the noise rate; 'no drop' when the reference answers too few questions right."
+        ),
+        "",
+    ]
+    for name in result.gated:
+        lost = result.losses.get(name, [])
+        if lost:
+            lines += [f"## Questions the backend lost ({name}: {len(lost)}, first {min(shown, len(lost))})", ""]
+            for doc_id in lost[:shown]:
+                q = reference.questions[doc_id]
+                lines += [
+                    f"### doc {doc_id} (answer {q.target})", "", f"> {q.question}", "",
+                    f"reference -> `{reference.extracted[name].get(doc_id, '')}`:", "", "```", reference.responses.get(doc_id, "").strip(), "```",
+                    f"backend -> `{backend.extracted[name].get(doc_id, '')}`:", "", "```", backend.responses.get(doc_id, "").strip(), "```", "",
+                ]
+    return "\n".join(lines)
+
+
+def write_reports(out_dir: Path, result: GateResult, backend: RunOutcome, reference: RunOutcome, *, command: str = "") -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "gsm8k.json", out_dir / "gsm8k.md"
+    json_path.write_text(json.dumps(result_json(result, backend, reference), indent=1) + "\n")
+    md_path.write_text(result_markdown(result, backend, reference, command=command))
+    return json_path, md_path
+

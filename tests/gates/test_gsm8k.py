@@ -1,0 +1,180 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from gates.gsm8k import (
+    FILTERS,
+    Expected,
+    GateInputError,
+    TaskSettings,
+    judge,
+    load_expected,
+    local_task_yaml,
+    model_key,
+    outcome_from_samples,
+    result_json,
+    result_markdown,
+    save_expected,
+    write_reports,
+)
+
+SHARED_GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
+SETTINGS = TaskSettings(num_fewshot=5, max_gen_toks=256)
+
+
+def logged_samples(right: dict[str, list[bool]], *, prompt_tag: str = "p") -> list[dict]:
+    """What lm-eval logs with log_samples=True: one entry per (question, filter)."""
+    samples = []
+    for filter_name, outcomes in right.items():
+        for doc_id, ok in enumerate(outcomes):
+            answer = str(doc_id) if ok else "[invalid]"
+            samples.append({
+                "doc_id": doc_id, "filter": filter_name, "exact_match": float(ok),
+                "doc": {"question": f"question {doc_id}?"}, "target": f"work\n#### {doc_id}",
+                "resps": [[f"so the answer is {answer}"]], "filtered_resps": [answer],
+                "prompt_hash": f"{prompt_tag}{doc_id}",
+            })
+    return samples
+
+
+def runs(reference: list[bool], backend: list[bool], *, filters=FILTERS):
+    ref = outcome_from_samples("oracle", logged_samples({f: reference for f in filters}))
+    out = outcome_from_samples("kernel", logged_samples({f: backend for f in filters}))
+    return out, ref
+
+
+def planted(n: int, *, reference_right: int, losses: int, wins: int) -> tuple[list[bool], list[bool]]:
+    """Reference right on the first ``reference_right`` questions; the backend loses the first
+    ``losses`` of those and wins the first ``wins`` of the others."""
+    reference = [i < reference_right for i in range(n)]
+    backend = list(reference)
+    for i in range(losses):
+        backend[i] = False
+    for i in range(reference_right, reference_right + wins):
+        backend[i] = True
+    return reference, backend
+
+
+def test_planted_losses_fail_the_gate():
+    backend, reference = runs(*planted(40, reference_right=30, losses=12, wins=1))
+    result = judge(backend, reference, model="m", settings=SETTINGS)
+    verdict = result.verdicts["flexible-extract"]
+    assert (verdict.mcnemar.losses, verdict.mcnemar.wins) == (12, 1)
+    assert verdict.mcnemar.p_backend_worse == pytest.approx(14 / 8192)  # P(X >= 12), X ~ Bin(13, 1/2)
+    assert not result.passed
+    assert "McNemar" in result.failures[0] and "12" in result.failures[0], result.failures
+    assert result.losses["flexible-extract"] == list(range(12))
+    report = result_markdown(result, backend, reference)
+    assert report.startswith("# GSM8k gate: FAIL") and "### doc 0 (answer 0)" in report
+
+
+def test_noise_both_ways_passes():
+    backend, reference = runs(*planted(40, reference_right=30, losses=3, wins=2))
+    result = judge(backend, reference, model="m", settings=SETTINGS)
+    assert result.passed, result.failures
+    assert result.verdicts["flexible-extract"].mcnemar.p_backend_worse == pytest.approx(0.5)  # P(X >= 3), Bin(5, 1/2)
+    assert result.identical_responses == 35
+
+
+def test_only_gated_filters_decide():
+    strict_ref, strict_backend = planted(40, reference_right=30, losses=12, wins=0)
+    same = [i < 30 for i in range(40)]
+    ref = outcome_from_samples("oracle", logged_samples({"strict-match": strict_ref, "flexible-extract": same}))
+    out = outcome_from_samples("kernel", logged_samples({"strict-match": strict_backend, "flexible-extract": same}))
+    assert judge(out, ref, model="m", settings=SETTINGS).passed
+    both = judge(out, ref, model="m", settings=SETTINGS, gated=FILTERS)
+    assert not both.passed and both.failures[0].startswith("strict-match: McNemar")
+
+
+def expected(accuracy: float, **changes) -> Expected:
+    fields = {
+        "model": "m", "task": SETTINGS, "n": 1319, "accuracy": {"flexible-extract": accuracy, "strict-match": accuracy},
+        "date": "2026-11-30", "lm_eval_version": "0.4.13", "reference": "oracle",
+    }
+    return Expected(**{**fields, **changes})
+
+
+def test_expected_accuracy_fails_a_backend_far_below_it():
+    same = [i % 2 == 0 for i in range(40)]  # 20/40 right in both runs: McNemar sees nothing
+    backend, reference = runs(same, same)
+    low = judge(backend, reference, model="m", settings=SETTINGS, expected=expected(0.75))
+    verdict = low.verdicts["flexible-extract"]
+    assert verdict.mcnemar.p_backend_worse == 1.0
+    assert verdict.backend_lower_bound < 0.75 - verdict.margin
+    assert not low.passed and "Wilson lower bound" in low.failures[0], low.failures
+    assert judge(backend, reference, model="m", settings=SETTINGS, expected=expected(0.5)).passed
+    explicit = judge(backend, reference, model="m", settings=SETTINGS, expected=expected(0.75), margin=0.5)
+    assert explicit.passed and explicit.verdicts["flexible-extract"].margin == 0.5
+
+
+def test_expected_must_match_model_and_task():
+    backend, reference = runs([True] * 5, [True] * 5)
+    with pytest.raises(GateInputError, match="measured with"):
+        judge(backend, reference, model="m", settings=TaskSettings(num_fewshot=8), expected=expected(0.7))
+    with pytest.raises(GateInputError, match="for model 'other'"):
+        judge(backend, reference, model="m", settings=SETTINGS, expected=expected(0.7, model="other"))
+
+
+def test_expected_file_round_trip_and_validation(tmp_path):
+    path = save_expected(tmp_path / "golden" / "m.json", expected(0.42))
+    assert load_expected(path) == expected(0.42)
+    record = json.loads(path.read_text())
+    assert set(record) >= {"model", "task", "n", "accuracy", "date", "lm_eval_version", "schema_version"}
+    path.write_text(json.dumps({**record, "schema_version": 2}))
+    with pytest.raises(GateInputError, match="schema_version 2"):
+        load_expected(path)
+    path.write_text(json.dumps({**record, "accuracy": {"flexible-extract": 1.5}}))
+    with pytest.raises(GateInputError, match=r"in \[0, 1\]"):
+        load_expected(path)
+    path.write_text(json.dumps({k: v for k, v in record.items() if k != "n"}))
+    with pytest.raises(GateInputError, match="missing or malformed"):
+        load_expected(path)
+
+
+def test_pairing_rejects_runs_that_do_not_match():
+    reference = outcome_from_samples("oracle", logged_samples({"flexible-extract": [True, False, True]}))
+    shorter = outcome_from_samples("kernel", logged_samples({"flexible-extract": [True, False]}))
+    with pytest.raises(GateInputError, match="different questions"):
+        judge(shorter, reference, model="m", settings=SETTINGS)
+    other_prompts = outcome_from_samples("kernel", logged_samples({"flexible-extract": [True] * 3}, prompt_tag="q"))
+    with pytest.raises(GateInputError, match="different prompts"):
+        judge(other_prompts, reference, model="m", settings=SETTINGS)
+
+
+def test_logged_samples_are_validated():
+    twice = logged_samples({"flexible-extract": [True]}) * 2
+    with pytest.raises(GateInputError, match="logged twice"):
+        outcome_from_samples("kernel", twice)
+    partial = logged_samples({"flexible-extract": [True]})
+    partial[0]["exact_match"] = 0.5
+    with pytest.raises(GateInputError, match="not 0 or 1"):
+        outcome_from_samples("kernel", partial)
+    with pytest.raises(GateInputError, match="no samples"):
+        outcome_from_samples("kernel", [])
+
+
+def test_reports_hold_every_question(tmp_path):
+    backend, reference = runs(*planted(10, reference_right=6, losses=2, wins=1))
+    result = judge(backend, reference, model="m", settings=SETTINGS)
+    json_path, md_path = write_reports(tmp_path, result, backend, reference, command="pa-oracle gate gsm8k ...")
+    data = json.loads(json_path.read_text())
+    assert data == json.loads(json.dumps(result_json(result, backend, reference)))
+    assert [q["doc_id"] for q in data["questions"]] == list(range(10))
+    assert data["questions"][0] == {"doc_id": 0, "target": "0", "backend": {f: False for f in FILTERS},
+                                    "reference": {f: True for f in FILTERS}}
+    assert data["filters"]["flexible-extract"]["losses"] == 2 and data["filters"]["flexible-extract"]["wins"] == 1
+    assert "pa-oracle gate gsm8k ..." in md_path.read_text()
+
+
+def test_model_key_names_the_golden_file(tmp_path):
+    assert model_key("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB--SmolLM2-135M-Instruct"
+    assert model_key("/tmp", gguf_file="/tmp/smollm2.gguf") == "smollm2"
+    (tmp_path / "my model").mkdir()
+    assert model_key(str(tmp_path / "my model")) == "my_model"
+
+
+def test_local_task_needs_both_splits(tmp_path):
+    (tmp_path / "test.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    with pytest.raises(GateInputError, match="train.jsonl"):
+        local_task_yaml(tmp_path)
