@@ -21,7 +21,7 @@ def unavailable_reason() -> str | None:
 
 def _png(fig) -> bytes:  # type: ignore[no-untyped-def]
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=90)
     return buf.getvalue()
 
 
@@ -37,7 +37,7 @@ def figures(loc: Localization) -> dict[str, tuple[bytes, str]]:
     lay = loc.case.layout
     score = torch.nan_to_num(loc.score.double(), posinf=1e6).clamp(min=0)
     if score.numel() >= 2:
-        fig = Figure(figsize=(min(2 + 0.4 * score.shape[1], 10), min(2 + 0.12 * score.shape[0], 10)))
+        fig = Figure(layout="constrained", figsize=(min(2 + 0.4 * score.shape[1], 10), min(2 + 0.12 * score.shape[0], 10)))
         ax = fig.subplots()
         image = ax.imshow(torch.log10(score + 1e-3).numpy(), aspect="auto", cmap="magma", interpolation="nearest")
         for start in lay.qo_indptr[1:-1]:
@@ -48,7 +48,7 @@ def figures(loc: Localization) -> dict[str, tuple[bytes, str]]:
         figs["heatmap"] = (_png(fig), "Error over (query row, qo head), in units of the allowed error (0 = at the limit).")
     if lay.batch_size >= 2:
         per_request = [float(score[a:b].max()) if b > a else 0.0 for a, b in zip(lay.qo_indptr, lay.qo_indptr[1:])]
-        fig = Figure(figsize=(min(2 + 0.5 * len(per_request), 10), 3))
+        fig = Figure(layout="constrained", figsize=(min(2 + 0.5 * len(per_request), 10), 3))
         ax = fig.subplots()
         ax.bar(range(len(per_request)), [max(v, 1e-3) for v in per_request], color=["C3" if v > 1 else "C2" for v in per_request])
         ax.axhline(1.0, color="k", linestyle="--", linewidth=0.8)
@@ -59,7 +59,7 @@ def figures(loc: Localization) -> dict[str, tuple[bytes, str]]:
         figs["requests"] = (_png(fig), "Max error per request (red: over the limit, dashed line).")
     decode_rows = [r for r in range(lay.total_q) if lay.qo_lens[lay.request_of_row(r)] == 1]
     if len(decode_rows) >= 2:
-        fig = Figure(figsize=(5, 3))
+        fig = Figure(layout="constrained", figsize=(5, 3))
         ax = fig.subplots()
         kv = [lay.kv_lens[lay.request_of_row(r)] for r in decode_rows]
         ax.scatter(kv, [max(float(score[r].max()), 1e-3) for r in decode_rows], s=12)
@@ -72,7 +72,7 @@ def figures(loc: Localization) -> dict[str, tuple[bytes, str]]:
         figs["decode_kv_len"] = (_png(fig), "Decode rows: error against kv_len.")
     if loc.profile is not None:
         row, head, misfit, fit = loc.profile
-        fig = Figure(figsize=(min(3 + 0.05 * len(misfit), 10), 3))
+        fig = Figure(layout="constrained", figsize=(min(3 + 0.05 * len(misfit), 10), 3))
         ax = fig.subplots()
         ax.plot(range(len(misfit)), [max(m, 1e-3) for m in misfit], marker=".", linewidth=0.8)
         ax.axhline(1.0, color="k", linestyle="--", linewidth=0.8)
