@@ -34,8 +34,10 @@ from oracle.case import FP8_DTYPES, Case, Layout
 from oracle.tensors import Tensors, token_addresses
 
 _MODULE = "sglang.srt.layers.attention.triton_ops.extend_attention"
-_NEEDED = frozenset({"qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "is_causal", "mask_indptr",
-                     "max_len_extend", "sm_scale", "logit_cap", "sliding_window_size", "sinks"})
+_PASSED = frozenset({"q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
+                     "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "sm_scale", "logit_cap",
+                     "sliding_window_size", "sinks"})
+_SCALES = frozenset({"k_scale", "v_scale"})
 
 _SGLANG_EXTEND = Capabilities(
     devices=("cuda",), q_dtypes=("float16", "bfloat16"),
@@ -46,7 +48,7 @@ _SGLANG_EXTEND = Capabilities(
 
 def capabilities_for(parameters: Collection[str]) -> Capabilities:
     """The adapter's capabilities for an ``extend_attention_fwd`` with these parameter names."""
-    if {"k_scale", "v_scale"} <= set(parameters):
+    if _SCALES <= set(parameters):
         return _SGLANG_EXTEND.replace(kv_dtypes=FP8_DTYPES, fp8_scales=True)
     return _SGLANG_EXTEND
 
@@ -58,6 +60,19 @@ def _kernel() -> tuple[Any, frozenset[str]]:
 
     fn = importlib.import_module(_MODULE).extend_attention_fwd
     return fn, frozenset(inspect.signature(fn).parameters)
+
+
+def signature_mismatch(fn: Any) -> str | None:
+    """Why this adapter's keyword call does not fit ``fn``'s signature, or None."""
+    params = inspect.signature(fn).parameters
+    passed = _PASSED | (_SCALES & set(params))
+    missing = sorted(_PASSED - set(params))
+    required = sorted(name for name, p in params.items() if p.default is inspect.Parameter.empty and name not in passed)
+    if missing:
+        return f"this sglang's extend_attention_fwd takes no {missing} (the kv_indptr/kv_indices API of sglang >= 0.5)"
+    if required:
+        return f"this sglang's extend_attention_fwd requires {required}, which this adapter does not pass"
+    return None
 
 
 @dataclass(frozen=True)
@@ -100,13 +115,10 @@ class SglangExtend(Backend):
 
     def unavailable_reason(self) -> str | None:
         try:
-            _, params = _kernel()
+            fn, _ = _kernel()
         except Exception as exc:  # noqa: BLE001 - sglang's import pulls many modules
             return f"sglang's Triton extend kernel does not import ({type(exc).__name__}: {str(exc)[:80]})"
-        missing = _NEEDED - params
-        if missing:
-            return f"this sglang's extend_attention_fwd lacks {sorted(missing)} (the kv_indptr/kv_indices API of sglang >= 0.5)"
-        return super().unavailable_reason()
+        return signature_mismatch(fn) or super().unavailable_reason()
 
     def versions(self) -> dict[str, str]:
         import sglang
@@ -151,7 +163,7 @@ class SglangExtend(Backend):
             "max_len_extend": max(case.layout.qo_lens), "sm_scale": case.sm_scale, "logit_cap": opts.logits_soft_cap,
             "sliding_window_size": opts.window_left, "sinks": sinks,
         }
-        if {"k_scale", "v_scale"} <= params:  # triton_backend passes layer.k_scale_float (1.0 when unset)
+        if _SCALES <= params:  # triton_backend passes layer.k_scale_float (1.0 when unset)
             kwargs.update(k_scale=opts.k_scale, v_scale=opts.v_scale)
         fn(**kwargs)
         return KernelOutput(out, None)

@@ -8,7 +8,7 @@ from backends import discover
 from backends.base import get_backend
 from backends.flash_attn import _window
 from backends.flash_attn4 import fa4_window
-from backends.sglang_extend import capabilities_for, extend_indices
+from backends.sglang_extend import capabilities_for, extend_indices, signature_mismatch
 from backends.vllm_triton import vllm_window_size
 from fuzz.strategies import Limits, alibi_slopes, cases
 from oracle.case import Case, Heads, Layout, Options
@@ -96,6 +96,28 @@ def test_flash_attn3_and_4_head_dims_and_options() -> None:
     assert "alibi" in (fa3.unsupported_reason(_case([1], [5], alibi_slopes=alibi_slopes(4))) or "")
     assert fa4.unsupported_reason(_case([2], [5], heads=Heads(4, 2, 64, 64), sinks=(1.0, 0.0, -2.0, 4.0))) is None
     assert "head_dim 80" in (fa4.unsupported_reason(_case([1], [5], heads=Heads(1, 1, 80, 80))) or "")
+
+
+def _extend_0_5(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale=None, logit_cap=0.0,
+                skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
+                xai_temperature_len=-1): ...
+
+
+def _extend_req_to_tokens(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_tokens, b_req_idx,
+                          b_seq_len, b_seq_len_extend, b_start_loc_extend, max_len_extend, sm_scale=None,
+                          logit_cap=0.0): ...
+
+
+def test_sglang_extend_checks_the_installed_signature() -> None:
+    assert signature_mismatch(_extend_0_5) is None
+    assert "takes no ['custom_mask', 'is_causal'" in (signature_mismatch(_extend_req_to_tokens) or "")
+
+    def _with_required(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                       custom_mask, is_causal, mask_indptr, max_len_extend, sm_scale, logit_cap, sliding_window_size,
+                       sinks, window_kv_offsets): ...
+
+    assert "requires ['window_kv_offsets']" in (signature_mismatch(_with_required) or "")
 
 
 @pytest.mark.parametrize("name", sorted(NEW))
