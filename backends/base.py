@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
 
@@ -26,6 +26,46 @@ class Unsupported(Exception):
 class KernelOutput(NamedTuple):
     out: torch.Tensor  # [total_q, Hq, Dvo] in the case's q dtype
     lse: torch.Tensor | None  # [total_q, Hq], natural log, or None if the kernel returns none
+
+
+RawOutput = tuple[torch.Tensor, "torch.Tensor | None"]  # a kernel's own (out, lse) buffers
+
+
+@dataclass
+class GraphCall:
+    """One kernel call over static buffers, captured in a CUDA graph (the serving-engine contract:
+    inputs are copied into fixed buffers, then the graph is replayed).
+
+    ``load`` copies a call's canonical tensors into the static inputs (outside the graph);
+    ``launch`` makes the same call eagerly; ``replay`` replays the graph, which writes ``outputs``
+    (the kernel's own buffers: layout, LSE base). ``rows`` reads raw buffers in canonical row
+    order without converting values; ``finish`` converts them to the canonical ``KernelOutput``.
+    """
+
+    load: Callable[[Any], None]
+    launch: Callable[[], RawOutput]
+    replay: Callable[[], None]
+    outputs: RawOutput
+    rows: Callable[[RawOutput], RawOutput]
+    finish: Callable[[RawOutput], KernelOutput]
+
+
+def capture_cuda_graph(launch: Callable[[], RawOutput], warmup: int = 2) -> tuple[Callable[[], None], RawOutput]:
+    """Warm ``launch`` up on a side stream, then capture it (torch's recipe); returns the replay
+    function and the output buffers the graph writes."""
+    if not torch.cuda.is_available():
+        raise Unsupported("CUDA graphs need a CUDA device")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            launch()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = launch()
+    torch.cuda.synchronize()
+    return graph.replay, outputs
 
 
 @dataclass(frozen=True)
@@ -102,6 +142,7 @@ class Backend:
     description: ClassVar[str] = ""
     package: ClassVar[str | None] = None  # the kernel library's import name, if any
     extra: ClassVar[str | None] = None  # the pip extra that installs it
+    cuda_graphs: ClassVar[bool] = False  # True: ``capture_graph`` is implemented
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine (missing package, no GPU), or None."""
@@ -139,6 +180,27 @@ class Backend:
 
     def run(self, plan: Any, tensors: Tensors) -> KernelOutput:
         raise NotImplementedError
+
+    def merge_states(
+        self, out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+    ) -> KernelOutput:
+        """Combine two partial states over disjoint keys (natural-log LSE) with the kernel library's
+        own merge; the default is the oracle's formula in float32, out in the inputs' dtype."""
+        from oracle.reference import merge_states
+
+        out, lse = merge_states(out_a.float(), lse_a.float(), out_b.float(), lse_b.float())
+        return KernelOutput(out.to(out_a.dtype), lse)
+
+    def write_layout(self, plan: Any, case: Case) -> None:
+        """Write ``case``'s layout, in place and without planning again, into the device buffers
+        through which ``run`` reads ``plan``'s layout (what an engine does between steps). Raise
+        ``Unsupported`` if ``case`` does not fit those buffers. Adapters whose plan holds the
+        layout only as host data (the default: the plan is the case) have no such buffers."""
+        raise NotImplementedError(f"{self.name}: the plan holds the layout as host data (no device layout buffers)")
+
+    def capture_graph(self, case: Case, tensors: Tensors) -> GraphCall:
+        """Capture one call of ``case`` in a CUDA graph over static copies of ``tensors``."""
+        raise Unsupported(f"{self.name} declares no CUDA-graph path")
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"

@@ -10,10 +10,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Literal
 
-from backends.base import Backend, Unsupported
+from backends.base import Backend, KernelOutput, Unsupported
 from oracle.case import Case
 from oracle.reference import plain_attention, reference
-from oracle.tensors import make_tensors, torch_dtype
+from oracle.tensors import Tensors, make_tensors, torch_dtype
 from oracle.tolerance import Tolerance, Verdict, compare
 
 Status = Literal["pass", "fail", "crash", "unsupported"]
@@ -40,6 +40,14 @@ def is_unsupported(exc: BaseException) -> bool:
     return isinstance(exc, (Unsupported, NotImplementedError))
 
 
+def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Tolerance = Tolerance()) -> Verdict:
+    """Compare a kernel's output for ``case`` on ``tensors`` with the float64 reference."""
+    ref = reference(case, tensors, logit_noise=True)
+    dtype = torch_dtype(case.options.q_dtype)
+    controls = [plain_attention(case, tensors, dtype, reorder_ops=r) for r in (False, True)]
+    return compare(case, out=result.out, lse=result.lse, ref=ref, controls=controls, tolerance=tolerance)
+
+
 def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> Outcome:
     """Run ``case`` on ``backend`` and compare with the float64 reference."""
     reason = backend.unsupported_reason(case)
@@ -54,10 +62,7 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance())
             return Outcome(case, backend.name, "unsupported", f"{type(exc).__name__}: {exc}")
         tb = "".join(traceback.format_exception(exc, limit=-4))
         return Outcome(case, backend.name, "crash", f"{type(exc).__name__}: {exc}\n{tb}")
-    ref = reference(case, tensors, logit_noise=True)
-    dtype = torch_dtype(case.options.q_dtype)
-    controls = [plain_attention(case, tensors, dtype, reorder_ops=r) for r in (False, True)]
-    verdict = compare(case, out=result.out, lse=result.lse, ref=ref, controls=controls, tolerance=tolerance)
+    verdict = judge(case, tensors, result, tolerance)
     changed = [name for name, bits in tensors.fingerprint().items() if bits != before[name]]
     if changed:
         verdict.passed = False
