@@ -1,0 +1,201 @@
+"""Checks on kernels beyond output values: a check runs a kernel on a case and on cases derived
+from it (or under another calling contract: a reused plan, a CUDA graph) and compares.
+
+Verification model. A relation a kernel should keep bit for bit is judged on bits. One where a
+correct kernel may round differently (another batch, other tiles, a merge) is judged against
+``allowed_difference``: twice the oracle's allowed error of the case, since two outputs that each
+pass the oracle differ by at most that (triangle inequality); whether the bits matched anyway is
+reported. Plan and graph checks judge each output against the oracle itself.
+
+EXTENDING: a check is a ``Check`` (name, expectation and why, which cases it draws, the function
+that runs it) listed in ``fuzz.check_campaign.CHECKS``; its function returns a ``CheckOutcome``
+whose ``cases`` (original first) are what a finding saves.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Union
+
+import torch
+
+from backends.base import Backend, Capabilities, KernelOutput, Unsupported
+from fuzz.runner import is_unsupported, judge
+from oracle.case import Case
+from oracle.report import Location, locate
+from oracle.tensors import Tensors, make_tensors
+from oracle.tolerance import Tolerance
+
+Status = Literal["holds", "violated", "crash", "skipped"]
+Expectation = Literal["bit-exact", "tolerance", "oracle"]
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass
+class CheckOutcome:
+    check: str
+    backend: str
+    status: Status
+    message: str
+    cases: list[tuple[str, Case, Tensors | None]] = field(default_factory=list)  # (label, case, tensors); original first
+    exact: bool | None = None  # the compared outputs were bit-identical (None: not a kernel-vs-kernel check)
+    worst: Location | None = None
+
+    @property
+    def is_finding(self) -> bool:
+        return self.status in ("violated", "crash")
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named check: what it expects (and why), which cases it can draw, how it runs."""
+
+    name: str
+    expect: Expectation
+    why: str
+    body: Callable[[Backend, Case, Tolerance], CheckOutcome]
+    prepare: Callable[[Backend], Union[Capabilities, str]] = lambda backend: backend.capabilities
+
+    def capabilities(self, backend: Backend) -> Capabilities | str:
+        """What to draw for ``backend``, or why the check cannot apply to it."""
+        return self.prepare(backend)
+
+    def __call__(self, backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> CheckOutcome:
+        """Run the check; an explicit refusal skips it, any other exception is a crash finding."""
+        try:
+            return self.body(backend, case, tolerance)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            message = f"{type(exc).__name__}: {exc}"
+            if is_unsupported(exc):
+                return CheckOutcome(self.name, backend.name, "skipped", message, [("original", case, None)])
+            tb = "".join(traceback.format_exception(exc, limit=-4))
+            return CheckOutcome(self.name, backend.name, "crash", f"{message}\n{tb}", [("original", case, None)])
+
+
+def case_key(case: Case) -> str:
+    """What a check derives its randomness from: the case's content, not where its tensors are
+    stored, so that a saved case (npz sidecar) replays the same permutation or cut."""
+    return case.replace(tensors_file=None, meta={}).case_id
+
+
+def run_supported(backend: Backend, case: Case, tensors: Tensors, label: str) -> KernelOutput:
+    """Plan and run ``case``; a derived case the kernel does not declare is a skip, naming it."""
+    reason = backend.unsupported_reason(case)
+    if reason:
+        raise Unsupported(f"the {label} case: {reason}")
+    return backend.run(backend.plan(case), tensors)
+
+
+def tensors_for(backend: Backend, case: Case) -> Tensors:
+    return make_tensors(case, backend.device or "cpu")
+
+
+def raw_bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers of the same width (bf16 and fp8 have no comparisons of bits)."""
+    return t.contiguous().view(_BITS[t.element_size()])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b))
+
+
+def elementwise_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in float64 where equal values (infinities, NaN on both sides) count 0 and a NaN on
+    one side counts inf: a relation is about consistency; NaN itself is the oracle's to judge."""
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    same = (a64 == b64) | (torch.isnan(a64) & torch.isnan(b64))
+    diff = (a64 - b64).abs()
+    return torch.where(same, 0.0, torch.where(torch.isnan(diff), float("inf"), diff))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two kernel outputs over the same rows."""
+
+    exact: bool
+    out_diff: torch.Tensor  # [rows, Hq, Dvo] float64
+    lse_diff: torch.Tensor | None  # [rows, Hq], or None when either side has no LSE
+
+    @property
+    def max_out(self) -> float:
+        return float(self.out_diff.max()) if self.out_diff.numel() else 0.0
+
+    @property
+    def max_lse(self) -> float:
+        return float(self.lse_diff.max()) if self.lse_diff is not None and self.lse_diff.numel() else 0.0
+
+
+def compare_outputs(a: KernelOutput, b: KernelOutput) -> Comparison:
+    if a.out.shape != b.out.shape:
+        raise ValueError(f"compared outputs have shapes {tuple(a.out.shape)} and {tuple(b.out.shape)}")
+    b_out = b.out.to(a.out.device)
+    exact = same_bits(a.out, b_out)
+    lse_diff = None
+    if a.lse is not None and b.lse is not None:
+        b_lse = b.lse.to(a.lse.device)
+        exact = exact and same_bits(a.lse, b_lse)
+        lse_diff = elementwise_difference(a.lse, b_lse)
+    return Comparison(exact, elementwise_difference(a.out, b_out), lse_diff)
+
+
+def allowed_difference(case: Case, tensors: Tensors, tolerance: Tolerance = Tolerance()) -> tuple[float, float]:
+    """(out, lse): how far apart two outputs of ``case`` may be when each passes the oracle: twice
+    the oracle's allowed max error (it depends on the reference and the controls, not on the
+    kernel, so a placeholder output is judged to read it)."""
+    heads, device = case.heads, tensors.q.device
+    placeholder = KernelOutput(
+        torch.zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo, dtype=tensors.q.dtype, device=device),
+        torch.zeros(case.layout.total_q, heads.num_qo_heads, device=device),
+    )
+    verdict = judge(case, tensors, placeholder, tolerance)
+    if verdict.out is None or verdict.lse is None:
+        raise ValueError(f"no error limits for case {case.case_id}: {verdict.failures}")
+    return 2 * verdict.out.limit_max, 2 * verdict.lse.limit_max
+
+
+def worst_location(case: Case, rows: torch.Tensor, out_diff: torch.Tensor) -> Location | None:
+    """Where in ``case`` the largest difference is; ``rows[i]`` is the case row of compared row i."""
+    if out_diff.numel() == 0 or float(out_diff.max()) == 0:
+        return None
+    index = int(out_diff.flatten().argmax())
+    per_row = out_diff.shape[1] * out_diff.shape[2]
+    row, rest = divmod(index, per_row)
+    head, dim = divmod(rest, out_diff.shape[2])
+    return locate(case, int(rows[row]), head, dim, float(out_diff.flatten()[index]))
+
+
+def judge_relation(
+    check: str,
+    backend: Backend,
+    *,
+    case: Case,
+    tensors: Tensors,
+    expected: KernelOutput,
+    actual: KernelOutput,
+    rows: torch.Tensor,
+    exact_required: bool,
+    cases: list[tuple[str, Case, Tensors | None]],
+    tolerance: Tolerance = Tolerance(),
+    note: str = "",
+) -> CheckOutcome:
+    """The verdict of one relation: ``actual`` (from derived cases) against ``expected`` (the
+    kernel's output on ``case``, restricted to ``rows``)."""
+    comparison = compare_outputs(expected, actual)
+    worst = worst_location(case, rows, comparison.out_diff)
+    prefix = f"{note}; " if note else ""
+    if comparison.exact:
+        return CheckOutcome(check, backend.name, "holds", prefix + "bit-exact", cases, True)
+    if exact_required:
+        message = (
+            f"{prefix}expected bit-exact outputs; max |out diff| {comparison.max_out:.3g}, "
+            f"max |lse diff| {comparison.max_lse:.3g}"
+        )
+        return CheckOutcome(check, backend.name, "violated", message, cases, False, worst)
+    out_allowed, lse_allowed = allowed_difference(case, tensors, tolerance)
+    within = comparison.max_out <= out_allowed and (comparison.lse_diff is None or comparison.max_lse <= lse_allowed)
+    message = (
+        f"{prefix}max |out diff| {comparison.max_out:.3g} (allowed {out_allowed:.3g})"
+        + (f", max |lse diff| {comparison.max_lse:.3g} (allowed {lse_allowed:.3g})" if comparison.lse_diff is not None else "")
+    )
+    return CheckOutcome(check, backend.name, "holds" if within else "violated", message, cases, False, None if within else worst)
