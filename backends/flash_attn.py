@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from backends.base import Backend, Capabilities, KernelOutput, register
+from backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported, capture_cuda_graph, register
 from oracle.case import Case
 from oracle.tensors import Tensors, token_addresses
 
@@ -74,48 +74,81 @@ class FlashAttnVarlenPaged(_FlashAttn):
 
 
 class _KvCache(_FlashAttn):
-    """``flash_attn_with_kvcache``: queries as a dense [B, seqlen_q] batch."""
+    """``flash_attn_with_kvcache``: queries as a dense [B, seqlen_q] batch. The plan holds every
+    index tensor on the device, so that ``run`` makes no host copies (it can be graph-captured)."""
 
     paged: ClassVar[bool]
     num_splits: ClassVar[int] = 0
+    cuda_graphs = True
 
     def plan(self, case: Case) -> dict[str, Any]:
         lay, device = case.layout, self.device or "cuda"
         index = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
-        return {
+        plan: dict[str, Any] = {
             "case": case,
             "cache_seqlens": index(lay.kv_lens),
             "block_table": index(lay.block_table(pad=0)) if self.paged else None,
+            "alibi_slopes": _alibi(case, torch.device(device)),
         }
+        if not self.paged:  # where each token goes in the contiguous [B, max_kv] cache
+            pages, slots = token_addresses(case)
+            request = torch.repeat_interleave(torch.arange(lay.batch_size), torch.tensor(lay.kv_lens))
+            position = torch.cat([torch.arange(n) for n in lay.kv_lens])
+            plan["gather"] = tuple(t.to(device) for t in (pages, slots, request, position))
+        return plan
 
-    def _contiguous(self, case: Case, cache: torch.Tensor) -> torch.Tensor:
+    def _contiguous(self, plan: dict[str, Any], cache: torch.Tensor) -> torch.Tensor:
         """[B, max_kv, Hkv, D]: each request's tokens gathered from its pages (zero padding)."""
-        lay = case.layout
+        lay = plan["case"].layout
+        pages, slots, request, position = plan["gather"]
         dense = cache.new_zeros(lay.batch_size, max(max(lay.kv_lens), 1), *cache.shape[2:])
-        pages, slots = (t.to(cache.device) for t in token_addresses(case))
-        request = torch.repeat_interleave(torch.arange(lay.batch_size), torch.tensor(lay.kv_lens)).to(cache.device)
-        position = torch.cat([torch.arange(n) for n in lay.kv_lens]).to(cache.device)
         dense[request, position] = cache[pages, slots]
         return dense
 
-    def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
+    def _caches(self, plan: dict[str, Any], tensors: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.paged:
+            return tensors.k_cache, tensors.v_cache
+        return self._contiguous(plan, tensors.k_cache), self._contiguous(plan, tensors.v_cache)
+
+    def _call(self, plan: dict[str, Any], q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> RawOutput:
+        """The kernel's own (out [B, sq, H, D], lse [B, H, sq])."""
         from flash_attn import flash_attn_with_kvcache
 
         case: Case = plan["case"]
         lay = case.layout
-        seqlen_q = lay.qo_lens[0]
-        k_cache, v_cache = tensors.k_cache, tensors.v_cache
-        if not self.paged:
-            k_cache, v_cache = self._contiguous(case, k_cache), self._contiguous(case, v_cache)
-        q = tensors.q.view(lay.batch_size, seqlen_q, *tensors.q.shape[1:])
-        out, lse = flash_attn_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens=plan["cache_seqlens"], block_table=plan["block_table"],
+        return flash_attn_with_kvcache(
+            q.view(lay.batch_size, lay.qo_lens[0], *q.shape[1:]), k_cache, v_cache,
+            cache_seqlens=plan["cache_seqlens"], block_table=plan["block_table"],
             softmax_scale=case.sm_scale, causal=case.options.causal, window_size=_window(case),
-            softcap=case.options.logits_soft_cap, alibi_slopes=_alibi(case, tensors.q.device),
+            softcap=case.options.logits_soft_cap, alibi_slopes=plan["alibi_slopes"],
             num_splits=self.num_splits, return_softmax_lse=True,
         )
-        lse = _lse_to_natural_minus_inf(lse).transpose(1, 2).flatten(0, 1)  # [B, H, sq] -> [B * sq, H]
-        return KernelOutput(out.flatten(0, 1), lse)
+
+    @staticmethod
+    def _rows(raw: RawOutput) -> RawOutput:
+        out, lse = raw
+        return out.flatten(0, 1), lse.transpose(1, 2).flatten(0, 1)  # [B, H, sq] -> [B * sq, H]
+
+    def _finish(self, raw: RawOutput) -> KernelOutput:
+        out, lse = self._rows(raw)
+        return KernelOutput(out.clone(), _lse_to_natural_minus_inf(lse))
+
+    def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
+        return self._finish(self._call(plan, tensors.q, *self._caches(plan, tensors)))
+
+    def capture_graph(self, case: Case, tensors: Tensors) -> GraphCall:
+        plan = self.plan(case)
+        q = tensors.q.clone()
+        k, v = (x.clone() for x in self._caches(plan, tensors))
+
+        def load(new: Tensors) -> None:
+            q.copy_(new.q)
+            for target, source in zip((k, v), self._caches(plan, new)):
+                target.copy_(source)
+
+        launch = lambda: self._call(plan, q, k, v)  # noqa: E731
+        replay, outputs = capture_cuda_graph(launch)
+        return GraphCall(load=load, launch=launch, replay=replay, outputs=outputs, rows=self._rows, finish=self._finish)
 
 
 _KVCACHE = _FLASH_ATTN.replace(uniform_qo_len=True)
@@ -127,6 +160,14 @@ class FlashAttnKvCachePaged(_KvCache):
     description = "flash_attn_with_kvcache with block_table + cache_seqlens"
     capabilities = _KVCACHE.replace(page_size_multiple=256)
     paged = True
+
+    def write_layout(self, plan: dict[str, Any], case: Case) -> None:
+        """Overwrite ``cache_seqlens`` and ``block_table`` in place: the kernel reads both at run time."""
+        for name, values in (("cache_seqlens", case.layout.kv_lens), ("block_table", case.layout.block_table(pad=0))):
+            new = torch.tensor(values, dtype=torch.int32, device=plan[name].device)
+            if new.shape != plan[name].shape:
+                raise Unsupported(f"{name} of layout B is {tuple(new.shape)}, the plan's is {tuple(plan[name].shape)}")
+            plan[name].copy_(new)
 
 
 @register

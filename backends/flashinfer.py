@@ -8,6 +8,9 @@ its own slopes (the paper's, the same as ``fuzz.strategies.alibi_slopes``) with 
 the output is the same, the LSE is shifted by that constant (undone here), and non-causal prefill
 ALiBi differs outright (not declared). ``window_left`` is
 FlashInfer's own convention (the oracle's). Sinks are not declared: their scaling is unverified.
+The paged wrappers also run in CUDA-graph mode (``capture_graph``: ``use_cuda_graph=True`` with
+fixed-size index buffers) and let the stale-plan check rewrite the layout buffers their run reads
+(``write_layout``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from backends.base import Backend, Capabilities, KernelOutput, Unsupported, register
+from backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported, capture_cuda_graph, register
 from oracle.case import FP8_DTYPES, Case
 from oracle.tensors import Tensors, token_addresses
 
@@ -100,24 +103,110 @@ class _FlashInferBackend(Backend):
             return tensors.k_cache.transpose(1, 2).contiguous(), tensors.v_cache.transpose(1, 2).contiguous()
         return tensors.k_cache, tensors.v_cache
 
+    def merge_states(
+        self, out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+    ) -> KernelOutput:
+        """FlashInfer's ``merge_state`` (base-2 LSE in and out)."""
+        import flashinfer
 
-class _PagedDecode(_FlashInferBackend):
+        out, lse = flashinfer.merge_state(out_a, (lse_a / LN_2).float(), out_b, (lse_b / LN_2).float())
+        return KernelOutput(out, lse.float() * LN_2)
+
+
+class _PagedWrapper(_FlashInferBackend):
+    """A paged wrapper (decode or prefill): its run reads the layout from device buffers, and it
+    has a CUDA-graph mode with fixed-size buffers."""
+
+    cuda_graphs = True
+
+    # the wrapper attributes through which ``run`` reads the planned layout, and the layout field of each
+    _layout_buffers: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("_paged_kv_indptr_buf", "kv_indptr"),
+        ("_paged_kv_indices_buf", "kv_indices"),
+        ("_paged_kv_last_page_len_buf", "kv_last_page_len"),
+    )
+
+    def write_layout(self, plan: tuple[Case, Any], case: Case) -> None:
+        """Overwrite the wrapper's layout buffers in place (``plan`` keeps its host-side schedule)."""
+        _, wrapper = plan
+        for attribute, field in self._layout_buffers:
+            buffer = getattr(wrapper, attribute, None)
+            if buffer is None:
+                raise Unsupported(f"this FlashInfer wrapper keeps no {attribute}: its layout cannot be rewritten")
+            values = torch.tensor(getattr(case.layout, field), dtype=buffer.dtype, device=buffer.device)
+            if values.numel() > buffer.numel():
+                raise Unsupported(f"{field} of layout B ({values.numel()}) does not fit {attribute} ({buffer.numel()})")
+            buffer[: values.numel()].copy_(values)
+
+    def _graph_buffers(self, case: Case, device: str) -> dict[str, torch.Tensor]:
+        """Fixed-size index buffers of a CUDA-graph wrapper, holding ``case``'s layout."""
+        lay = case.layout
+        indices = torch.zeros(max(len(lay.kv_indices), 1), dtype=torch.int32, device=device)
+        indices[: len(lay.kv_indices)] = self._index(lay.kv_indices, device)
+        return {
+            "qo_indptr": self._index(lay.qo_indptr, device),
+            "kv_indptr": self._index(lay.kv_indptr, device),
+            "kv_indices": indices,
+            "kv_last_page_len": self._index(lay.kv_last_page_len, device),
+        }
+
+    def _graph_call(self, case: Case, tensors: Tensors, wrapper: Any) -> GraphCall:
+        """Capture ``wrapper.run`` (planned with ``use_cuda_graph=True``) over static buffers."""
+        q = tensors.q.clone()
+        k, v = (x.clone() for x in self._paged_kv(tensors))
+        out = torch.empty(*q.shape[:2], case.heads.head_dim_vo, dtype=q.dtype, device=q.device)
+        lse = torch.empty(*q.shape[:2], dtype=torch.float32, device=q.device)
+        scales = self._scales(case)
+
+        def load(new: Tensors) -> None:
+            q.copy_(new.q)
+            for target, source in zip((k, v), self._paged_kv(new)):
+                target.copy_(source)
+
+        def launch() -> RawOutput:
+            wrapper.run(q, (k, v), out=out, lse=lse, return_lse=True, **scales)
+            return out, lse
+
+        replay, outputs = capture_cuda_graph(launch)
+        return GraphCall(
+            load=load, launch=launch, replay=replay, outputs=outputs, rows=lambda raw: raw,
+            finish=lambda raw: self._finish(case, raw[0].clone(), raw[1]),
+        )
+
+
+class _PagedDecode(_PagedWrapper):
     use_tensor_cores: ClassVar[bool]
     capabilities = _FLASHINFER.replace(min_qo_len=1, max_qo_len=1)
 
     def plan(self, case: Case) -> tuple[Case, Any]:
         import flashinfer
 
-        lay, device = case.layout, self.device or "cuda"
+        device = self.device or "cuda"
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             _workspace(device), self.kv_layout, use_tensor_cores=self.use_tensor_cores
         )
+        return case, self._planned(wrapper, case, device)
+
+    def _planned(self, wrapper: Any, case: Case, device: str) -> Any:
+        lay = case.layout
         wrapper.plan(
             self._index(lay.kv_indptr, device), self._index(lay.kv_indices, device),
             self._index(lay.kv_last_page_len, device), case.heads.num_qo_heads, case.heads.num_kv_heads,
             case.heads.head_dim_qk, lay.page_size, **self._common_plan_kwargs(case),
         )
-        return case, wrapper
+        return wrapper
+
+    def capture_graph(self, case: Case, tensors: Tensors) -> GraphCall:
+        import flashinfer
+
+        device = str(tensors.q.device)
+        buffers = self._graph_buffers(case, device)
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), self.kv_layout, use_cuda_graph=True,
+            use_tensor_cores=self.use_tensor_cores, paged_kv_indptr_buffer=buffers["kv_indptr"],
+            paged_kv_indices_buffer=buffers["kv_indices"], paged_kv_last_page_len_buffer=buffers["kv_last_page_len"],
+        )
+        return self._graph_call(case, tensors, self._planned(wrapper, case, device))
 
 
 @register
@@ -145,19 +234,38 @@ class _Prefill(_FlashInferBackend):
         return reason
 
 
-class _PagedPrefill(_Prefill):
+class _PagedPrefill(_Prefill, _PagedWrapper):
+    _layout_buffers = (("_qo_indptr_buf", "qo_indptr"), *_PagedWrapper._layout_buffers)
+
     def plan(self, case: Case) -> tuple[Case, Any]:
         import flashinfer
 
-        lay, device = case.layout, self.device or "cuda"
+        device = self.device or "cuda"
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), self.kv_layout, backend=self.backend)
+        return case, self._planned(wrapper, case, device)
+
+    def _planned(self, wrapper: Any, case: Case, device: str) -> Any:
+        lay = case.layout
         wrapper.plan(
             self._index(lay.qo_indptr, device), self._index(lay.kv_indptr, device),
             self._index(lay.kv_indices, device), self._index(lay.kv_last_page_len, device),
             case.heads.num_qo_heads, case.heads.num_kv_heads, case.heads.head_dim_qk, lay.page_size,
             causal=case.options.causal, **self._common_plan_kwargs(case),
         )
-        return case, wrapper
+        return wrapper
+
+    def capture_graph(self, case: Case, tensors: Tensors) -> GraphCall:
+        import flashinfer
+
+        device = str(tensors.q.device)
+        buffers = self._graph_buffers(case, device)
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), self.kv_layout, use_cuda_graph=True,
+            qo_indptr_buf=buffers["qo_indptr"], paged_kv_indptr_buf=buffers["kv_indptr"],
+            paged_kv_indices_buf=buffers["kv_indices"], paged_kv_last_page_len_buf=buffers["kv_last_page_len"],
+            backend=self.backend,
+        )
+        return self._graph_call(case, tensors, self._planned(wrapper, case, device))
 
 
 @register

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from backends.base import KernelOutput, register
+from backends.base import Backend, KernelOutput, register
 from backends.flashinfer import _FLASHINFER, LN_2, FlashInferPrefillFA2
 from oracle.case import Case, Layout
 from oracle.tensors import Tensors
@@ -45,6 +45,10 @@ class FlashInferCascade(FlashInferPrefillFA2):
     name = "flashinfer-cascade"
     description = "FlashInfer paged prefill (fa2) on a KV prefix and suffix, merged with merge_state"
     capabilities = _FLASHINFER.replace(window_left=False, alibi=False)
+    # two wrappers (prefix, suffix): no single layout to rewrite in place, nothing captured as one call
+    cuda_graphs = False
+    write_layout = Backend.write_layout
+    capture_graph = Backend.capture_graph
 
     def plan(self, case: Case) -> dict[str, Any]:  # type: ignore[override]
         prefix, suffix = split_layouts(case)

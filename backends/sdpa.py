@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from backends._dense import alibi_bias, from_dense, keep_mask, to_dense
-from backends.base import Backend, Capabilities, KernelOutput, register
+from backends._dense import Dense, alibi_bias, from_dense, keep_mask, to_dense
+from backends.base import Backend, Capabilities, GraphCall, KernelOutput, capture_cuda_graph, register
 from oracle.case import Case
 from oracle.tensors import Tensors
 
@@ -27,22 +27,42 @@ class _Sdpa(Backend):
     kernel: ClassVar[SDPBackend]
     native_gqa: ClassVar[bool] = True  # False: the kernel takes no enable_gqa; KV heads are repeated here
 
-    def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
-        case = plan
-        dense = to_dense(case, tensors)
+    def _mask(self, case: Case, dense: Dense) -> torch.Tensor:
         keep = keep_mask(case, dense)[:, None]  # [B, 1, max_q, max_kv]
-        mask: torch.Tensor = keep
-        if case.options.alibi_slopes is not None:
-            bias = alibi_bias(case, dense, torch.float32)
-            mask = torch.where(keep, bias, float("-inf")).to(tensors.q.dtype)
+        if case.options.alibi_slopes is None:
+            return keep
+        return torch.where(keep, alibi_bias(case, dense, torch.float32), float("-inf")).to(dense.q.dtype)
+
+    def _inputs(self, case: Case, dense: Dense) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         k, v = dense.k, dense.v
         if not self.native_gqa:
             k, v = (x.repeat_interleave(case.heads.group_size, dim=1) for x in (k, v))
+        return dense.q, k, v
+
+    def _sdpa(self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         with sdpa_kernel(self.kernel):
-            out = F.scaled_dot_product_attention(
-                dense.q, k, v, attn_mask=mask, scale=case.sm_scale, enable_gqa=self.native_gqa
-            )
-        return KernelOutput(from_dense(case, out), None)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.sm_scale, enable_gqa=self.native_gqa)
+
+    def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
+        case = plan
+        dense = to_dense(case, tensors)
+        return KernelOutput(from_dense(case, self._sdpa(case, *self._inputs(case, dense), self._mask(case, dense))), None)
+
+    def capture_graph(self, case: Case, tensors: Tensors) -> GraphCall:
+        """The SDPA call on static dense tensors; paging them in (``load``) stays outside the graph."""
+        dense = to_dense(case, tensors)
+        mask = self._mask(case, dense)  # depends on the layout only
+        q, k, v = (x.clone() for x in self._inputs(case, dense))
+
+        def load(new: Tensors) -> None:
+            for target, source in zip((q, k, v), self._inputs(case, to_dense(case, new))):
+                target.copy_(source)
+
+        launch = lambda: (self._sdpa(case, q, k, v, mask), None)  # noqa: E731
+        replay, outputs = capture_cuda_graph(launch)
+        rows = lambda raw: (from_dense(case, raw[0]), None)  # noqa: E731
+        return GraphCall(load=load, launch=launch, replay=replay, outputs=outputs, rows=rows,
+                         finish=lambda raw: KernelOutput(*rows(raw)))
 
 
 @register
@@ -68,3 +88,4 @@ class SdpaEfficient(_Sdpa):
     kernel = SDPBackend.EFFICIENT_ATTENTION
     native_gqa = False  # "No available kernel" with enable_gqa=True (seen on the H200, torch 2.11)
     capabilities = _SDPA.replace(devices=("cuda",))
+    cuda_graphs = True
