@@ -250,6 +250,73 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
 
 
 @main.command()
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
+@click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
+@click.option("--check", "-c", "check_names", multiple=True,
+              help="reorder, relabel, alone, merge, window, plan-reuse, stale-plan-pages, stale-plan-lengths, cuda-graph (repeatable). Default: all.")
+@click.option("--examples", "-n", default=30, show_default=True, help="Examples per backend and check.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--only", multiple=True, help="Narrow what is drawn (as for fuzz).")
+@click.option("--case", "case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Run the checks on this case instead of drawing cases.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def metamorphic(
+    backend_names: tuple[str, ...], kernels: tuple[str, ...], check_names: tuple[str, ...], examples: int, seed: int,
+    only: tuple[str, ...], case_file: Path | None, out_dir: Path, as_json: bool,
+) -> None:
+    """Checks beyond output values: metamorphic relations (kernel vs kernel), plan reuse and stale
+    plans, CUDA-graph replay. Exit 1 on any violation."""
+    import difflib
+
+    from fuzz.check_campaign import CHECKS, CheckResult, run_check, save_check_finding
+
+    unknown = [name for name in check_names if name not in CHECKS]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], CHECKS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(CHECKS)})")
+    checks = [CHECKS[name] for name in check_names or CHECKS]
+    try:
+        case = Case.load(case_file) if case_file else None
+    except CaseError as exc:
+        raise click.ClickException(str(exc)) from None
+    results: list[CheckResult] = []
+    for backend in [narrow(b, only) for b in _select(backend_names, kernels)]:
+        spec = backend.name if isinstance(backend, UserKernel) else None
+        for check in checks:
+            if case is None:
+                result = run_check(backend, check, examples=examples, base_seed=seed, out_dir=out_dir, kernel_spec=spec)
+            else:
+                result = CheckResult(backend.name, check.name)
+                outcome = check(backend, case)
+                result.examples = 1
+                result.holds, result.skipped = outcome.status == "holds", outcome.status == "skipped"
+                result.exact = bool(outcome.exact) and outcome.status == "holds"
+                if outcome.status == "skipped":
+                    result.skip_reasons[outcome.message] += 1
+                if outcome.is_finding:
+                    result.finding = outcome
+                    result.finding_dir, result.repro = save_check_finding(outcome, backend, out_dir, spec)
+            results.append(result)
+            if not as_json:
+                click.echo(result.line())
+                if result.finding:
+                    click.echo(f"  report: {result.finding_dir / 'report.md'}\n  repro:  {result.repro}")
+    if as_json:
+        click.echo(json.dumps([{
+            "backend": r.backend, "check": r.check, "examples": r.examples, "held": r.holds, "bit_exact": r.exact,
+            "skipped": r.skipped, "not_applicable": r.not_applicable, "seconds": round(r.seconds, 2),
+            "violation": None if not r.finding else {
+                "status": r.finding.status, "message": r.finding.message.splitlines()[0],
+                "dir": str(r.finding_dir), "repro": r.repro,
+            },
+        } for r in results], indent=1))
+    if any(r.finding for r in results):
+        sys.exit(1)
+
+
+@main.command()
 @click.option("--examples", "-n", default=200, show_default=True, help="Budget per planted bug.")
 @click.option("--correct-examples", default=150, show_default=True, help="Examples per correct kernel.")
 @click.option("--seed", default=0, show_default=True)
