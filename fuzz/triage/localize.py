@@ -292,7 +292,7 @@ def _probe(cap: Capture, rows: _Rows, loc: Localization) -> None:
             if loc.profile is None:
                 loc.profile = (row, head, misfit.clamp(max=1e6).tolist(), best if fits else None)
             if fits:
-                page, slot = case_slot(cap.case, rows.request[row], best)
+                page, slot = _slot(cap.case, rows.request[row], best)
                 loc.toggles.append(Toggle(row, head, best, bool(attended[best]), _key_labels(rows, row, best), page, slot))
         reads = []
         for kv_head in range(cap.case.heads.num_kv_heads):
@@ -303,7 +303,7 @@ def _probe(cap: Capture, rows: _Rows, loc: Localization) -> None:
             loc.kv_reads[(row, head)] = best_kv
 
 
-def case_slot(case: Case, request: int, key: int) -> tuple[int, int]:
+def _slot(case: Case, request: int, key: int) -> tuple[int, int]:
     page_slot = case.layout.slot_of(request, key)
     assert page_slot is not None
     return page_slot

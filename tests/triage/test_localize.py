@@ -57,6 +57,7 @@ def test_wrong_gqa_map_is_read_off_the_kv_head() -> None:
 
 def test_window_off_by_one_is_the_window_edge() -> None:
     loc = localize(capture(kernel("window_off_by_one"), mixed_case(window_left=3)))
+    assert loc.status == "fail", loc.verdict.headline()
     assert check(loc, "window edge").result == "pattern"
 
 
