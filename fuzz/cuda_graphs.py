@@ -1,7 +1,8 @@
 """CUDA-graph capture and replay, the way serving engines call kernels (ANCHORS bug 17).
 
-The case is padded with ``PADDING_REQUESTS`` requests that own no page (kv_len 0; one query row
-each, or the batch's uniform qo_len), as an engine pads a batch to a captured size. One call is
+The case (real requests drawn with a key for every query row) is padded with
+``PADDING_REQUESTS`` requests that own no page (kv_len 0; one query row each, or the batch's
+uniform qo_len), as an engine pads a batch to a captured size. One call is
 captured over static buffers (``Backend.capture_graph``). Then ``REPLAYS`` times new tensor
 contents (other seeds) are copied into the static inputs, the output buffers are filled with
 ``SENTINEL`` and the call is made eagerly, then again and the graph is replayed:
@@ -128,7 +129,14 @@ def _cuda_graph(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutc
 
 
 def _declares_graphs(backend: Backend) -> Capabilities | str:
-    return backend.capabilities if backend.cuda_graphs else f"{backend.name} declares no CUDA-graph path"
+    """Real requests are drawn with a key for every query row: the padding brings the kv_len-0
+    requests, and the edges of empty and fully masked rows are the fuzzer's (and its ledger's)."""
+    caps = backend.capabilities
+    if not backend.cuda_graphs:
+        return f"{backend.name} declares no CUDA-graph path"
+    if not (caps.empty_requests and caps.qo_len_above_kv_len):
+        return "the padding requests have kv_len 0 and a query, which the kernel does not accept (is --only narrowing empty_requests or qo_len_above_kv_len?)"
+    return caps.replace(empty_requests=False, qo_len_above_kv_len=False)
 
 
 GRAPH_CHECK = Check(

@@ -94,8 +94,11 @@ def other_lengths(case: Case) -> Case:
     last = list(lay.kv_last_page_len)
     if lay.page_size > 1:
         for b, p in enumerate(pages):
-            if p:
-                last[b] = rng.choice([n for n in range(1, lay.page_size + 1) if n != last[b]])
+            # a request whose queries all had keys keeps that (qo_len <= kv_len)
+            floor = lay.qo_lens[b] - (len(p) - 1) * lay.page_size if lay.qo_lens[b] <= lay.kv_lens[b] else 1
+            choices = [n for n in range(max(floor, 1), lay.page_size + 1) if n != last[b]]
+            if p and choices:
+                last[b] = rng.choice(choices)
     else:
         donor = max(range(lay.batch_size), key=lambda b: len(pages[b]))
         if len(pages[donor]) < 2 or lay.batch_size < 2:

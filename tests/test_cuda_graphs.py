@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from backends.base import Unsupported, capture_cuda_graph, get_backend
+from fuzz.check_campaign import run_check
 from fuzz.cuda_graphs import GRAPH_CHECK, PADDING_REQUESTS, SENTINEL, padded, padding_problems
+from fuzz.strategies import Limits
 from oracle.case import Case, Heads, Layout, Options
 from tests.quality.contract_breakers import FakeGraphKernel
 
@@ -51,6 +53,20 @@ def test_a_replay_on_stale_inputs_is_caught() -> None:
 
 def test_kernels_without_a_graph_path_say_so() -> None:
     assert GRAPH_CHECK.capabilities(get_backend("sdpa-math")) == "sdpa-math declares no CUDA-graph path"
+
+
+def test_real_requests_are_drawn_with_keys_and_the_padding_needs_empty_requests() -> None:
+    drawn = GRAPH_CHECK.capabilities(FakeGraphKernel())
+    assert not isinstance(drawn, str) and not drawn.empty_requests and not drawn.qo_len_above_kv_len
+    narrowed = FakeGraphKernel()
+    narrowed.capabilities = narrowed.capabilities.replace(empty_requests=False)  # type: ignore[misc]
+    assert "padding requests have kv_len 0" in GRAPH_CHECK.capabilities(narrowed)
+
+
+def test_drawn_cases_hold_on_a_correct_graph_kernel() -> None:
+    result = run_check(FakeGraphKernel(), GRAPH_CHECK, examples=5, limits=Limits(max_batch=3, max_kv_len=30, max_qo_len=4,
+                                                                                   max_kv_heads=2, max_qo_heads=4, head_dims=(8,)))
+    assert result.finding is None and result.holds == 5, result.line()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
