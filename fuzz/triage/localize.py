@@ -81,7 +81,7 @@ def capture(backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) ->
     tensors = make_tensors(case, backend.device or "cpu")
     try:
         kernel = backend.run(backend.plan(case), tensors)
-    except Exception:  # noqa: BLE001 - the verdict stands; the probes need the raw output
+    except Exception:  # noqa: BLE001  (the verdict stands; only the probes need the raw output)
         return result
     result.tensors = tensors.to("cpu")
     result.ref = reference(case, result.tensors)
@@ -415,7 +415,10 @@ def _toggle_evidence(loc: Localization, k: int = 3) -> list[str]:
 def _check_pages(rows: _Rows, loc: Localization) -> Check:
     ps = rows.case.layout.page_size
     bad_rows = _wrong_rows(loc)
-    rem = lambda r: rows.kv_len[r] % ps  # noqa: E731
+
+    def rem(row: int) -> int:
+        return rows.kv_len[row] % ps
+
     evidence = []
     hits, fitted = _toggle_share(loc, "the last key")
     if fitted and hits == fitted:

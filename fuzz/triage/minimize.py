@@ -15,10 +15,10 @@ EXTENDING: a reduction is a generator of ``(description, Workload)`` added to ``
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from functools import partial
-from typing import Callable, Iterator
+from pathlib import Path
 
 from backends.base import Backend
 from fuzz.runner import Outcome, check_case

@@ -3,9 +3,9 @@ the error on the minimized and the original case, and write the report files."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from backends.base import Backend
 from backends.user import UserKernel

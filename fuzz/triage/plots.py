@@ -29,9 +29,8 @@ def figures(loc: Localization) -> dict[str, tuple[bytes, str]]:
     """``{name: (png, caption)}`` for one localization; empty if matplotlib is missing."""
     if unavailable_reason() is not None:
         return {}
-    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
-
     import torch
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
     figs: dict[str, tuple[bytes, str]] = {}
     lay = loc.case.layout
@@ -85,7 +84,9 @@ def figures(loc: Localization) -> dict[str, tuple[bytes, str]]:
         ax.set_ylabel("|kernel - oracle(j toggled)| / allowed")
         figs["kv_probe"] = (
             _png(fig),
-            f"Row {row}, qo head {head}: distance of the kernel's value to the oracle with key j dropped (or, if masked, "
-            "added); below the dashed line that single key explains the error (red star).",
+            (
+                f"Row {row}, qo head {head}: distance of the kernel's value to the oracle with key j dropped (or, if "
+                "masked, added); below the dashed line that single key explains the error (red star)."
+            ),
         )
     return figs

@@ -139,7 +139,7 @@ def to_markdown(blocks: list[Block], image_dir: str = "plots") -> str:
             name, _ = block.content  # type: ignore[misc]
             lines += [f"![{block.extra}]({image_dir}/{name})", "", f"*{block.extra}*", ""]
         elif block.kind == "details":
-            body = re.sub(r"^(#+) ", r"\1### ", str(block.content), flags=re.M)  # nest its headings
+            body = re.sub(r"^(#+) ", r"\1### ", str(block.content), flags=re.MULTILINE)  # nest its headings
             lines += [f"### {block.extra}", "", body, ""]
     return "\n".join(lines)
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from oracle.case import Case, Heads, Layout, Options
+from oracle.case import Case, Heads, Layout
 from oracle.tensors import POISON, Tensors, make_tensors, save_tensors, token_addresses, torch_dtype
 
 
