@@ -12,6 +12,7 @@ that a correct kernel may keep up to rounding.
 - ``merge``: each request's keys cut before its first query; prefix (non-causal: every prefix key
   precedes every query) and suffix (causal as the case) merged with the kernel library's own merge
   (``Backend.merge_states``) -> the whole. Tolerance: two partial outputs are rounded, then merged.
+  A request with no key before its first query stays whole when the kernel takes no empty request.
 - ``window``: ``window_left = w`` -> every query row alone (one query, the last position) over
   exactly its visible keys, no window. Each row is its own request because a prefill's rows see
   different key ranges; bottom-right alignment puts the sliced query at the original query's
@@ -227,16 +228,17 @@ def _merge(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
     if opts.window_left >= 0 or opts.alibi_slopes is not None or opts.sinks is not None:
         raise Unsupported("window, ALiBi and sinks depend on the absolute position or add to every part: no split")
     rng = _rng(case, "merge")
-    low = 0 if backend.capabilities.empty_requests else 1
+    low = 0 if backend.capabilities.empty_requests else 1  # 0: an empty prefix, the merge's own edge case
     prefix, suffix = [], []
     for b in range(lay.batch_size):
         qo, kv = lay.qo_lens[b], lay.kv_lens[b]
         high = kv if qo == 0 else max(kv - qo, 0)  # every prefix key precedes every query
-        if high < low:
-            raise Unsupported(f"request {b} has no key before its first query to split off")
-        cut = rng.randint(low, high)
-        prefix.append(Piece(_request_rows(case, b), b, 0, cut))
+        cut = rng.randint(low, high) if high >= low else 0  # 0 here: the request stays whole, in the suffix
+        if high >= low:
+            prefix.append(Piece(_request_rows(case, b), b, 0, cut))
         suffix.append(Piece(_request_rows(case, b), b, cut, kv))
+    if not prefix:
+        raise Unsupported("no request has a key before its first query to split off")
     tensors = tensors_for(backend, case)
     prefix_case, prefix_tensors = repack(case, tensors, prefix, dataclasses.replace(opts, causal=False))
     suffix_case, suffix_tensors = repack(case, tensors, suffix, opts)
@@ -246,12 +248,15 @@ def _merge(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
     second = run_supported(backend, suffix_case, suffix_tensors, "suffix")
     if first.lse is None or second.lse is None:
         raise Unsupported("the kernel returns no LSE: its partial states cannot be merged")
-    merged = backend.merge_states(first.out, first.lse, second.out, second.lse)
-    cuts = [p.stop for p in prefix]
+    split_rows = _query_rows(case, [p.request for p in prefix]).to(second.out.device)
+    part = backend.merge_states(first.out, first.lse, second.out[split_rows], second.lse[split_rows.to(second.lse.device)])
+    out, lse = second.out.clone(), second.lse.clone()
+    out[split_rows], lse[split_rows.to(lse.device)] = part.out.to(out.dtype), part.lse.to(lse.dtype)
+    cuts = {p.request: p.stop for p in prefix}
     return judge_relation(
-        "merge", backend, case=case, tensors=tensors, expected=whole, actual=merged,
+        "merge", backend, case=case, tensors=tensors, expected=whole, actual=KernelOutput(out, lse),
         rows=torch.arange(lay.total_q), exact_required=False, cases=cases, tolerance=tolerance,
-        note=f"keys cut at {cuts}",
+        note=f"keys cut at {cuts} (request: prefix length)",
     )
 
 

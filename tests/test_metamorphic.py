@@ -141,3 +141,13 @@ def test_derived_cases_keep_fp8_bits() -> None:
     for name in ("relabel", "window", "merge"):
         outcome = RELATION[name](backend, case)
         assert outcome.status == "holds", f"{name}: {outcome.message}"
+
+
+def test_merge_without_empty_requests_splits_only_requests_with_keys_before_their_queries() -> None:
+    correct, broken = UserKernel(planted.correct_attention), UserKernel(planted.lse_base_two)
+    for backend in (correct, broken):
+        backend.capabilities = backend.capabilities.replace(empty_requests=False)  # type: ignore[misc]
+    case = CASE.replace(layout=Layout.from_lengths([1, 5, 2], [23, 5, 9], 4, extra_pages=1))  # request 1: no key to cut
+    held = RELATION["merge"](correct, case)
+    assert held.status == "holds" and "{0: " in held.message and "1:" not in held.message.split("(")[0], held.message
+    assert RELATION["merge"](broken, case).status == "violated"
