@@ -9,14 +9,17 @@ Wilson lower bound lies below the expected accuracy minus a margin. ``lm_eval`` 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from gates.stats import (
     McNemar,
@@ -171,7 +174,7 @@ def run_gsm8k(
     calls_before = swap.calls if swap else 0
     model.set_attn_implementation(attn_implementation)
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="pa-gsm8k-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="pa-gsm8k-") as workdir, _without_env_dump():
         manager = task_manager(data_dir, Path(workdir))
         results = lm_eval.simple_evaluate(
             model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size),
@@ -193,6 +196,19 @@ def run_gsm8k(
     return outcome
 
 
+@contextlib.contextmanager
+def _without_env_dump() -> Iterator[None]:
+    """lm-eval ends every run with torch's collect_env (``pip list`` and friends in subprocesses:
+    seconds per run) for a report field the gate never reads; skip it."""
+    import lm_eval.evaluator
+
+    if not hasattr(lm_eval.evaluator, "add_env_info"):
+        yield
+        return
+    with mock.patch.object(lm_eval.evaluator, "add_env_info", lambda results: None):
+        yield
+
+
 # ---------------------------------------------------------------- expected accuracy (golden)
 @dataclass(frozen=True)
 class Expected:
@@ -210,8 +226,8 @@ class Expected:
 
 def model_key(model: str, gguf_file: str | None = None) -> str:
     """The name of a model's golden file: the GGUF file's stem, else the folder name or hub id."""
-    if gguf_file:
-        name = Path(gguf_file).stem
+    if gguf_file or str(model).endswith(".gguf"):
+        name = Path(gguf_file or model).stem
     elif Path(model).exists():
         name = Path(model).resolve().name
     else:
@@ -245,6 +261,14 @@ def save_expected(path: Path, expected: Expected) -> Path:
     record = asdict(expected)
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def check_expected(expected: Expected, *, model: str, settings: TaskSettings) -> None:
+    """An expected accuracy applies only to the same model and task settings."""
+    if expected.task != settings:
+        raise GateInputError(f"expected accuracy was measured with {expected.task}, this run uses {settings}")
+    if expected.model != model:
+        raise GateInputError(f"expected accuracy is for model {expected.model!r}, this run is {model!r}")
 
 
 def expected_from_run(outcome: RunOutcome, *, model: str, settings: TaskSettings) -> Expected:
@@ -342,10 +366,7 @@ def judge(
     if not 0 < alpha < 0.5:
         raise GateInputError(f"alpha must lie in (0, 0.5), got {alpha}")
     if expected is not None:
-        if expected.task != settings:
-            raise GateInputError(f"expected accuracy was measured with {expected.task}, this run uses {settings}")
-        if expected.model != model:
-            raise GateInputError(f"expected accuracy is for model {expected.model!r}, this run is {model!r}")
+        check_expected(expected, model=model, settings=settings)
     verdicts, losses, wins = {}, {}, {}
     for filter_name in FILTERS:
         if filter_name not in backend.correct and filter_name not in gated:
