@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 

@@ -16,7 +16,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported, capture_cuda_graph, register
+from backends.base import (
+    Backend,
+    Capabilities,
+    GraphCall,
+    KernelOutput,
+    RawOutput,
+    Unsupported,
+    capture_cuda_graph,
+    register,
+)
 from oracle.case import Case
 from oracle.tensors import Tensors, token_addresses
 
@@ -146,7 +155,7 @@ class _KvCache(_FlashAttn):
             for target, source in zip((k, v), self._caches(plan, new)):
                 target.copy_(source)
 
-        launch = lambda: self._call(plan, q, k, v)  # noqa: E731
+        launch = lambda: self._call(plan, q, k, v)
         replay, outputs = capture_cuda_graph(launch)
         return GraphCall(load=load, launch=launch, replay=replay, outputs=outputs, rows=self._rows, finish=self._finish)
 

@@ -21,7 +21,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported, capture_cuda_graph, register
+from backends.base import (
+    Backend,
+    Capabilities,
+    GraphCall,
+    KernelOutput,
+    RawOutput,
+    Unsupported,
+    capture_cuda_graph,
+    register,
+)
 from oracle.case import FP8_DTYPES, Case
 from oracle.tensors import Tensors, token_addresses
 

@@ -58,9 +58,9 @@ class _Sdpa(Backend):
             for target, source in zip((q, k, v), self._inputs(case, to_dense(case, new))):
                 target.copy_(source)
 
-        launch = lambda: (self._sdpa(case, q, k, v, mask), None)  # noqa: E731
+        launch = lambda: (self._sdpa(case, q, k, v, mask), None)
         replay, outputs = capture_cuda_graph(launch)
-        rows = lambda raw: (from_dense(case, raw[0]), None)  # noqa: E731
+        rows = lambda raw: (from_dense(case, raw[0]), None)
         return GraphCall(load=load, launch=launch, replay=replay, outputs=outputs, rows=rows,
                          finish=lambda raw: KernelOutput(*rows(raw)))
 

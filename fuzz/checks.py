@@ -15,8 +15,9 @@ whose ``cases`` (original first) are what a finding saves.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Union
+from typing import Literal
 
 import torch
 
@@ -55,7 +56,7 @@ class Check:
     expect: Expectation
     why: str
     body: Callable[[Backend, Case, Tolerance], CheckOutcome]
-    prepare: Callable[[Backend], Union[Capabilities, str]] = lambda backend: backend.capabilities
+    prepare: Callable[[Backend], Capabilities | str] = lambda backend: backend.capabilities
 
     def capabilities(self, backend: Backend) -> Capabilities | str:
         """What to draw for ``backend``, or why the check cannot apply to it."""

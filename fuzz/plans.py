@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from backends.base import Backend, Capabilities, Unsupported
 from fuzz.checks import Check, CheckOutcome, case_key, tensors_for

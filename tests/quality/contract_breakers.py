@@ -104,7 +104,7 @@ class CachingPlanKernel(Backend):
             plan["kv"] = (tensors.k_cache.clone(), tensors.v_cache.clone())
         case, lay = plan["case"], plan["case"].layout
         cached = Tensors(tensors.q, *plan["kv"])
-        index = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+        index = lambda xs: torch.tensor(xs, dtype=torch.int32)
         return _attend(case, cached, index(lay.kv_indptr), index(lay.kv_indices), index(lay.kv_last_page_len))
 
 
@@ -122,7 +122,7 @@ class FakeGraphKernel(Backend):
         self.name = f"fake-graph{'-' + bug if bug else ''}"
 
     def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
-        index = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+        index = lambda xs: torch.tensor(xs, dtype=torch.int32)
         lay = plan.layout
         return _attend(plan, tensors, index(lay.kv_indptr), index(lay.kv_indices), index(lay.kv_last_page_len))
 
