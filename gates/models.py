@@ -65,6 +65,30 @@ def load_model(
 
 
 TINY_ARCHITECTURES = ("llama", "qwen2")
+TINY_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2; then one token per byte
+TINY_VOCAB = len(TINY_SPECIAL_TOKENS) + 256
+
+
+def tiny_tokenizer() -> Any:
+    """A byte-level tokenizer with no merges (one token per UTF-8 byte), built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate([*TINY_SPECIAL_TOKENS, *alphabet])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    pad, bos, eos = TINY_SPECIAL_TOKENS
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad, bos_token=bos, eos_token=eos)
+
+
+def save_tiny(folder: str | Path, architecture: str = "llama", **kwargs: Any) -> Path:
+    """A tiny model (``tiny_model``) and ``tiny_tokenizer`` saved to ``folder``, loadable by ``load_model``."""
+    folder = Path(folder)
+    tiny_model(architecture, **kwargs).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
 
 
 def tiny_model(
@@ -74,7 +98,7 @@ def tiny_model(
     num_kv_heads: int = 2,
     head_dim: int = 16,
     num_layers: int = 2,
-    vocab_size: int = 128,
+    vocab_size: int = TINY_VOCAB,
     sliding_window: int | None = None,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
@@ -89,7 +113,7 @@ def tiny_model(
     common = dict(
         vocab_size=vocab_size, hidden_size=num_heads * head_dim, intermediate_size=2 * num_heads * head_dim,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        head_dim=head_dim, max_position_embeddings=512, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+        head_dim=head_dim, max_position_embeddings=4096, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
         eos_token_id=2, tie_word_embeddings=False,
     )
     if architecture == "llama":

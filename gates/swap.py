@@ -27,7 +27,7 @@ import torch
 from backends.base import Backend, Capabilities, KernelOutput, get_backend
 from backends.user import UserKernel
 from oracle.case import Case, Heads, Layout, Options
-from oracle.reference import reference
+from oracle.reference import plain_attention, reference
 from oracle.tensors import POISON, Tensors, token_addresses
 
 STOCK_PREFIX = "hf:"  # "hf:sdpa", "hf:eager": transformers' own implementation, not swapped
@@ -50,15 +50,32 @@ class OracleBackend(Backend):
         return KernelOutput(ref.out.to(tensors.q.dtype), ref.lse.float())
 
 
+class ControlBackend(Backend):
+    """The suite's *control* as a backend: the naive computation with every step in the model's
+    dtype (``oracle.reference.plain_attention``, flash-attn's ``upcast=False`` reference). Real
+    kernels keep fp32 accumulators and round less; the gate's thresholds are calibrated on it."""
+
+    name = "control"
+    description = "plain attention, every step in the query dtype"
+    capabilities = Capabilities()
+
+    def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
+        out, lse = plain_attention(plan, tensors, tensors.q.dtype)
+        return KernelOutput(out.to(tensors.q.dtype), lse.float())
+
+
+_BUILT_IN = {OracleBackend.name: OracleBackend, ControlBackend.name: ControlBackend}
+
+
 def resolve_backend(spec: str | Backend | Callable[..., Any]) -> Backend:
-    """A backend from a registry name, ``"oracle"``, a user kernel ``MODULE:FUNCTION`` or function,
+    """A backend from a registry name, ``"oracle"``, ``"control"``, a user kernel ``MODULE:FUNCTION`` or function,
     or a ``Backend`` instance; raises ``SwapError`` if it cannot run on this machine."""
     if isinstance(spec, Backend):
         backend = spec
     elif callable(spec):
         backend = UserKernel(spec)
-    elif spec == OracleBackend.name:
-        backend = OracleBackend()
+    elif spec in _BUILT_IN:
+        backend = _BUILT_IN[spec]()
     elif ":" in spec:
         backend = UserKernel.from_spec(spec)
     else:
@@ -239,6 +256,15 @@ def _check_mask(mask: PagedMask, window_left: int) -> None:
         )
 
 
+def default_page_size(backend: Backend, preferred: int = 16) -> int:
+    """``preferred``, or the smallest page size the backend declares above it (flash-attn 2's paged
+    KV needs a multiple of 256)."""
+    caps = backend.capabilities
+    if caps.page_sizes is not None:
+        return min((p for p in caps.page_sizes if p >= preferred), default=max(caps.page_sizes))
+    return -(-preferred // caps.page_size_multiple) * caps.page_size_multiple
+
+
 def implementation_name(backend: Backend, page_size: int, seed: int) -> str:
     """The name under which the swap registers. transformers treats any name containing "flash" as
     flash-attention (and one with "/" as a hub kernel), so those are spelled differently here."""
@@ -247,15 +273,17 @@ def implementation_name(backend: Backend, page_size: int, seed: int) -> str:
 
 
 def register_paged_attention(
-    backend: str | Backend | Callable[..., Any], *, page_size: int = 16, seed: int = 0
+    backend: str | Backend | Callable[..., Any], *, page_size: int | None = None, seed: int = 0
 ) -> str:
     """Register the swap for ``backend``; returns the ``attn_implementation`` name to load a model
     with (``from_pretrained(..., attn_implementation=name)``) or to switch one to
-    (``model.set_attn_implementation(name)``)."""
+    (``model.set_attn_implementation(name)``). ``page_size`` None: ``default_page_size(backend)``;
+    ``seed`` seeds the random page tables (call ``n`` of the swap uses ``f"{seed}:{n}"``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     resolved = resolve_backend(backend)
+    page_size = default_page_size(resolved) if page_size is None else page_size
     name = implementation_name(resolved, page_size, seed)
     AttentionInterface.register(name, PagedAttention(resolved, page_size=page_size, seed=seed))
     AttentionMaskInterface.register(name, _mask_function)
@@ -272,7 +300,7 @@ def registered_swap(name: str) -> PagedAttention:
     return fn
 
 
-def attn_implementation_for(spec: str, *, page_size: int = 16, seed: int = 0) -> str:
+def attn_implementation_for(spec: str, *, page_size: int | None = None, seed: int = 0) -> str:
     """``"hf:sdpa"`` -> transformers' stock ``"sdpa"``; anything else -> the swap for that backend."""
     if spec.startswith(STOCK_PREFIX):
         return spec.removeprefix(STOCK_PREFIX)

@@ -1,0 +1,298 @@
+"""The teacher-forced logit gate: the same model scores the same texts twice, its attention run by a
+reference and by the backend under test (each through ``gates.swap``, or transformers' stock
+implementation as ``hf:NAME``), and the next-token distributions over the answer tokens are
+compared: KL(reference || backend) per token (mean and max), top-1 agreement, and the largest
+change in the gold token's log-prob. Texts go in padded batches, so ragged batches are exercised.
+
+Thresholds (``THRESHOLDS``, per model dtype) and how they were chosen: README "Accuracy gates".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gates.data import Problem
+from gates.swap import attn_implementation_for, registered_swap
+
+
+@dataclass(frozen=True)
+class ScoredText:
+    """``prompt`` conditions, ``continuation`` is scored (tokenized separately, so no token
+    straddles the boundary)."""
+
+    prompt: str
+    continuation: str
+
+
+def gsm8k_texts(problems: Sequence[Problem]) -> list[ScoredText]:
+    """Question as the prompt, the gold worked answer as the scored continuation."""
+    return [ScoredText(f"Question: {p.question}\nAnswer:", f" {p.answer}") for p in problems]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """A backend passes when every bound holds (and every scored logit is finite)."""
+
+    mean_kl: float  # nats per answer token, KL(reference || backend)
+    max_kl: float  # nats, worst single answer token
+    min_top1: float  # fraction of answer tokens whose argmax agrees
+
+    def failures(self, mean_kl: float, max_kl: float, top1: float) -> list[str]:
+        checks = [
+            (mean_kl <= self.mean_kl, f"mean KL {mean_kl:.3g} > {self.mean_kl:g}"),
+            (max_kl <= self.max_kl, f"max KL {max_kl:.3g} > {self.max_kl:g}"),
+            (top1 >= self.min_top1, f"top-1 agreement {top1:.4f} < {self.min_top1:g}"),
+        ]
+        return [why for ok, why in checks if not ok]  # NaN fails every comparison, so it fails here
+
+
+# Calibrated on SmolLM2-135M-Instruct (Q4_1 GGUF) over GSM8k test texts: each bound is about 10x
+# the worst spread seen between *correct* attention implementations at that dtype (stock SDPA,
+# sdpa-math and the dtype-rounded control against the float64 oracle), and far below what a
+# planted bug gives. README "Accuracy gates" has the numbers.
+THRESHOLDS: dict[str, Thresholds] = {
+    "float32": Thresholds(mean_kl=1e-6, max_kl=1e-4, min_top1=0.995),
+    "bfloat16": Thresholds(mean_kl=5e-3, max_kl=0.5, min_top1=0.95),
+    "float16": Thresholds(mean_kl=1e-3, max_kl=0.1, min_top1=0.98),
+}
+
+
+@dataclass(frozen=True)
+class WorstToken:
+    text: int  # index into the texts
+    position: int  # index among the text's answer tokens
+    token: str  # the gold token
+    kl: float
+    reference_top: str
+    backend_top: str
+
+
+@dataclass
+class LogitGateResult:
+    model: str
+    backend: str
+    reference: str
+    dtype: str
+    device: str
+    texts: int
+    tokens: int  # answer tokens scored
+    batch_size: int
+    padding_side: str
+    mean_kl: float
+    max_kl: float
+    top1_agreement: float
+    max_abs_dlogprob: float  # |log p_ref(gold) - log p_backend(gold)|, worst token
+    mean_abs_dlogprob: float
+    nonfinite: int  # answer tokens where the backend's logits hold NaN or inf
+    thresholds: Thresholds
+    worst: list[WorstToken] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[str]:
+        failed = self.thresholds.failures(self.mean_kl, self.max_kl, self.top1_agreement)
+        if self.nonfinite:
+            failed.insert(0, f"{self.nonfinite} answer tokens with NaN/inf logits")
+        return failed
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(passed=self.passed, failures=self.failures)
+        return _finite_or_null(data)
+
+    def to_markdown(self) -> str:
+        t = self.thresholds
+        verdict = "PASS" if self.passed else "FAIL: " + "; ".join(self.failures)
+        lines = [
+            f"# Logit gate: {self.backend} vs {self.reference}: {verdict}",
+            "",
+            f"Model `{self.model}` ({self.dtype}, {self.device}); {self.texts} texts, {self.tokens} answer tokens, "
+            f"batches of {self.batch_size}, {self.padding_side}-padded.",
+            "",
+            "| metric | value | bound |",
+            "|---|---|---|",
+            f"| mean KL(ref ‖ backend) per token (nats) | {self.mean_kl:.3g} | <= {t.mean_kl:g} |",
+            f"| max KL (nats) | {self.max_kl:.3g} | <= {t.max_kl:g} |",
+            f"| top-1 agreement | {self.top1_agreement:.4f} | >= {t.min_top1:g} |",
+            f"| max abs Δ log p(gold) | {self.max_abs_dlogprob:.3g} | (reported) |",
+            f"| mean abs Δ log p(gold) | {self.mean_abs_dlogprob:.3g} | (reported) |",
+            f"| tokens with NaN/inf logits | {self.nonfinite} | 0 |",
+        ]
+        if self.worst:
+            lines += ["", "Worst tokens:", "", "| text | answer token | gold | KL | ref top-1 | backend top-1 |", "|---|---|---|---|---|---|"]
+            lines += [
+                f"| {w.text} | {w.position} | {w.token!r} | {w.kl:.3g} | {w.reference_top!r} | {w.backend_top!r} |"
+                for w in self.worst
+            ]
+        if self.versions:
+            lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(self.versions.items()))]
+        return "\n".join(lines) + "\n"
+
+
+def _finite_or_null(value: Any) -> Any:
+    """NaN and inf (a backend that produced them) as JSON null; the failures say what happened."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
+@dataclass
+class _Batch:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor  # [B, T]
+    scored: list[torch.Tensor]  # per text: positions t whose logits predict answer token t + 1
+    gold: list[torch.Tensor]  # per text: the answer tokens
+
+
+def _encode(tokenizer: Any, text: ScoredText) -> tuple[list[int], int]:
+    prompt = tokenizer(text.prompt, add_special_tokens=True)["input_ids"]
+    answer = tokenizer(text.continuation, add_special_tokens=False)["input_ids"]
+    if not prompt or not answer:
+        raise ValueError(f"empty prompt or continuation after tokenization: {text!r}")
+    return prompt + answer, len(prompt)
+
+
+def _batch(tokenizer: Any, texts: Sequence[ScoredText], padding_side: str, device: torch.device) -> _Batch:
+    encoded = [_encode(tokenizer, t) for t in texts]
+    width = max(len(ids) for ids, _ in encoded)
+    pad = tokenizer.pad_token_id
+    ids = torch.full((len(texts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(texts), width), dtype=torch.long)
+    scored, gold = [], []
+    for b, (tokens, prompt_len) in enumerate(encoded):
+        start = width - len(tokens) if padding_side == "left" else 0
+        ids[b, start : start + len(tokens)] = torch.tensor(tokens)
+        mask[b, start : start + len(tokens)] = 1
+        scored.append(torch.arange(start + prompt_len - 1, start + len(tokens) - 1))
+        gold.append(torch.tensor(tokens[prompt_len:]))
+    position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+    to = lambda t: t.to(device)  # noqa: E731
+    return _Batch(to(ids), to(mask), to(position_ids), scored, [to(g) for g in gold])
+
+
+def _logits(model: Any, implementation: str, batch: _Batch) -> torch.Tensor:
+    model.set_attn_implementation(implementation)
+    with torch.no_grad():
+        return model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+            use_cache=False,
+        ).logits
+
+
+def run_logit_gate(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[ScoredText],
+    *,
+    backend: str,
+    reference: str = "oracle",
+    batch_size: int = 8,
+    padding_side: str = "left",
+    page_size: int | None = None,
+    seed: int = 0,
+    thresholds: Thresholds | None = None,
+    model_name: str = "",
+    worst: int = 5,
+    progress: Callable[[int], None] | None = None,
+) -> LogitGateResult:
+    """Score ``texts`` under ``reference`` and ``backend`` (swap specs, see ``attn_implementation_for``)
+    and judge the difference. ``thresholds`` default to ``THRESHOLDS`` for the model's dtype;
+    ``progress(n)`` is called after each batch of ``n`` texts."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    if batch_size < 1 or not texts:
+        raise ValueError("need batch_size >= 1 and at least one text")
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if thresholds is None:
+        if dtype not in THRESHOLDS:
+            raise ValueError(f"no calibrated thresholds for dtype {dtype}; pass thresholds=")
+        thresholds = THRESHOLDS[dtype]
+    reference_impl = attn_implementation_for(reference, page_size=page_size, seed=seed)
+    backend_impl = attn_implementation_for(backend, page_size=page_size, seed=seed + 1)
+    device = next(model.parameters()).device
+    kls, agree, dlogp, candidates, nonfinite = [], [], [], [], 0
+    for first in range(0, len(texts), batch_size):
+        chunk = texts[first : first + batch_size]
+        batch = _batch(tokenizer, chunk, padding_side, device)
+        ref_logits = _logits(model, reference_impl, batch)
+        test_logits = _logits(model, backend_impl, batch)
+        for b in range(len(chunk)):
+            rows = batch.scored[b].to(device)
+            ref = torch.log_softmax(ref_logits[b, rows].double(), -1)
+            test_raw = test_logits[b, rows].double()
+            finite = torch.isfinite(test_raw).all(-1)
+            nonfinite += int((~finite).sum())
+            test = torch.log_softmax(test_raw, -1)
+            kl = (ref.exp() * (ref - test)).sum(-1)
+            kl = torch.where(finite, kl, float("inf"))
+            gold = batch.gold[b]
+            kls.append(kl)
+            ref_top, test_top = ref.argmax(-1), test.argmax(-1)
+            agree.append(ref_top == test_top)
+            dlogp.append((ref.gather(-1, gold[:, None]) - test.gather(-1, gold[:, None]))[:, 0].abs())
+            top = torch.topk(kl, min(worst, len(kl)))
+            candidates += [
+                (float(v), first + b, int(i), int(gold[i]), int(ref_top[i]), int(test_top[i]))
+                for v, i in zip(top.values, top.indices)
+            ]
+        if progress is not None:
+            progress(len(chunk))
+    kl_all, agree_all, dlogp_all = torch.cat(kls), torch.cat(agree), torch.cat(dlogp)
+    decode = lambda token: tokenizer.decode([token])  # noqa: E731
+    candidates.sort(key=lambda c: -c[0] if not math.isnan(c[0]) else -math.inf)
+    return LogitGateResult(
+        model=model_name or type(model).__name__,
+        backend=backend,
+        reference=reference,
+        dtype=dtype,
+        device=str(device),
+        texts=len(texts),
+        tokens=len(kl_all),
+        batch_size=batch_size,
+        padding_side=padding_side,
+        mean_kl=float(kl_all.mean()),
+        max_kl=float(kl_all.max()),
+        top1_agreement=float(agree_all.double().mean()),
+        max_abs_dlogprob=float(dlogp_all.max()),
+        mean_abs_dlogprob=float(dlogp_all.mean()),
+        nonfinite=nonfinite,
+        thresholds=thresholds,
+        worst=[WorstToken(t, p, decode(g), kl, decode(r), decode(s)) for kl, t, p, g, r, s in candidates[:worst]],
+        versions=_versions(reference_impl, backend_impl),
+    )
+
+
+def _versions(*implementations: str) -> dict[str, str]:
+    import transformers
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    for implementation in implementations:
+        try:
+            versions.update(registered_swap(implementation).backend.versions())
+        except KeyError:  # stock transformers attention
+            pass
+    return versions
+
+
+def write_result(result: LogitGateResult, folder: Any) -> None:
+    """``result.json`` and ``report.md`` in ``folder``."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "result.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    (folder / "report.md").write_text(result.to_markdown())

@@ -1,0 +1,39 @@
+"""``pa-oracle gate logits`` end to end on a tiny model saved to disk."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from fuzz.cli import main
+
+
+def _logits(tiny_dir, gsm8k_dir, *args: str):
+    return CliRunner().invoke(
+        main, ["gate", "logits", "--model", str(tiny_dir), "--data", str(gsm8k_dir), "--limit", "3", "--batch-size", "2", *args]
+    )
+
+
+def test_correct_backend_passes_and_writes_its_report(tiny_dir, gsm8k_dir, tmp_path) -> None:
+    result = _logits(tiny_dir, gsm8k_dir, "--backend", "sdpa-math", "--reference", "oracle", "--json", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["passed"] is True and summary["texts"] == 3 and summary["dtype"] == "float32"
+    assert json.loads((tmp_path / "result.json").read_text()) == summary
+    assert "PASS" in (tmp_path / "report.md").read_text()
+
+
+def test_planted_bug_fails_with_exit_code_one(tiny_dir, gsm8k_dir) -> None:
+    result = _logits(tiny_dir, gsm8k_dir, "--backend", "fuzz.quality.planted:wrong_gqa_map", "--padding", "right")
+    assert result.exit_code == 1, result.output
+    assert "FAIL: mean KL" in result.stdout and "right-padded" in result.stdout
+
+
+def test_bad_inputs_are_usage_errors(tiny_dir, gsm8k_dir, tmp_path) -> None:
+    missing_model = _logits(tmp_path / "nothing-here", gsm8k_dir, "--backend", "sdpa-math")
+    assert missing_model.exit_code == 2 and "cannot load model" in missing_model.output
+    unknown = _logits(tiny_dir, gsm8k_dir, "--backend", "sdpa-mat")
+    assert unknown.exit_code == 2 and "did you mean sdpa-math" in unknown.output
+    no_data = _logits(tiny_dir, tmp_path, "--backend", "sdpa-math")
+    assert no_data.exit_code == 2 and "test.jsonl" in no_data.output

@@ -1,0 +1,84 @@
+"""The teacher-forced logit gate on a tiny random model (float32, CPU): correct attention passes,
+planted bugs fail, and the batching scores exactly the answer tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gates.data import Problem, read_gsm8k
+from gates.logits import THRESHOLDS, ScoredText, _batch, gsm8k_texts, run_logit_gate
+from gates.models import tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def texts(gsm8k_dir):
+    return gsm8k_texts(read_gsm8k(gsm8k_dir))
+
+
+def _gate(model, texts, backend: str, reference: str = "oracle", padding: str = "left"):
+    return run_logit_gate(model, tiny_tokenizer(), texts, backend=backend, reference=reference, batch_size=2,
+                          padding_side=padding)
+
+
+@pytest.mark.parametrize("backend", ["sdpa-math", "hf:sdpa", "fuzz.quality.planted:correct_attention"])
+def test_correct_attention_passes_against_the_oracle(tiny_llama, texts, backend: str) -> None:
+    result = _gate(tiny_llama, texts, backend)
+    assert result.passed, result.to_markdown()
+    assert result.tokens > 200 and result.texts == len(texts) and result.thresholds == THRESHOLDS["float32"]
+    assert result.nonfinite == 0 and result.max_kl < 1e-8
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_wrong_gqa_map_fails_the_gate(tiny_llama, texts, padding: str) -> None:
+    result = _gate(tiny_llama, texts, "fuzz.quality.planted:wrong_gqa_map", padding=padding)
+    assert not result.passed
+    assert any("mean KL" in f for f in result.failures) and result.mean_kl > 1000 * THRESHOLDS["float32"].mean_kl
+    assert result.worst and result.worst[0].kl == result.max_kl
+
+
+def test_a_kernel_reading_poisoned_slots_fails_on_nonfinite_logits(tiny_llama, texts) -> None:
+    result = _gate(tiny_llama, texts[:2], "fuzz.quality.planted:reads_past_last_page")
+    assert not result.passed and result.nonfinite > 0 and "NaN/inf" in result.failures[0]
+    json.dumps(result.to_json(), allow_nan=False)  # inf metrics become null, the JSON stays valid
+
+
+def test_right_padding_scores_the_same_tokens_as_left_padding(tiny_llama, texts) -> None:
+    left, right = _gate(tiny_llama, texts, "sdpa-math"), _gate(tiny_llama, texts, "sdpa-math", padding="right")
+    assert right.passed and right.tokens == left.tokens
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_batch_scores_exactly_the_answer_tokens(padding: str) -> None:
+    tokenizer = tiny_tokenizer()
+    texts = [ScoredText("Q: 1+1?\nA:", " 2"), ScoredText("Q: a longer question?\nA:", " It is 42.")]
+    batch = _batch(tokenizer, texts, padding, device="cpu")
+    for b, text in enumerate(texts):
+        gold = tokenizer(text.continuation, add_special_tokens=False)["input_ids"]
+        assert batch.gold[b].tolist() == gold
+        assert batch.input_ids[b, batch.scored[b] + 1].tolist() == gold  # logits at t predict token t + 1
+        assert batch.attention_mask[b, batch.scored[b] + 1].all()
+    assert (batch.attention_mask[0] == 0).any(), "the shorter text must be padded"
+    real = batch.attention_mask.bool()
+    assert batch.position_ids[real].tolist() == [p for n in real.sum(1).tolist() for p in range(n)]
+
+
+def test_result_renders_as_json_and_markdown(tiny_llama, texts) -> None:
+    result = _gate(tiny_llama, texts[:2], "fuzz.quality.planted:wrong_gqa_map")
+    data = json.loads(json.dumps(result.to_json()))
+    assert data["passed"] is False and data["failures"] == result.failures and data["thresholds"]["mean_kl"] > 0
+    assert data["versions"]["transformers"] and data["backend"] == "fuzz.quality.planted:wrong_gqa_map"
+    text = result.to_markdown()
+    assert text.startswith("# Logit gate: fuzz.quality.planted:wrong_gqa_map vs oracle: FAIL") and "| max KL" in text
+
+
+def test_gsm8k_reader_checks_its_input(tmp_path, gsm8k_dir) -> None:
+    assert read_gsm8k(gsm8k_dir, limit=2) == read_gsm8k(gsm8k_dir)[:2]
+    assert read_gsm8k(gsm8k_dir)[1].final_answer == "60"
+    with pytest.raises(FileNotFoundError, match="train.jsonl"):
+        read_gsm8k(gsm8k_dir, split="train")
+    (tmp_path / "test.jsonl").write_text('{"question": "q"}\n')
+    with pytest.raises(ValueError, match="test.jsonl:1"):
+        read_gsm8k(tmp_path)
+    assert Problem("q", "so 1,234\n#### 1,234").final_answer == "1234"
