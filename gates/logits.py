@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -115,8 +116,10 @@ class LogitGateResult:
         lines = [
             f"# Logit gate: {self.backend} vs {self.reference}: {verdict}",
             "",
-            f"Model `{self.model}` ({self.dtype}, {self.device}); {self.texts} texts, {self.tokens} answer tokens, "
-            f"batches of {self.batch_size}, {self.padding_side}-padded.",
+            (
+                f"Model `{self.model}` ({self.dtype}, {self.device}); {self.texts} texts, {self.tokens} answer tokens, "
+                f"batches of {self.batch_size}, {self.padding_side}-padded."
+            ),
             "",
             "| metric | value | bound |",
             "|---|---|---|",
@@ -180,7 +183,7 @@ def _batch(tokenizer: Any, texts: Sequence[ScoredText], padding_side: str, devic
         scored.append(torch.arange(start + prompt_len - 1, start + len(tokens) - 1))
         gold.append(torch.tensor(tokens[prompt_len:]))
     position_ids = (mask.cumsum(1) - 1).clamp(min=0)
-    to = lambda t: t.to(device)  # noqa: E731
+    to = lambda t: t.to(device)
     return _Batch(to(ids), to(mask), to(position_ids), scored, [to(g) for g in gold])
 
 
@@ -252,7 +255,7 @@ def run_logit_gate(
         if progress is not None:
             progress(len(chunk))
     kl_all, agree_all, dlogp_all = torch.cat(kls), torch.cat(agree), torch.cat(dlogp)
-    decode = lambda token: tokenizer.decode([token])  # noqa: E731
+    decode = lambda token: tokenizer.decode([token])
     candidates.sort(key=lambda c: -c[0] if not math.isnan(c[0]) else -math.inf)
     return LogitGateResult(
         model=model_name or type(model).__name__,

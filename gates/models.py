@@ -110,12 +110,12 @@ def tiny_model(
     (a nearly uniform softmax would hide attention bugs)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    common = dict(
-        vocab_size=vocab_size, hidden_size=num_heads * head_dim, intermediate_size=2 * num_heads * head_dim,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        head_dim=head_dim, max_position_embeddings=4096, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, tie_word_embeddings=False,
-    )
+    common: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": num_heads * head_dim, "intermediate_size": 2 * num_heads * head_dim,
+        "num_hidden_layers": num_layers, "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim, "max_position_embeddings": 4096, "initializer_range": 0.2, "pad_token_id": 0,
+        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+    }
     if architecture == "llama":
         if sliding_window is not None:
             raise ValueError("Llama has no sliding window; use architecture='qwen2'")

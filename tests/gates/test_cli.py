@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from fuzz.cli import main
+
+pytest.importorskip("transformers", reason="the gates need transformers (pip install 'paged-attention-oracle[test]')")
 
 
 def _logits(tiny_dir, gsm8k_dir, *args: str):

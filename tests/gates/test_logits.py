@@ -11,6 +11,8 @@ from gates.data import Problem, read_gsm8k
 from gates.logits import THRESHOLDS, ScoredText, _batch, gsm8k_texts, run_logit_gate
 from gates.models import tiny_tokenizer
 
+pytest.importorskip("transformers", reason="the gates need transformers (pip install 'paged-attention-oracle[test]')")
+
 
 @pytest.fixture(scope="module")
 def texts(gsm8k_dir):

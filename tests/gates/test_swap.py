@@ -22,7 +22,17 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gates.models import tiny_model
-from gates.swap import PagedMask, SwapError, _check_mask, _mask_function, implementation_name, register_paged_attention, registered_swap, resolve_backend
+from gates.swap import (
+    SwapError,
+    _check_mask,
+    _mask_function,
+    implementation_name,
+    register_paged_attention,
+    registered_swap,
+    resolve_backend,
+)
+
+pytest.importorskip("transformers", reason="the gates need transformers (pip install 'paged-attention-oracle[test]')")
 
 GEN = torch.Generator().manual_seed(1234)
 IDS = torch.randint(3, 250, (3, 21), generator=GEN)
