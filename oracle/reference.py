@@ -2,8 +2,14 @@
 
 ``reference`` follows ``oracle.case`` exactly. It is vectorized over the batch: requests (causal
 ones cut into query tiles, see ``_pieces``) are bucketed by similar lengths so that padding stays
-small (``_groups``), each bucket is one batched computation with an online softmax over KV chunks,
-so memory stays bounded at long context. It runs wherever the tensors are (CPU or CUDA).
+small (``_groups``), each bucket is one batched computation over chunks of keys (one chunk unless
+the context is long), and the chunks' softmax states are merged, so memory stays bounded. It runs
+wherever the tensors are (CPU or CUDA).
+
+On CUDA the cost was the host, not the arithmetic: launches and stream syncs. So every index of
+every bucket is built on the host and moved in one asynchronous copy (``_plan``), the loop reads
+only host-side ints (no ``.item()``, no boolean-mask indexing, which syncs), masking touches only
+the key columns that can hold a masked key, and each chunk's softmax is one fused kernel.
 
 >>> from oracle.case import Case, Layout, Heads
 >>> case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 4, 4))
@@ -27,7 +33,7 @@ from oracle.tensors import Tensors, make_tensors, token_addresses
 
 LOG2_E = 1.0 / math.log(2.0)
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
-# float64 bytes live per KV chunk (logits, K, V). On CPU a few MiB stay in cache and in the
+# float64 bytes live per KV chunk (logits and their softmax, K, V). On CPU a few MiB stay in cache and in the
 # allocator's pool (glibc maps every block of 32 MiB or more afresh, page-faulting it in): measured
 # 1.2-1.5x faster than 128 MiB chunks. The GPU wants big launches.
 _CHUNK_BYTES = {"cpu": 1 << 23, "cuda": 1 << 31}
@@ -62,13 +68,13 @@ def gather_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.T
     return keys, values
 
 
-def _heads_first_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> list[torch.Tensor]:
+def _heads_first_kv(case: Case, tensors: Tensors, dtype: torch.dtype, slots: torch.Tensor) -> list[torch.Tensor]:
     """``gather_kv`` as [Hkv, total_kv + 1, D]: heads first, so that ``_gather`` gives matmul-ready
-    [Hkv, nb, n, D]; the extra zero token is the target of every padded index."""
-    pages, slots = (t.to(tensors.k_cache.device) for t in token_addresses(case))
+    [Hkv, nb, n, D]; the extra zero token is the target of every padded index. ``slots`` [total_kv]
+    is each token's flat slot in the pool (``_Plan.slots``)."""
     opts, out = case.options, []
     for cache, scale in ((tensors.k_cache, opts.k_scale), (tensors.v_cache, opts.v_scale)):
-        stored = cache[pages, slots]
+        stored = cache.flatten(0, 1).index_select(0, slots)
         x = stored.new_empty(stored.shape[1], stored.shape[0] + 1, stored.shape[2], dtype=dtype)
         x[:, :-1], x[:, -1] = stored.transpose(0, 1), 0  # converts and transposes in one pass
         out.append(x.mul_(scale) if opts.is_fp8 else x)
@@ -77,14 +83,29 @@ def _heads_first_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> list[to
 
 @dataclass(frozen=True)
 class _Bucket:
-    """Requests padded to ``max_q`` queries and ``max_kv`` keys, as index tensors."""
+    """Pieces (requests, or query tiles of causal ones) padded to ``max_q`` queries and ``max_kv``
+    keys. Row ``i`` of piece ``b`` attends its keys ``first[b, i] <= j <= last[b, i]`` (key columns
+    count from the piece's first key). Padded rows read the zero query and mask nothing, so they
+    stay finite; they are dropped when the results are written back (``src``/``dst``). Padded keys
+    read the zero token and lie past ``last`` of every real row.
 
-    q_rows: torch.Tensor  # [nb, max_q] row into q (0 for padding); q_valid marks real rows
-    q_valid: torch.Tensor
-    q_pos: torch.Tensor  # [nb, max_q] absolute position of each query
-    kv_tokens: torch.Tensor  # [nb, max_kv] token into the gathered K/V; padding -> the zero row
-    kv_len: torch.Tensor  # [nb]
-    first_key: int  # no query of the bucket sees a key before this one (sliding window)
+    The tensors live on the compute device; the ints are host-side, so the loop never waits on it.
+    """
+
+    q_rows: torch.Tensor  # [nb, max_q] row into the zero-padded q; padding -> the zero row
+    q_pos: torch.Tensor  # [nb, max_q] absolute position of each query (ALiBi)
+    first: torch.Tensor  # [nb, max_q] first key column attended (sliding window; else 0)
+    last: torch.Tensor  # [nb, max_q] last key column attended (causal: the position; else kv_len - 1)
+    kv_tokens: torch.Tensor  # [nb, max_kv] token into the gathered K/V; padding -> the zero token
+    src: torch.Tensor  # [n] flat (piece, row) index of every real row ...
+    dst: torch.Tensor  # [n] ... and its row in the output
+    first_key: int  # no real row attends a key before this one: those columns are never computed
+    masked: tuple[tuple[int, int], ...]  # key column ranges [a, b) where some real row masks a key
+
+
+class _Plan(NamedTuple):
+    buckets: list[_Bucket]
+    slots: torch.Tensor  # [total_kv] flat pool slot (page * page_size + slot) of every key token
 
 
 _Q_TILE = 128  # causal requests are cut into query tiles of this many rows (see ``_pieces``)
@@ -129,53 +150,102 @@ def _groups(pieces: list[tuple[int, int, int, int]], free: int) -> list[list[tup
     return groups
 
 
-def _buckets(case: Case, device: torch.device) -> list[_Bucket]:
-    window, zero_row = case.options.window_left, sum(case.layout.kv_lens)
+def _masked_ranges(first_key: int, max_kv: int, left_end: int, right_start: int) -> tuple[tuple[int, int], ...]:
+    """Key columns ``[0, left_end)`` and ``[right_start, max_kv)`` hold every masked key of a real
+    row; columns before ``first_key`` are never computed. One range if the two meet."""
+    left_end = min(max(left_end, first_key), max_kv)
+    right_start = max(min(right_start, max_kv), first_key)
+    if right_start <= left_end:
+        return ((first_key, max_kv),) if first_key < max_kv else ()
+    return tuple((a, b) for a, b in ((first_key, left_end), (right_start, max_kv)) if a < b)
+
+
+def _bucket_on_host(case: Case, group: list[tuple[int, int, int, int]]) -> tuple[list[torch.Tensor], int, tuple]:
+    """The index tensors of one bucket (``_Bucket`` field order, on the CPU) and its host ints."""
+    window, causal = case.options.window_left, case.options.causal
+    total_q, total_kv = case.layout.total_q, sum(case.layout.kv_lens)
+    qo_len, kv_len, q_start, k_start = torch.tensor(group, dtype=torch.long).T
+    i = torch.arange(max(qo for qo, *_ in group))
+    j = torch.arange(max(max(kv for _, kv, *_ in group), 1))
+    real = i[None, :] < qo_len[:, None]
+    q_pos = (kv_len - qo_len)[:, None] + i
+    first = q_pos - window if window >= 0 else torch.zeros_like(q_pos)
+    last = q_pos if causal else (kv_len - 1)[:, None].expand_as(q_pos)
+    first, last = torch.where(real, first, 0), torch.where(real, last, len(j) - 1)  # padded rows mask nothing
+    fields = [
+        torch.where(real, q_start[:, None] + i, total_q),  # q_rows
+        q_pos,
+        first,
+        last,
+        torch.where(j[None, :] < kv_len[:, None], k_start[:, None] + j, total_kv),  # kv_tokens
+        real.flatten().nonzero().flatten(),  # src
+        (q_start[:, None] + i)[real],  # dst
+    ]
+    first_key = max(0, int(first[real].min()))
+    masked = _masked_ranges(first_key, len(j), int(first[real].max()), int(last[real].min()) + 1)
+    return fields, first_key, masked
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on ``device`` without waiting: a plain copy from pageable memory synchronizes
+    the CUDA stream, one from pinned memory does not."""
+    if device.type == "cpu":
+        return host
+    return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
+
+
+def _to_device(host: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """CPU int64 tensors on ``device`` in one copy instead of one blocking copy each: on CUDA the
+    waits and launches, not the bytes, were the cost."""
+    if device.type == "cpu":
+        return host
+    flat = _upload(torch.cat([t.reshape(-1) for t in host]), device)
+    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in host]), host)]
+
+
+def _plan(case: Case, device: torch.device) -> _Plan:
+    """Every index of the call, built on the host and moved to ``device`` at once."""
     free = _PAD_FREE.get(device.type, _PAD_FREE["cpu"]) // case.heads.num_qo_heads
-    buckets = []
+    pages, slots = token_addresses(case)
+    host, ints = [pages * case.layout.page_size + slots], []
     for group in _groups(_pieces(case), free):
-        qo_len, kv_len, q_start, k_start = torch.tensor(group, device=device).T
-        i = torch.arange(max(qo for qo, *_ in group), device=device)
-        j = torch.arange(max(max(kv for _, kv, *_ in group), 1), device=device)
-        q_valid = i[None, :] < qo_len[:, None]
-        first_query = min(kv - qo for qo, kv, *_ in group)  # position of the bucket's earliest query
-        buckets.append(
-            _Bucket(
-                q_rows=torch.where(q_valid, q_start[:, None] + i, 0),
-                q_valid=q_valid,
-                q_pos=(kv_len - qo_len)[:, None] + i,
-                kv_tokens=torch.where(j[None, :] < kv_len[:, None], k_start[:, None] + j, zero_row),
-                kv_len=kv_len,
-                first_key=max(0, first_query - window) if window >= 0 else 0,
-            )
-        )
-    return buckets
+        fields, first_key, masked = _bucket_on_host(case, group)
+        host += fields
+        ints.append((first_key, masked))
+    moved = _to_device(host, device)
+    per = len(dataclasses.fields(_Bucket)) - 2
+    buckets = [_Bucket(*moved[1 + per * n : 1 + per * (n + 1)], *ints[n]) for n in range(len(ints))]
+    return _Plan(buckets, moved[0])
 
 
-def _logits(case: Case, bucket: _Bucket, q: torch.Tensor, k: torch.Tensor, cols: slice) -> torch.Tensor:
-    """Masked logits [Hkv, nb, G, max_q, chunk] for key columns ``cols``; masked keys are -inf.
+def _logits(
+    case: Case, bucket: _Bucket, q: torch.Tensor, k: torch.Tensor, cols: slice, scale: float, alibi: torch.Tensor | None
+) -> torch.Tensor:
+    """Masked logits ``scale * q.k`` [Hkv, nb, G, max_q, chunk] for key columns ``cols``; masked keys
+    are -inf. ``q`` is [Hkv, nb, G * max_q, D] and ``k`` [Hkv, nb, chunk, D], in the compute dtype;
+    ``alibi`` the slopes as [Hkv, 1, G, 1, 1].
 
-    ``q`` is [Hkv, nb, G * max_q, D] and ``k`` [Hkv, nb, chunk, D], both in the compute dtype.
+    Masking touches only the columns of ``bucket.masked`` (a decode bucket: the padded tail; a
+    causal tile: its last ``_Q_TILE`` or so columns), not the whole chunk.
     """
     opts, heads = case.options, case.heads
-    s = torch.matmul(q, k.transpose(-1, -2)).mul_(case.sm_scale)
+    s = torch.matmul(q, k.transpose(-1, -2))
+    if scale != 1.0:
+        s.mul_(scale)
     s = s.view(heads.num_kv_heads, bucket.q_rows.shape[0], heads.group_size, -1, s.shape[-1])
     if opts.logits_soft_cap > 0:
         s = s.div_(opts.logits_soft_cap).tanh_().mul_(opts.logits_soft_cap)
-    k_pos = torch.arange(cols.start, cols.stop, device=s.device)
-    q_pos = bucket.q_pos[:, :, None]  # [nb, max_q, 1]
-    keep = (k_pos[None, None, :] < bucket.kv_len[:, None, None]) & bucket.q_valid[:, :, None]
-    if opts.causal:
-        keep &= k_pos[None, None, :] <= q_pos
-    if opts.window_left >= 0:
-        keep &= k_pos[None, None, :] >= q_pos - opts.window_left
-    if opts.alibi_slopes is not None:
-        slopes = torch.tensor(opts.alibi_slopes, dtype=s.dtype, device=s.device).view(
-            heads.num_kv_heads, 1, heads.group_size, 1, 1
-        )
-        distance = (q_pos - k_pos[None, None, :]).abs().to(s.dtype)
-        s = s.sub_(slopes * distance[None, :, None])
-    return s.masked_fill_(~keep[None, :, None], float("-inf"))
+    if alibi is not None:
+        k_pos = torch.arange(cols.start, cols.stop, device=s.device)
+        distance = (bucket.q_pos[:, :, None] - k_pos).abs().to(s.dtype)  # [nb, max_q, chunk]
+        s.addcmul_(alibi, distance[None, :, None], value=-1.0)
+    for a, b in bucket.masked:
+        a, b = max(a, cols.start), min(b, cols.stop)
+        if a < b:
+            j = torch.arange(a, b, device=s.device)
+            drop = (j < bucket.first[:, :, None]) | (j > bucket.last[:, :, None])  # [nb, max_q, b - a]
+            s[..., a - cols.start : b - cols.start].masked_fill_(drop[None, :, None], float("-inf"))
+    return s
 
 
 def _gather(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -184,10 +254,17 @@ def _gather(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return x.index_select(1, tokens.reshape(-1)).view(x.shape[0], *tokens.shape, x.shape[-1])
 
 
+def _padded_q(tensors: Tensors, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """``scale * q`` in ``dtype`` with a zero row appended (the target of padded query rows)."""
+    q = tensors.q.new_zeros(tensors.q.shape[0] + 1, *tensors.q.shape[1:], dtype=dtype)
+    q[:-1] = tensors.q
+    return q.mul_(scale) if scale != 1.0 else q
+
+
 def _bucket_inputs(case: Case, bucket: _Bucket, q: torch.Tensor) -> torch.Tensor:
-    """The bucket's queries as [Hkv, nb, G * max_q, D], zero in padded rows."""
+    """The bucket's queries as [Hkv, nb, G * max_q, D] (``q`` from ``_padded_q``)."""
     heads = case.heads
-    qb = q[bucket.q_rows] * bucket.q_valid[..., None, None]
+    qb = q.index_select(0, bucket.q_rows.flatten())
     qb = qb.view(*bucket.q_rows.shape, heads.num_kv_heads, heads.group_size, heads.head_dim_qk)
     return qb.permute(2, 0, 3, 1, 4).flatten(2, 3)
 
@@ -197,25 +274,68 @@ def _weigh(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.matmul(p.flatten(2, 3), v).view(*p.shape[:-1], v.shape[-1])
 
 
-def _scatter(case: Case, buckets: list[_Bucket], results: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor):
-    """Put per-bucket [Hkv, nb, G, max_q, ...] results back into flat [total_q, Hq, ...] rows."""
-    heads, total_q = case.heads, case.layout.total_q
-    out = like.new_zeros(total_q, heads.num_qo_heads, heads.head_dim_vo)
-    lse = like.new_full((total_q, heads.num_qo_heads), float("-inf"))
-    for bucket, (o, l) in zip(buckets, results):
-        rows, valid = bucket.q_rows[bucket.q_valid], bucket.q_valid
-        out[rows] = o.permute(1, 3, 0, 2, 4)[valid].flatten(1, 2)
-        lse[rows] = l.permute(1, 3, 0, 2)[valid].flatten(1, 2)
-    return out, lse
+def _put_rows(dest: torch.Tensor, bucket: _Bucket, x: torch.Tensor) -> None:
+    """Write a bucket result ``x`` [Hkv, nb, G, max_q, ...] into the flat rows of ``dest``
+    [total_q, Hq, ...]; padded rows are dropped."""
+    rows = x.permute(1, 3, 0, 2, *range(4, x.dim())).flatten(0, 1).flatten(1, 2)  # [nb * max_q, Hq, ...]
+    dest.index_copy_(0, bucket.dst, rows.index_select(0, bucket.src))
 
 
-def _sink_logits(case: Case, like: torch.Tensor) -> torch.Tensor | None:
-    if case.options.sinks is None:
+def _per_head(case: Case, values: tuple[float, ...] | None, like: torch.Tensor) -> torch.Tensor | None:
+    """Per-qo-head constants (sinks, ALiBi slopes) as [Hkv, 1, G, 1] in ``like``'s dtype and device."""
+    if values is None:
         return None
     h = case.heads
-    return torch.tensor(case.options.sinks, dtype=like.dtype, device=like.device).view(
-        h.num_kv_heads, 1, h.group_size, 1
-    )
+    return _upload(torch.tensor(values, dtype=like.dtype), like.device).view(h.num_kv_heads, 1, h.group_size, 1)
+
+
+class _State(NamedTuple):
+    """Attention of some rows over a subset of their keys: the LSE of their logits and the
+    softmax-weighted averages of V (and of the ``logit_noise`` terms) over those keys alone."""
+
+    lse: torch.Tensor  # [...]; -inf where the subset holds no attended key
+    out: torch.Tensor  # [..., Dvo]; 0 where lse is -inf
+    noise_v: torch.Tensor | None  # [..., Dvo] average of half_ulp32(s_j) * |v_j|
+    noise_w: torch.Tensor | None  # [...] average of half_ulp32(s_j)
+
+
+def _attend(s: torch.Tensor, v: torch.Tensor, logit_noise: bool) -> _State:
+    """The state of masked logits ``s`` [..., chunk] over values ``v``.
+
+    One fused softmax instead of separate max / subtract / exp / sum passes over the logits: its
+    value at a row's largest logit ``m`` is ``exp(0) / sum_j exp(s_j - m)``, so the row's LSE is
+    ``m - log`` of it (exact to an ulp or two of float64).
+    """
+    m, at = s.max(-1, keepdim=True)
+    empty = torch.isneginf(m).squeeze(-1)  # every key masked: the softmax row is NaN
+    p = torch.softmax(s, -1)
+    lse = torch.where(empty, float("-inf"), (m - torch.log(p.gather(-1, at))).squeeze(-1))
+    out = torch.where(empty[..., None], 0.0, _weigh(p, v))
+    if not logit_noise:
+        return _State(lse, out, None, None)
+    weighted = half_ulp(s, torch.float32).mul_(p)  # masked -inf gets a finite bound, and weight 0
+    noise_v = torch.where(empty[..., None], 0.0, _weigh(weighted, v.abs()))
+    return _State(lse, out, noise_v, torch.where(empty, 0.0, weighted.sum(-1)))
+
+
+def _merge(a: _State, b: _State) -> _State:
+    """The state over the union of two disjoint key sets; two empty states merge to an empty one."""
+    m = torch.maximum(a.lse, b.lse)
+    m_safe = torch.where(torch.isinf(m), 0.0, m)
+    w_a, w_b = torch.exp(a.lse - m_safe), torch.exp(b.lse - m_safe)
+    total = w_a + w_b
+    empty = total == 0
+    safe_total = torch.where(empty, 1.0, total)
+    w_a, w_b = w_a / safe_total, w_b / safe_total
+
+    def mix(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+        if x is None or y is None:
+            return None
+        wx, wy = (w.view(*w.shape, *[1] * (x.dim() - w.dim())) for w in (w_a, w_b))
+        return torch.where(empty.view_as(wx), 0.0, wx * x + wy * y)
+
+    lse = torch.where(empty, float("-inf"), m_safe + torch.log(safe_total))
+    return _State(lse, mix(a.out, b.out), mix(a.noise_v, b.noise_v), mix(a.noise_w, b.noise_w))
 
 
 class Reference(NamedTuple):
@@ -235,7 +355,12 @@ def reference(
     """Float64 ``(out [total_q, Hq, Dvo], lse [total_q, Hq])`` on the tensors' device.
 
     ``lse_base`` is ``"e"`` (natural log) or ``"2"`` (FlashInfer's convention). Rows with no key
-    to attend give out 0 and lse -inf.
+    to attend give out 0 and lse -inf. ``sm_scale`` multiplies q before the dot products (one pass
+    over q instead of one over the logits): that moves each logit by about an ulp of float64.
+
+    Each bucket is computed over chunks of at most ``chunk_size`` key columns (default: sized to
+    memory); each chunk is attended alone (``_attend``) and the chunk states are merged
+    (``_merge``), the split-KV identity the tests check against ``merge_states``.
 
     ``logit_noise=True`` also returns, per output element, a first-order bound on the error that
     rounding each logit to float32 (every kernel's accumulator) causes:
@@ -244,51 +369,39 @@ def reference(
     """
     if lse_base not in ("e", "2"):
         raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
-    dtype, device = torch.float64, tensors.q.device
-    keys, values = _heads_first_kv(case, tensors, dtype)
-    q = tensors.q.to(dtype)
-    buckets = _buckets(case, device)
-    sink = _sink_logits(case, q)
-    results = []
-    for bucket in buckets:
+    dtype, device, heads = torch.float64, tensors.q.device, case.heads
+    plan = _plan(case, device)
+    keys, values = _heads_first_kv(case, tensors, dtype, plan.slots)
+    q = _padded_q(tensors, dtype, case.sm_scale)
+    sink = _per_head(case, case.options.sinks, q)
+    alibi = _per_head(case, case.options.alibi_slopes, q)
+    alibi = None if alibi is None else alibi[..., None]
+    out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
+    lse = q.new_full(out.shape[:2], float("-inf"))
+    noise = torch.zeros_like(out) if logit_noise else None
+    for bucket in plan.buckets:
         qb = _bucket_inputs(case, bucket, q)
-        nb, max_q, max_kv = *bucket.q_rows.shape, bucket.kv_tokens.shape[1]
-        heads = case.heads
-        # float64 bytes per key column of a chunk: the logits, then the gathered K and V
-        column = 8 * nb * (heads.num_qo_heads * max_q + heads.num_kv_heads * (heads.head_dim_qk + heads.head_dim_vo))
+        nb, max_kv = bucket.q_rows.shape[0], bucket.kv_tokens.shape[1]
+        # float64 bytes per key column of a chunk: the logits and their softmax, the gathered K and V
+        column = 8 * nb * (2 * heads.num_qo_heads * bucket.q_rows.shape[1] + heads.num_kv_heads * (heads.head_dim_qk + heads.head_dim_vo))
         step = chunk_size or max(1, _CHUNK_BYTES.get(device.type, _CHUNK_BYTES["cpu"]) // column)
-        m = q.new_full((heads.num_kv_heads, nb, heads.group_size, max_q), float("-inf"))
-        denom = torch.zeros_like(m)
-        acc = q.new_zeros(*m.shape, heads.head_dim_vo)
-        noise_v, noise_w = torch.zeros_like(acc), torch.zeros_like(m)
+        state = None
         for start in range(bucket.first_key, max_kv, step):  # earlier keys are outside every window
             cols = slice(start, min(start + step, max_kv))
             tokens = bucket.kv_tokens[:, cols]
-            k, v = _gather(keys, tokens), _gather(values, tokens)
-            s = _logits(case, bucket, qb, k, cols)
-            m_new = torch.maximum(m, s.amax(-1))
-            m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # all -inf so far: nothing to rescale
-            if logit_noise:
-                ulp = half_ulp(s, torch.float32)  # masked -inf gets a finite bound, and weight 0
-            p = s.sub_(m_safe[..., None]).exp_()  # in place: s is not needed any more
-            rescale = torch.exp(m - m_safe)
-            denom = denom * rescale + p.sum(-1)
-            acc = acc * rescale[..., None] + _weigh(p, v)
-            if logit_noise:
-                weighted = ulp.mul_(p)
-                noise_v = noise_v * rescale[..., None] + _weigh(weighted, v.abs())
-                noise_w = noise_w * rescale + weighted.sum(-1)
-            m = m_new
-        empty = denom == 0
-        total = denom if sink is None else denom + torch.exp(sink - torch.where(empty, 0.0, m))
-        out = torch.where(empty[..., None], 0.0, acc / torch.where(empty, 1.0, total)[..., None])
-        lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1.0, denom)))
-        safe_total = torch.where(empty, 1.0, total)[..., None]
-        noise = (noise_v + out.abs() * noise_w[..., None]) / safe_total
-        results.append((out, lse, noise))
-    out, lse = _scatter(case, buckets, [r[:2] for r in results], q)
-    noise_out = _scatter(case, buckets, [(r[2], r[1]) for r in results], q)[0] if logit_noise else None
-    return Reference(out, lse * LOG2_E if lse_base == "2" else lse, noise_out)
+            s = _logits(case, bucket, qb, _gather(keys, tokens), cols, 1.0, alibi)
+            part = _attend(s, _gather(values, tokens), logit_noise)
+            state = part if state is None else _merge(state, part)
+        assert state is not None, "every bucket has a key column at or after first_key"
+        # the sink adds e^sink to the denominator Z = e^lse: the output shrinks by Z / (Z + e^sink)
+        shrink = None if sink is None else torch.sigmoid(state.lse - sink)[..., None]
+        bucket_out = state.out if shrink is None else state.out * shrink
+        _put_rows(out, bucket, bucket_out)
+        _put_rows(lse, bucket, state.lse)
+        if noise is not None:
+            bucket_noise = state.noise_v + bucket_out.abs() * state.noise_w[..., None]
+            _put_rows(noise, bucket, bucket_noise if shrink is None else bucket_noise * shrink)
+    return Reference(out, lse * LOG2_E if lse_base == "2" else lse, noise)
 
 
 def plain_attention(
@@ -301,28 +414,32 @@ def plain_attention(
     ``reorder_ops`` scales q before the dot product instead of the logits after it (flash-attn's
     second control): the same precision, rounded differently.
     """
-    keys, values = _heads_first_kv(case, tensors, dtype)
-    q = tensors.q.to(dtype)
-    if reorder_ops:
-        q = q * case.sm_scale
-        case = case.replace(options=dataclasses.replace(case.options, sm_scale=1.0))
-    buckets = _buckets(case, q.device)
-    sink = _sink_logits(case, q)
-    results = []
-    for bucket in buckets:
+    heads = case.heads
+    plan = _plan(case, tensors.q.device)
+    keys, values = _heads_first_kv(case, tensors, dtype, plan.slots)
+    q = _padded_q(tensors, dtype, case.sm_scale if reorder_ops else 1.0)
+    logit_scale = 1.0 if reorder_ops else case.sm_scale
+    sink = _per_head(case, case.options.sinks, q)
+    alibi = _per_head(case, case.options.alibi_slopes, q)
+    alibi = None if alibi is None else alibi[..., None]
+    out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
+    lse = q.new_full(out.shape[:2], float("-inf"))
+    for bucket in plan.buckets:
         max_kv = bucket.kv_tokens.shape[1]
-        s = _logits(case, bucket, _bucket_inputs(case, bucket, q), _gather(keys, bucket.kv_tokens), slice(0, max_kv))
+        k = _gather(keys, bucket.kv_tokens)
+        s = _logits(case, bucket, _bucket_inputs(case, bucket, q), k, slice(0, max_kv), logit_scale, alibi)
         if sink is not None:
             s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
         empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
-        lse = torch.logsumexp(s[..., :max_kv], dim=-1)
+        bucket_lse = torch.logsumexp(s[..., :max_kv], dim=-1)
         p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1).to(dtype)
         v = _gather(values, bucket.kv_tokens)
         if v.element_size() < 4:  # CPU BLAS multiplies 16-bit floats 4-8x faster with v laid out [D, kv]
             v = v.transpose(-1, -2).contiguous().transpose(-1, -2)
-        out = _weigh(p[..., :max_kv], v)
-        results.append((torch.where(empty[..., None], 0.0, out), torch.where(empty, float("-inf"), lse)))
-    return _scatter(case, buckets, results, q)
+        bucket_out = _weigh(p[..., :max_kv], v)
+        _put_rows(out, bucket, torch.where(empty[..., None], 0.0, bucket_out))
+        _put_rows(lse, bucket, torch.where(empty, float("-inf"), bucket_lse))
+    return out, lse
 
 
 def merge_states(
@@ -332,15 +449,7 @@ def merge_states(
 
     Two empty states (both LSE -inf) merge to out 0, LSE -inf, never NaN.
     """
-    m = torch.maximum(lse_a, lse_b)
-    m_safe = torch.where(torch.isinf(m), 0.0, m)
-    w_a, w_b = torch.exp(lse_a - m_safe), torch.exp(lse_b - m_safe)
-    total = w_a + w_b
-    empty = total == 0
-    safe_total = torch.where(empty, 1.0, total)
-    out = (w_a[..., None] * out_a + w_b[..., None] * out_b) / safe_total[..., None]
-    lse = torch.where(empty, float("-inf"), m_safe + torch.log(safe_total))
-    return torch.where(empty[..., None], 0.0, out), lse
-
+    state = _merge(_State(lse_a, out_a, None, None), _State(lse_b, out_b, None, None))
+    return state.out, state.lse
 
 __all__ = ["Reference", "half_ulp", "reference", "plain_attention", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]
