@@ -3,6 +3,8 @@
     python benchmarks/oracle_speed.py            # fuzz-sized batch: oracle vs a per-sequence loop
     python benchmarks/oracle_speed.py --serving  # the mixed serving batch (CUDA): oracle vs the loop
                                                  # and vs FlashInfer decode(tensor cores) + prefill
+    python benchmarks/oracle_speed.py --serving --device cpu --repeat 1  # the same batch on the CPU
+                                                                         # (minutes), without FlashInfer
 
 The per-sequence loop is the style vLLM's ``ref_paged_attn`` and FlashInfer's tests use: one
 dense float64 attention per request, in Python.
@@ -86,18 +88,22 @@ def flashinfer_time(case: Case, tensors) -> float:  # type: ignore[no-untyped-de
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--serving", action="store_true", help="the mixed serving batch (needs CUDA)")
+    parser.add_argument("--serving", action="store_true", help="the mixed serving batch (FlashInfer too on CUDA)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if available")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs after a warm-up; the best counts")
     args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device")
     case = serving_case() if args.serving else fuzz_sized_case()
     tensors = make_tensors(case, device)
-    oracle = timed(lambda: reference(case, tensors), device)
-    loop = timed(lambda: per_sequence_loop(case, tensors), device)
+    oracle = timed(lambda: reference(case, tensors), device, args.repeat)
+    loop = timed(lambda: per_sequence_loop(case, tensors), device, args.repeat)
     lay = case.layout
     print(f"case: {lay.batch_size} requests, {lay.total_q} queries, {sum(lay.kv_lens)} keys, {case.heads.num_qo_heads}/{case.heads.num_kv_heads} heads, dim {case.heads.head_dim_qk}, {device}")
     print(f"oracle (float64): {oracle * 1e3:.2f} ms")
     print(f"per-sequence loop (float64): {loop * 1e3:.2f} ms -> oracle is {loop / oracle:.1f}x faster")
-    if args.serving:
+    if args.serving and device == "cuda":
         kernel = flashinfer_time(case, tensors)
         print(f"FlashInfer decode(tc) + prefill(fa2): {kernel * 1e3:.3f} ms -> oracle / kernel = {oracle / kernel:.1f}x")
 
