@@ -6,6 +6,7 @@ Commands import ``transformers`` lazily, so ``pa-oracle`` works without it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from gates.data import DEFAULT_DATA
+from gates.gsm8k import FILTERS as GSM8K_FILTERS
 
 
 @click.group()
@@ -103,5 +105,118 @@ def logits(
     if out_dir is not None:
         write_result(result, out_dir)
     click.echo(json.dumps(result.to_json(), indent=1) if as_json else result.to_markdown())
+    if not result.passed:
+        sys.exit(1)
+
+
+def _command_line(ctx: click.Context) -> str:
+    """The command that reruns ``ctx``'s command: its path and every option not at its default."""
+    import shlex
+
+    words = ctx.command_path.split()
+    words[0] = "pa-oracle"
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if not isinstance(param, click.Option) or value is None or value == param.default or value == ():
+            continue
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            words.append(flag)
+        else:
+            for item in value if param.multiple else (value,):
+                words += [flag, str(item)]
+    return shlex.join(words)
+
+
+@gate.command()
+@model_options
+@click.option("--backend", "-b", required=True, help="Backend under test: a registry name, oracle, control, MODULE:FUNCTION, or hf:IMPL.")
+@click.option("--reference", "-r", required=True, help="Reference, same forms as --backend (e.g. oracle).")
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=None, help="The first N test questions (default: all 1319).")
+@click.option("--num-fewshot", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--max-gen-toks", type=click.IntRange(min=1), default=256, show_default=True, help="Generation budget per question.")
+@click.option("--data", "gsm8k_data", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="Folder with test.jsonl and train.jsonl (offline); default: lm-eval's hub dataset openai/gsm8k.")
+@click.option("--expected", "expected_file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Golden expected accuracy (default: golden/gsm8k/<model>.json when it exists).")
+@click.option("--margin", type=click.FloatRange(0, 1), default=None,
+              help="Fail if the backend's Wilson lower bound < expected - margin (default: the smallest margin whose false-alarm rate is <= alpha).")
+@click.option("--alpha", type=click.FloatRange(0, 0.5, min_open=True, max_open=True), default=0.05, show_default=True)
+@click.option("--filter", "gated", multiple=True, type=click.Choice(GSM8K_FILTERS), default=("flexible-extract",),
+              show_default=True, help="lm-eval filter(s) that decide the verdict (both are reported).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--page-size", type=int, default=None, help="KV page size (default: 16, or the backend's smallest above it).")
+@click.option("--seed", default=0, show_default=True, help="Seeds the random page tables.")
+@click.option("--save-expected", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the reference run's accuracy to this golden file.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("pa-gates"), show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def gsm8k(
+    model_path: str, gguf_file: str | None, dtype: str, device: str | None, backend: str, reference: str,
+    limit: int | None, num_fewshot: int, max_gen_toks: int, gsm8k_data: Path | None, expected_file: Path | None,
+    margin: float | None, alpha: float, gated: tuple[str, ...], batch_size: int, page_size: int | None, seed: int,
+    save_expected: Path | None, out_dir: Path, as_json: bool,
+) -> None:
+    """lm-eval GSM8k with the backend and with the reference; exit 1 if McNemar finds the backend
+    worse or its accuracy falls below the golden expected one."""
+    import importlib.util
+
+    from gates import gsm8k as g
+    from gates.swap import SwapError, attn_implementation_for
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise click.UsageError("the GSM8k gate needs lm-eval: pip install 'paged-attention-oracle[eval]'")
+    if backend == reference:
+        raise click.UsageError(f"--backend and --reference must differ (both {backend})")
+    try:
+        settings = g.TaskSettings(num_fewshot=num_fewshot, max_gen_toks=max_gen_toks)
+        key = g.model_key(model_path, gguf_file)
+        default_expected = g.EXPECTED_DIR / f"{key}.json"
+        expected_file = expected_file or (default_expected if default_expected.is_file() else None)
+        expected = g.load_expected(expected_file) if expected_file else None
+        if expected is not None:
+            g.check_expected(expected, model=key, settings=settings)
+        runs = {label: attn_implementation_for(label, page_size=page_size, seed=seed) for label in (reference, backend)}
+    except (g.GateInputError, SwapError, KeyError, ValueError, ImportError) as exc:
+        raise click.UsageError(str(exc).strip("'\"")) from None
+    loaded = load_for_gate(model_path, gguf_file, dtype, device)
+    outcomes = {}
+    for step, (label, implementation) in enumerate(runs.items(), 1):
+        click.echo(f"[{step}/2] gsm8k {settings.num_fewshot}-shot, {limit or 'all'} questions, attention: {label}", err=True)
+        try:
+            outcomes[label] = g.run_gsm8k(
+                loaded.model, loaded.tokenizer, attn_implementation=implementation, label=label, settings=settings,
+                limit=limit, data_dir=gsm8k_data, batch_size=batch_size,
+            )
+        except (g.GateInputError, SwapError) as exc:
+            raise click.ClickException(f"{label}: {exc}") from None
+        accuracy = ", ".join(f"{f} {100 * outcomes[label].accuracy(f):.1f}%" for f in sorted(outcomes[label].correct))
+        click.echo(f"      {label}: {accuracy} ({outcomes[label].seconds:.0f} s)", err=True)
+    if save_expected is not None:
+        g.save_expected(save_expected, g.expected_from_run(outcomes[reference], model=key, settings=settings))
+        click.echo(f"expected accuracy written to {save_expected}", err=True)
+    try:
+        result = g.judge(
+            outcomes[backend], outcomes[reference], model=key, settings=settings, alpha=alpha, gated=gated,
+            expected=expected, expected_source=str(expected_file) if expected_file else None, margin=margin,
+        )
+    except g.GateInputError as exc:
+        raise click.ClickException(str(exc)) from None
+    command = _command_line(click.get_current_context())
+    folder = out_dir / "gsm8k" / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{backend}-vs-{reference}")
+    json_path, md_path = g.write_reports(folder, result, outcomes[backend], outcomes[reference], command=command)
+    if as_json:
+        click.echo(json.dumps(g.result_json(result, outcomes[backend], outcomes[reference]), indent=1))
+    else:
+        click.echo(f"GSM8k gate {'PASS' if result.passed else 'FAIL'}: {backend} vs {reference}")
+        for line in result.failures:
+            click.echo(f"  {line}")
+        for name, verdict in result.verdicts.items():
+            click.echo(
+                f"  {name}: backend {100 * verdict.backend_accuracy:.1f}%, reference {100 * verdict.reference_accuracy:.1f}% "
+                f"(n={verdict.n}), lost {verdict.mcnemar.losses} / won {verdict.mcnemar.wins}, "
+                f"McNemar p(worse) = {verdict.mcnemar.p_backend_worse:.3g}"
+            )
+        click.echo(f"  report: {md_path} (+ {json_path.name})")
     if not result.passed:
         sys.exit(1)

@@ -1,3 +1,4 @@
+import importlib.util
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from gates.gsm8k import (
 )
 
 SHARED_GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
+needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="needs lm-eval: pip install -e '.[eval]'")
 SETTINGS = TaskSettings(num_fewshot=5, max_gen_toks=256)
 
 
@@ -169,7 +171,7 @@ def test_reports_hold_every_question(tmp_path):
 
 def test_model_key_names_the_golden_file(tmp_path):
     assert model_key("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB--SmolLM2-135M-Instruct"
-    assert model_key("/tmp", gguf_file="/tmp/smollm2.gguf") == "smollm2"
+    assert model_key("/tmp", gguf_file="/tmp/smollm2.gguf") == "smollm2" == model_key("/tmp/smollm2.gguf")
     (tmp_path / "my model").mkdir()
     assert model_key(str(tmp_path / "my model")) == "my_model"
 
@@ -178,3 +180,134 @@ def test_local_task_needs_both_splits(tmp_path):
     (tmp_path / "test.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
     with pytest.raises(GateInputError, match="train.jsonl"):
         local_task_yaml(tmp_path)
+
+
+# ---------------------------------------------------------------- the CLI, with the two runs planted
+def _fake_runs(monkeypatch, outcomes: dict[str, list[bool]]):
+    import gates.cli
+    import gates.gsm8k
+    from gates.models import LoadedModel
+
+    monkeypatch.setattr(gates.cli, "load_for_gate", lambda *args: LoadedModel(None, None, "fake"))
+
+    def fake_run(model, tokenizer, *, attn_implementation, label, settings, limit, data_dir, batch_size):
+        return outcome_from_samples(label, logged_samples({f: outcomes[label] for f in FILTERS}))
+
+    monkeypatch.setattr(gates.gsm8k, "run_gsm8k", fake_run)
+
+
+def _gate(*args: str, model: str = "some/model"):
+    from click.testing import CliRunner
+
+    from fuzz.cli import main
+
+    return CliRunner().invoke(main, ["gate", "gsm8k", "--model", model, *args])
+
+
+@needs_lm_eval
+def test_cli_exits_1_when_the_backend_loses_questions(monkeypatch, tmp_path):
+    reference, backend = planted(40, reference_right=30, losses=12, wins=1)
+    _fake_runs(monkeypatch, {"hf:sdpa": reference, "hf:eager": backend})
+    result = _gate("--backend", "hf:eager", "--reference", "hf:sdpa", "--out", str(tmp_path))
+    assert result.exit_code == 1, result.output
+    assert "GSM8k gate FAIL: hf:eager vs hf:sdpa" in result.output and "lost 12 / won 1" in result.output
+    report = tmp_path / "gsm8k" / "hf_eager-vs-hf_sdpa" / "gsm8k.md"
+    assert "pa-oracle gate gsm8k" in report.read_text()
+
+
+@needs_lm_eval
+def test_cli_saves_and_then_checks_an_expected_accuracy(monkeypatch, tmp_path):
+    reference, backend = planted(40, reference_right=30, losses=3, wins=3)
+    _fake_runs(monkeypatch, {"hf:sdpa": reference, "hf:eager": backend})
+    golden = tmp_path / "golden"
+    monkeypatch.setattr("gates.gsm8k.EXPECTED_DIR", golden)
+    saved = golden / "some--model.json"
+    first = _gate("--backend", "hf:eager", "--reference", "hf:sdpa", "--save-expected", str(saved), "--json",
+                  "--out", str(tmp_path))
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["expected_file"] is None
+    assert load_expected(saved).accuracy == {"strict-match": 0.75, "flexible-extract": 0.75}
+    worse = [i < 20 for i in range(40)]  # McNemar alone would see 10 losses, 0 wins: p = 1/1024
+    _fake_runs(monkeypatch, {"hf:sdpa": worse, "hf:eager": worse})
+    second = _gate("--backend", "hf:eager", "--reference", "hf:sdpa", "--json", "--out", str(tmp_path))
+    data = json.loads(second.stdout)
+    assert second.exit_code == 1 and data["expected_file"] == str(saved), second.output
+    assert data["failures"][0].startswith("flexible-extract: Wilson lower bound")
+    mismatch = _gate("--backend", "hf:eager", "--reference", "hf:sdpa", "--num-fewshot", "8", "--out", str(tmp_path))
+    assert mismatch.exit_code == 2 and "measured with" in mismatch.output, mismatch.output
+
+
+@needs_lm_eval
+def test_cli_rejects_the_same_backend_twice():
+    result = _gate("--backend", "oracle", "--reference", "oracle")
+    assert result.exit_code == 2 and "differ" in result.output, result.output
+
+
+# ---------------------------------------------------------------- lm-eval for real (offline)
+def _lm_eval():
+    pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[eval]')")
+    return pytest.importorskip("lm_eval", reason="needs lm-eval (pip install -e '.[eval]')")
+
+
+@pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason=f"no GSM8k data at {SHARED_GSM8K} (CI has it beside the checkout)")
+def test_local_task_is_lm_evals_gsm8k_on_the_shared_data(tmp_path):
+    _lm_eval()
+    from gates.gsm8k import task_manager
+
+    task = task_manager(SHARED_GSM8K, tmp_path).load(["gsm8k"])["tasks"]["gsm8k"]
+    assert len(task.test_docs()) == 1319 and len(task.training_docs()) == 7473
+    first = task.test_docs()[0]
+    assert task.doc_to_text(first) == f"Question: {first['question']}\nAnswer:"
+    assert first["question"].startswith("Janet’s ducks lay 16 eggs per day.")
+    assert task.doc_to_target(first).endswith("#### 18")
+    assert [f.name for f in task._filters] == list(FILTERS)
+    assert task.config.num_fewshot == 5 and task.config.fewshot_split == "train"
+    assert task.config.generation_kwargs["until"][0] == "Question:"
+
+
+TINY_PROBLEMS = [
+    ("Tom has 3 apples and buys 2 more. How many apples does he have?", "3 + 2 = 5\n#### 5"),
+    ("A box holds 4 pens. How many pens are in 2 boxes?", "4 * 2 = 8\n#### 8"),
+    ("Sara had 10 coins and spent 7. How many are left?", "10 - 7 = 3\n#### 3"),
+    ("Each of 3 cats eats 2 fish. How many fish?", "3 * 2 = 6\n#### 6"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    _lm_eval()
+    from gates.models import save_tiny
+
+    root = tmp_path_factory.mktemp("gsm8k-tiny")
+    data = root / "data"
+    data.mkdir()
+    for split, problems in (("test", TINY_PROBLEMS[:3]), ("train", TINY_PROBLEMS[3:])):
+        lines = [json.dumps({"question": q, "answer": a}) for q, a in problems]
+        (data / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return save_tiny(root / "model"), data
+
+
+def _tiny_gate(tiny_setup, tmp_path, backend: str) -> dict:
+    model, data = tiny_setup
+    result = _gate("--backend", backend, "--reference", "hf:sdpa", "--data", str(data), "--limit", "3",
+                   "--num-fewshot", "1", "--max-gen-toks", "4", "--batch-size", "3", "--dtype", "float32",
+                   "--device", "cpu", "--json", "--out", str(tmp_path), model=str(model))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_end_to_end_oracle_generates_what_sdpa_generates(tiny_setup, tmp_path):
+    data = _tiny_gate(tiny_setup, tmp_path, "oracle")
+    assert data["passed"] and data["backend"] == "oracle" and data["reference"] == "hf:sdpa"
+    assert [q["doc_id"] for q in data["questions"]] == [0, 1, 2]
+    assert [q["target"] for q in data["questions"]] == ["5", "8", "3"]
+    assert {f: v["n"] for f, v in data["filters"].items()} == {f: 3 for f in FILTERS}
+    assert data["identical_responses"] == 3  # float32 model: the float64 oracle rounds to sdpa's tokens
+    assert (tmp_path / "gsm8k" / "oracle-vs-hf_sdpa" / "gsm8k.md").read_text().startswith("# GSM8k gate: PASS")
+
+
+def test_end_to_end_planted_kernel_changes_the_generations(tiny_setup, tmp_path):
+    data = _tiny_gate(tiny_setup, tmp_path, "fuzz.quality.planted:wrong_gqa_map")
+    # a random model answers nothing right: the gate has no power here (it passes, and says so)
+    assert data["identical_responses"] < 3
+    assert data["filters"]["flexible-extract"]["detectable_drop_80pct"] is None
