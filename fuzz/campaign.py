@@ -1,14 +1,21 @@
 """A fuzz campaign: Hypothesis draws cases a backend supports, ``check_case`` judges them, and the
 first finding per backend is shrunk to a minimal case and saved (case.json + tensors.npz +
-report.md) with a repro command.
+report.md, written in a temp folder that is then renamed) with a repro command.
+
+Verification model: examples run in chunks of ``CHUNK``, each chunk one Hypothesis run with its
+own seed (``fuzz.shard``). A case drawn before in the campaign (same case id) is rejected, so no
+example runs twice; a case that a ledger entry's ``matches`` predicate covers is skipped as known,
+so the campaign surfaces new findings. After every chunk the state (``fuzz.state``) is saved:
+``run_campaign`` on that state continues at the next chunk after a kill.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import re
+import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -16,39 +23,25 @@ from hypothesis import HealthCheck, Phase, given, reject, seed, settings
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from backends.base import Backend
+from backends.user import UserKernel
+from fuzz.coverage import declared
+from fuzz.ledger import Entry, known_finding
 from fuzz.runner import Outcome, check_case
+from fuzz.shard import Shard
+from fuzz.state import BackendResult, CampaignState, FindingRecord
 from fuzz.strategies import Limits, cases
+from oracle.case import Case
 from oracle.report import format_report, repro_command
 from oracle.tensors import make_tensors, save_tensors
 from oracle.tolerance import Tolerance, Verdict
 
-CHUNK = 25  # examples per Hypothesis run; the time budget is checked between runs
+CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
+
+__all__ = ["CHUNK", "BackendResult", "fuzz_backend", "run_campaign", "save_finding"]
 
 
 class _Finding(Exception):
     pass
-
-
-@dataclass
-class BackendResult:
-    backend: str
-    examples: int = 0
-    passed: int = 0
-    unsupported: int = 0
-    seconds: float = 0.0
-    finding: Outcome | None = None
-    finding_dir: Path | None = None
-    repro: str | None = None
-    worst_ratio: float = 0.0  # largest kernel/control max-error ratio among passing examples
-    notes: list[str] = field(default_factory=list)
-
-    def line(self) -> str:
-        rate = self.examples / self.seconds if self.seconds else 0.0
-        state = "FINDING" if self.finding else "ok"
-        return (
-            f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported) "
-            f"in {self.seconds:.1f}s ({rate:.1f}/s), worst error ratio {self.worst_ratio:.2f}"
-        )
 
 
 def fuzz_backend(
@@ -61,74 +54,170 @@ def fuzz_backend(
     tolerance: Tolerance = Tolerance(),
     out_dir: Path | None = None,
     kernel_spec: str | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[BackendResult], None] | None = None,
     isolate_timeout: float | None = None,
+    shard: Shard = Shard(),
+    ledger: list[Entry] | None = None,
+    resume: BackendResult | None = None,
+    checkpoint: Callable[[BackendResult], None] | None = None,
 ) -> BackendResult:
-    """Fuzz one backend until ``examples`` cases ran, the monotonic ``deadline`` passed, or a finding.
+    """Fuzz one backend until it ran ``examples`` cases (counting those of ``resume``), the monotonic
+    ``deadline`` passed, or a finding.
 
-    With ``isolate_timeout`` every case runs in a worker process (``fuzz.isolation``): a crash of
-    the process or a case taking longer than that many seconds is a finding, and the worker is
-    restarted.
+    ``resume`` continues an earlier result at its next chunk; ``checkpoint`` is called with the
+    result after every chunk. With ``ledger``, drawn cases that an entry covers are skipped. With
+    ``isolate_timeout`` every case runs in a worker process (``fuzz.isolation``): a crash of the
+    process or a case taking longer than that many seconds is a finding, and the worker restarts.
     """
-    result = BackendResult(backend.name)
+    result = resume if resume is not None else BackendResult(backend.name)
+    result.declared = declared(backend.capabilities, limits)
+    seen = set(result.seen)
+    versions = backend.versions() if ledger else {}
     isolated = None
     if isolate_timeout is not None:
         from fuzz.isolation import IsolatedBackend
 
         isolated = IsolatedBackend(backend, kernel_spec or backend.name, timeout=isolate_timeout)
-    start = time.monotonic()
     strategy = cases(backend.capabilities, limits)
     failing: list[Outcome] = []
 
-    def prop(case):  # type: ignore[no-untyped-def]
-        if deadline is not None and time.monotonic() > deadline and not failing:
+    def prop(case: Case) -> None:
+        searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
+        if searching and deadline is not None and time.monotonic() > deadline:
             reject()  # out of time: Hypothesis has no graceful stop, so the rest are discarded
+        case = case.replace(seed=shard.case_seed(case.seed))
+        if searching:
+            if case.case_id in seen:
+                reject()  # drawn before in this campaign (Hypothesis starts every run at the simplest case)
+            seen.add(case.case_id)
+            result.seen.append(case.case_id)
+        if ledger and known_finding(ledger, case, backend.name, versions):
+            if searching:
+                result.skipped_known += 1
+            reject()  # also while shrinking, so that a new failure does not shrink into a known one
         outcome = isolated.check(case) if isolated else check_case(backend, case, tolerance)
+        if searching:
+            _count(result, outcome)
         if outcome.is_finding:
             failing.append(outcome)
             raise _Finding(outcome.message)
-        if not failing:
-            result.examples += 1
-            result.passed += outcome.status == "pass"
-            result.unsupported += outcome.status == "unsupported"
-            if outcome.verdict is not None and outcome.verdict.out is not None:
-                result.worst_ratio = max(result.worst_ratio, outcome.verdict.out.ratio)
 
-    chunk = 0
     while result.examples < examples and (deadline is None or time.monotonic() < deadline):
         n = min(CHUNK, examples - result.examples)
         test = settings(
             max_examples=n, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
             phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-        )(seed(base_seed + chunk)(given(strategy)(prop)))
-        before = result.examples
+        )(seed(shard.chunk_seed(base_seed, result.chunks_done))(given(strategy)(prop)))
+        before, chunk_start = result.examples, time.monotonic()
         try:
             test()
         except Unsatisfiable:
-            pass  # every example of the chunk was rejected: the deadline passed
+            pass  # every example of the chunk was rejected (out of time, or all drawn before)
         except (_Finding, Flaky) as exc:
             if isinstance(exc, Flaky):
                 result.notes.append("the failure did not reproduce on replay (flaky kernel): " + str(exc)[:200])
-            result.examples += 1
-            result.finding = failing[-1]
-            break
-        chunk += 1
-        result.seconds = time.monotonic() - start
+        result.chunks_done += 1
+        result.seconds += time.monotonic() - chunk_start
+        out_of_time = deadline is not None and time.monotonic() > deadline
+        if failing:
+            result.status = "finding"
+            _record_finding(result, failing[-1], backend, out_dir, kernel_spec)
+        elif result.examples == before and not out_of_time:
+            result.status = "exhausted"  # the strategy drew nothing new
+        else:
+            result.status = "done" if result.examples >= examples else "running"
+        if checkpoint:
+            checkpoint(result)
         if progress:
-            progress(result.line())
-        if result.examples == before:
-            break  # the strategy drew nothing new
+            progress(result)
+        if result.status in ("finding", "exhausted"):
+            break
     if isolated is not None:
         isolated.close()
-    result.seconds = time.monotonic() - start
-    if result.finding and out_dir is not None:
-        result.finding_dir = save_finding(result.finding, backend, out_dir, kernel_spec)
-        result.repro = repro_command(str(result.finding_dir / "case.json"), backend.name, kernel_spec)
-        (result.finding_dir / "report.md").write_text(
-            format_report(result.finding.case, backend.name, result.finding.verdict or _crash_verdict(result.finding), result.repro)
-            + (f"\n## Crash\n\n```\n{result.finding.message}\n```\n" if result.finding.status == "crash" else "")
-        )
     return result
+
+
+def _count(result: BackendResult, outcome: Outcome) -> None:
+    result.examples += 1
+    result.passed += outcome.status == "pass"
+    result.unsupported += outcome.status == "unsupported"
+    if outcome.status != "unsupported":
+        result.coverage.add(outcome.case)
+    if outcome.status == "pass" and outcome.verdict is not None and outcome.verdict.out is not None:
+        result.worst_ratio = max(result.worst_ratio, outcome.verdict.out.ratio)
+
+
+def _record_finding(
+    result: BackendResult, outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_spec: str | None
+) -> None:
+    result.finding = outcome
+    result.finding_dir = result.repro = None
+    if out_dir is not None:
+        result.finding_dir = save_finding(outcome, backend, out_dir, kernel_spec)
+        result.repro = repro_command(str(result.finding_dir / "case.json"), backend.name, kernel_spec)
+    result.findings.append(
+        FindingRecord(
+            outcome.case.case_id, outcome.status, outcome.message.splitlines()[0] if outcome.message else "",
+            outcome.case.summary(), str(result.finding_dir) if result.finding_dir else None, result.repro,
+        )
+    )
+
+
+def run_campaign(
+    backends: list[Backend],
+    state: CampaignState,
+    state_file: Path,
+    *,
+    examples: int,
+    time_budget: float | None = None,
+    limits: Limits = Limits(),
+    shard: Shard = Shard(),
+    ledger: list[Entry] | None = None,
+    rerun_findings: bool = False,
+    isolate: bool | None = None,
+    case_timeout: float = 300.0,
+    out_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[BackendResult]:
+    """Fuzz ``backends`` one after another on ``shard``, continuing ``state`` and saving it to
+    ``state_file`` after every chunk. ``examples`` is the campaign's total per backend (this shard
+    runs its share); the time budget is shared by the backends that still have work. A backend that
+    stopped at a finding is fuzzed again only with ``rerun_findings``; an exhausted one never."""
+    target = shard.share(examples)
+    for backend in backends:
+        state.results.setdefault(backend.name, BackendResult(backend.name, declared=declared(backend.capabilities, limits)))
+    state.save(state_file)
+
+    def wants_more(result: BackendResult) -> bool:
+        if result.status == "finding":
+            return rerun_findings
+        return result.status != "exhausted" and result.examples < target
+
+    todo = [b for b in backends if wants_more(state.results[b.name])]
+    start = time.monotonic()
+    label = f"[shard {shard}] " if shard.count > 1 else ""
+
+    def checkpoint(result: BackendResult) -> None:
+        state.results[result.backend] = result
+        state.save(state_file)
+
+    def report(result: BackendResult) -> None:
+        if progress:
+            total = sum(len(r.findings) for r in state.results.values())
+            progress(f"  {label}{result.line()}; findings so far {total}")
+
+    for i, backend in enumerate(todo):
+        deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
+        if progress:
+            progress(f"{label}fuzzing {backend.name} on {backend.device} ...")
+        isolated = backend.device == "cuda" if isolate is None else isolate
+        fuzz_backend(
+            backend, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline, limits=limits,
+            out_dir=out_dir, kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
+            progress=report, isolate_timeout=case_timeout if isolated else None, shard=shard, ledger=ledger,
+            resume=state.results[backend.name], checkpoint=checkpoint,
+        )
+    return [state.results[b.name] for b in backends]
 
 
 def _crash_verdict(outcome: Outcome) -> Verdict:
@@ -140,10 +229,15 @@ def _safe(name: str) -> str:
 
 
 def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
-    """Write case.json (+ tensors.npz sidecar) for a finding; return its folder."""
+    """Write case.json (+ tensors.npz sidecar) and report.md for a finding; return its folder.
+
+    The files are written into a temp folder that is then renamed, so the folder is complete or
+    absent; if another process saved the same case first, its folder is kept."""
     case = outcome.case
     folder = Path(out_dir) / _safe(backend.name) / case.case_id
-    save_tensors(make_tensors(case, "cpu"), folder / "tensors.npz")
+    tmp = folder.with_name(f".{case.case_id}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_tensors(make_tensors(case, "cpu"), tmp / "tensors.npz")
     meta = {
         "found_by": "pa-oracle fuzz",
         "backend": backend.name,
@@ -154,5 +248,18 @@ def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec:
         "date": datetime.date.today().isoformat(),
         "generated_from": {"seed": case.seed, "distribution": case.distribution},
     }
-    case.replace(tensors_file="tensors.npz", meta=meta).save(folder / "case.json")
+    case.replace(tensors_file="tensors.npz", meta=meta).save(tmp / "case.json")
+    repro = repro_command(str(folder / "case.json"), backend.name, kernel_spec)
+    report = format_report(case, backend.name, outcome.verdict or _crash_verdict(outcome), repro)
+    if outcome.status == "crash":
+        report += f"\n## Crash\n\n```\n{outcome.message}\n```\n"
+    (tmp / "report.md").write_text(report)
+    if folder.exists():  # the same case found again (a rerun): the new files replace the old
+        old = folder.with_name(f".{case.case_id}.{os.getpid()}.old")
+        folder.rename(old)
+        shutil.rmtree(old)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another shard renamed the same case in between: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder

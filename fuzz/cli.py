@@ -5,17 +5,29 @@ from __future__ import annotations
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from backends import discover
 from backends.base import Backend, get_backend
 from backends.user import UserKernel
-from fuzz.campaign import fuzz_backend
+from fuzz.campaign import run_campaign
+from fuzz.coverage import coverage_table
+from fuzz.ledger import GOLDEN, load_ledger
 from fuzz.runner import check_case
+from fuzz.shard import Shard
+from fuzz.state import (
+    BackendResult,
+    CampaignState,
+    CampaignStateError,
+    load_shards,
+    merge_results,
+    state_path,
+    write_atomically,
+)
 from fuzz.strategies import Limits
 from oracle.case import Case, CaseError
 from oracle.report import format_report
@@ -101,52 +113,135 @@ def main() -> None:
 @click.option("--isolate/--no-isolate", default=None, help="Run cases in a restartable worker process (default: on for CUDA backends).")
 @click.option("--case-timeout", type=float, default=300.0, show_default=True, help="Seconds before an isolated case counts as a hang.")
 @click.option("--only", multiple=True, help="Narrow what is drawn: FIELD=VALUES of Capabilities, e.g. head_dims=64,128.")
+@click.option("--resume", is_flag=True, help="Continue the campaign kept in --out at its next chunk (after a kill, or for a larger --examples).")
+@click.option("--rerun-findings", is_flag=True, help="With --resume: fuzz again the backends that stopped at a finding.")
+@click.option("--skip-known/--no-skip-known", default=True, show_default=True, help="Skip drawn cases that a ledger entry's 'matches' predicate covers.")
+@click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger (default: golden/ledger.json).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes, one shard each, pinned to the GPUs round-robin.")
+@click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign (a job-array task); state in OUT/shards/.")
+@click.option("--merge", "merge_only", is_flag=True, help="Fuzz nothing: merge the shard states in --out and print the summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+@click.pass_context
 def fuzz(
-    backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int, time_budget: float | None,
-    out_dir: Path, max_batch: int, max_kv_len: int, isolate: bool | None, case_timeout: float,
-    only: tuple[str, ...], as_json: bool,
+    ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int,
+    time_budget: float | None, out_dir: Path, max_batch: int, max_kv_len: int, isolate: bool | None, case_timeout: float,
+    only: tuple[str, ...], resume: bool, rerun_findings: bool, skip_known: bool, ledger_file: Path | None, workers: int,
+    shard_text: str | None, merge_only: bool, as_json: bool,
 ) -> None:
-    """Fuzz kernels against the oracle; exit 1 on any finding."""
-    chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
-    limits = Limits(max_batch=max_batch, max_kv_len=max_kv_len)
-    start = time.monotonic()
-    results = []
-    for i, backend in enumerate(chosen):
-        deadline = None
-        if time_budget is not None:
-            deadline = start + time_budget * (i + 1) / len(chosen)
-        click.echo(f"fuzzing {backend.name} on {backend.device} ...", err=True)
-        spec = backend.name if isinstance(backend, UserKernel) else None
-        isolated = backend.device == "cuda" if isolate is None else isolate
-        result = fuzz_backend(
-            backend, examples=examples, base_seed=seed, deadline=deadline, limits=limits, out_dir=out_dir,
-            kernel_spec=spec, progress=lambda line: click.echo("  " + line, err=True),
-            isolate_timeout=case_timeout if isolated else None,
-        )
-        results.append(result)
-        if result.finding and not as_json:
-            click.echo(f"\nFINDING in {backend.name}: {result.finding.message.splitlines()[0]}")
-            click.echo(f"  minimal case: {result.finding.case.summary()}")
-            click.echo(f"  report: {result.finding_dir / 'report.md'}")
-            click.echo(f"  repro:  {result.repro}\n")
+    """Fuzz kernels against the oracle; exit 1 on any finding.
+
+    The campaign's state is kept in --out (campaign.json, rewritten after every chunk of 25
+    examples), so --resume continues it after a kill. --workers N runs N shards side by side and
+    merges them; --shard I/N runs one shard (a job-array task), --merge merges their states."""
+    failed: list[str] = []
+    try:
+        if merge_only:
+            results = merge_results([list(s.results.values()) for s in load_shards(out_dir)])
+        elif workers > 1:
+            results, failed = _fuzz_with_workers(ctx, out_dir, workers, resume, shard_text)
+        else:
+            shard = _parse_shard(shard_text)
+            path = state_path(out_dir, shard)
+            asked = {"seed": seed, "max_batch": max_batch, "max_kv_len": max_kv_len, "only": list(only),
+                     "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard)}
+            state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
+            if not resume and path.exists():
+                click.echo(f"replacing the campaign state in {path} (--resume continues it instead)", err=True)
+            config = state.config
+            chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
+            config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
+            config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
+            results = run_campaign(
+                chosen, state, path, examples=examples, time_budget=time_budget, shard=shard,
+                limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),
+                ledger=load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None,
+                rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
+                progress=lambda line: click.echo(line, err=True),
+            )
+    except (CampaignStateError, CaseError) as exc:
+        raise click.ClickException(str(exc)) from None
+    summary = [_result_json(r) for r in results]
+    write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
     if as_json:
-        click.echo(json.dumps([_result_json(r) for r in results], indent=1))
+        click.echo(json.dumps(summary, indent=1))
     else:
+        for r in results:
+            for f in r.findings:
+                click.echo(f"\nFINDING in {r.backend}: {f.message}\n  minimal case: {f.case}")
+                click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}\n")
         click.echo("\n".join(r.line() for r in results))
-    if any(r.finding for r in results):
+        click.echo("\n".join(coverage_table([(r.backend, r.coverage, r.declared) for r in results])))
+    if failed:
+        raise click.ClickException(f"workers failed: {'; '.join(failed)}; their states are kept (--resume continues them)")
+    if any(r.findings for r in results):
         sys.exit(1)
 
 
-def _result_json(result: Any) -> dict[str, Any]:
+def _parse_shard(text: str | None) -> Shard:
+    try:
+        return Shard.parse(text) if text else Shard()
+    except ValueError as exc:
+        raise click.UsageError(f"--shard: {exc}") from None
+
+
+_CONFIG_OPTIONS = {"seed": "seed", "max_batch": "max_batch", "max_kv_len": "max_kv_len", "only": "only",
+                   "backend_names": "backends", "kernels": "kernels", "shard_text": "shard"}
+
+
+def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any]) -> CampaignState:
+    """The state at ``path``; an option given on the command line must agree with how it was started."""
+    state = CampaignState.load(path)
+    for option, key in _CONFIG_OPTIONS.items():
+        if ctx.get_parameter_source(option) == ParameterSource.COMMANDLINE and asked[key] != state.config.get(key):
+            raise click.UsageError(
+                f"--resume: the campaign in {path} was started with {key}={state.config.get(key)!r}, "
+                f"not {asked[key]!r}; drop the option or start a new --out"
+            )
+    return state
+
+
+def _fuzz_with_workers(
+    ctx: click.Context, out_dir: Path, workers: int, resume: bool, shard_text: str | None
+) -> tuple[list[BackendResult], list[str]]:
+    """Run shards 0..workers-1 as worker processes; (merged results, the workers that failed)."""
+    from fuzz.workers import run_workers, visible_gpus
+
+    if shard_text:
+        raise click.UsageError("--workers runs every shard itself; give --shard only without --workers")
+    shards = Path(out_dir) / "shards"
+    if not resume:
+        for stale in shards.glob("campaign-*-of-*.json"):
+            stale.unlink()
+    gpus = visible_gpus()
+    click.echo(f"{workers} workers on " + (f"GPUs {', '.join(gpus)} (round-robin)" if gpus else "CPU"), err=True)
+    codes = run_workers(_forwarded_args(ctx), workers, gpus)
+    failed = [f"shard {i}/{workers} exited with {c}" for i, c in enumerate(codes) if c not in (0, 1)]
+    return merge_results([list(s.results.values()) for s in load_shards(out_dir)]), failed
+
+
+def _forwarded_args(ctx: click.Context) -> list[str]:
+    """The options given on this command line, as arguments for a worker (less --workers/--json)."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        if name in ("workers", "as_json", "merge_only") or ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
+            continue
+        value, flag = ctx.params[name], max(param.opts, key=len)
+        if isinstance(param, click.Option) and param.is_flag:
+            args += [flag] if value else list(param.secondary_opts[:1])
+        else:
+            args += [a for v in (value if param.multiple else (value,)) for a in (flag, str(v))]
+    return args
+
+
+def _result_json(result: BackendResult) -> dict[str, Any]:
+    findings = [vars(f) for f in result.findings]
     return {
-        "backend": result.backend, "examples": result.examples, "passed": result.passed,
-        "unsupported": result.unsupported, "seconds": round(result.seconds, 2), "worst_ratio": result.worst_ratio,
-        "finding": None if not result.finding else {
-            "status": result.finding.status, "message": result.finding.message.splitlines()[0],
-            "dir": str(result.finding_dir), "repro": result.repro, "case": result.finding.case.summary(),
-        },
-        "notes": result.notes,
+        "backend": result.backend, "status": result.status, "examples": result.examples, "passed": result.passed,
+        "unsupported": result.unsupported, "skipped_known": result.skipped_known, "chunks": result.chunks_done,
+        "seconds": round(result.seconds, 2), "worst_ratio": result.worst_ratio,
+        "coverage": result.coverage.to_json(result.declared),
+        "finding": findings[0] if findings else None, "findings": findings, "notes": result.notes,
     }
 
 

@@ -1,7 +1,9 @@
 """The shipped differential test: fuzz each selected backend against the float64 oracle.
 
 Run it with ``pytest --pyargs fuzz.test_conformance [--pa-backend NAME] [--pa-kernel MOD:FN]``.
-A failure message carries the shrunk case, the report path and a repro command.
+Each backend runs as ``--pa-shards`` items (shards of its examples, see ``fuzz.plugin``); cases
+that a ledger entry covers are skipped. A failure message carries the shrunk case, the report
+path and a repro command.
 """
 
 from __future__ import annotations
@@ -13,31 +15,39 @@ import pytest
 from backends.base import get_backend
 from backends.user import UserKernel
 from fuzz.campaign import fuzz_backend
-from fuzz.plugin import selected_backends
+from fuzz.ledger import GOLDEN, load_ledger
+from fuzz.plugin import selected_backends, shard_count
+from fuzz.shard import Shard
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "pa_backend" in metafunc.fixturenames:
-        metafunc.parametrize("pa_backend", selected_backends(metafunc.config))
+        count = shard_count(metafunc.config)
+        params = [(name, Shard(i, count)) for name in selected_backends(metafunc.config) for i in range(count)]
+        ids = [name if count == 1 else f"{name}-shard{shard.index}of{count}" for name, shard in params]
+        metafunc.parametrize(("pa_backend", "pa_shard"), params, ids=ids)
 
 
-def test_kernel_agrees_with_oracle(pa_backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_kernel_agrees_with_oracle(pa_backend: str, pa_shard: Shard, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     backend = UserKernel.from_spec(pa_backend) if ":" in pa_backend else get_backend(pa_backend)
     reason = backend.unavailable_reason()
     if reason:
         pytest.skip(f"{backend.name}: {reason}")
     out = Path(request.config.getoption("--pa-out") or tmp_path)
+    skip_known = not request.config.getoption("--pa-no-skip-known")
     result = fuzz_backend(
         backend,
-        examples=request.config.getoption("--pa-examples"),
+        examples=pa_shard.share(request.config.getoption("--pa-examples")),
         base_seed=request.config.getoption("--pa-seed"),
         out_dir=out,
         kernel_spec=pa_backend if ":" in pa_backend else None,
+        shard=pa_shard,
+        ledger=load_ledger(Path(request.config.getoption("--pa-ledger") or GOLDEN / "ledger.json")) if skip_known else None,
     )
     assert result.examples > result.unsupported, f"{backend.name}: every drawn case was unsupported ({result.line()})"
     if result.finding:
         pytest.fail(
-            f"{backend.name} disagrees with the oracle: {result.finding.message}\n"
+            f"{backend.name} (shard {pa_shard}) disagrees with the oracle: {result.finding.message}\n"
             f"minimal case: {result.finding.case.summary()}\n"
             f"report: {result.finding_dir / 'report.md'}\nrepro: {result.repro}",
             pytrace=False,

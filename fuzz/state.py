@@ -1,0 +1,178 @@
+"""A campaign's state, kept in its output folder so that a killed campaign resumes where it was.
+
+Per backend: chunks done (the next Hypothesis seed follows from it), counters, findings, coverage
+counts and the ids of the cases already drawn (a resumed or later chunk never runs one again). The
+file is rewritten atomically (temp file + ``os.replace``) after every chunk, so a kill leaves the
+state of the last finished chunk. Unsharded: ``OUT/campaign.json``; shard i of n:
+``OUT/shards/campaign-i-of-n.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from fuzz.coverage import Coverage
+from fuzz.runner import Outcome
+from fuzz.shard import Shard
+
+SCHEMA_VERSION = 1
+Status = Literal["pending", "running", "done", "finding", "exhausted"]
+_RUN_ONLY = ("finding", "finding_dir", "repro")
+
+
+class CampaignStateError(ValueError):
+    """A campaign state file that cannot be read or resumed; the message says why and what to do."""
+
+
+@dataclass
+class FindingRecord:
+    case_id: str
+    status: str  # "fail" or "crash"
+    message: str  # first line of the verdict or the crash
+    case: str  # Case.summary() of the shrunk case
+    dir: str | None
+    repro: str | None
+
+
+@dataclass
+class BackendResult:
+    """One backend's campaign so far (on one shard, or merged over shards)."""
+
+    backend: str
+    examples: int = 0
+    passed: int = 0
+    unsupported: int = 0
+    skipped_known: int = 0  # distinct drawn cases that a ledger entry's predicate matched
+    seconds: float = 0.0
+    worst_ratio: float = 0.0  # largest kernel/control max-error ratio among passing examples
+    chunks_done: int = 0
+    status: Status = "pending"
+    findings: list[FindingRecord] = field(default_factory=list)
+    coverage: Coverage = field(default_factory=Coverage)
+    declared: dict[str, list[str]] = field(default_factory=dict)  # fuzz.coverage.declared of the backend
+    seen: list[str] = field(default_factory=list)  # case ids drawn, in order
+    notes: list[str] = field(default_factory=list)
+    # this run only (not persisted): the latest finding as an Outcome, where it was saved, its repro
+    finding: Outcome | None = field(default=None, compare=False)
+    finding_dir: Path | None = field(default=None, compare=False)
+    repro: str | None = field(default=None, compare=False)
+
+    @property
+    def coverage_fraction(self) -> float:
+        return self.coverage.fraction(self.declared)
+
+    def line(self) -> str:
+        rate = self.examples / self.seconds if self.seconds else 0.0
+        state = f"{len(self.findings)} FINDING(S)" if self.findings else "ok"
+        skipped = f", {self.skipped_known} skipped as known" if self.skipped_known else ""
+        return (
+            f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported"
+            f"{skipped}) in {self.seconds:.1f}s ({rate:.1f}/s), coverage {self.coverage_fraction:.0%}, "
+            f"worst error ratio {self.worst_ratio:.2f}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RUN_ONLY}
+        data["findings"] = [asdict(f) for f in self.findings]
+        data["coverage"] = self.coverage.counts
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BackendResult:
+        data = dict(data)
+        findings = [FindingRecord(**f) for f in data.pop("findings", [])]
+        coverage = Coverage(counts=data.pop("coverage", {}))
+        return cls(**data, findings=findings, coverage=coverage)
+
+
+@dataclass
+class CampaignState:
+    """``config`` is what decides the draws (seed, shard, limits, narrowing, backends); a resume
+    must ask for the same."""
+
+    config: dict[str, Any]
+    results: dict[str, BackendResult] = field(default_factory=dict)
+
+    def save(self, path: Path) -> None:
+        payload = {
+            "schema_version": SCHEMA_VERSION,
+            "config": self.config,
+            "backends": {name: r.to_json() for name, r in self.results.items()},
+        }
+        write_atomically(path, json.dumps(payload, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> CampaignState:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise CampaignStateError(f"{path}: no campaign state to resume (start one without --resume)") from None
+        except json.JSONDecodeError as exc:
+            raise CampaignStateError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+            version = data.get("schema_version") if isinstance(data, dict) else None
+            raise CampaignStateError(f"{path}: unknown campaign schema_version {version!r}; this version reads {SCHEMA_VERSION}")
+        try:
+            results = {name: BackendResult.from_json(r) for name, r in data["backends"].items()}
+            return cls(dict(data["config"]), results)
+        except (KeyError, TypeError) as exc:
+            raise CampaignStateError(f"{path}: malformed campaign state ({exc})") from None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (or a kill) sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def state_path(out_dir: Path, shard: Shard) -> Path:
+    if shard.count == 1:
+        return Path(out_dir) / "campaign.json"
+    return Path(out_dir) / "shards" / f"campaign-{shard.index}-of-{shard.count}.json"
+
+
+_SHARD_FILE = re.compile(r"campaign-(\d+)-of-(\d+)\.json")
+
+
+def load_shards(out_dir: Path) -> list[CampaignState]:
+    """The states of every shard in ``out_dir/shards`` (one shard count, each index at most once)."""
+    found = sorted(
+        (int(m[2]), int(m[1]), p) for p in (Path(out_dir) / "shards").glob("campaign-*-of-*.json") if (m := _SHARD_FILE.fullmatch(p.name))
+    )
+    counts = {count for count, _, _ in found}
+    if not found:
+        raise CampaignStateError(f"{out_dir}/shards holds no shard state (campaign-I-of-N.json) to merge")
+    if len(counts) > 1:
+        raise CampaignStateError(f"{out_dir}/shards mixes shard counts {sorted(counts)}: merge one campaign at a time")
+    return [CampaignState.load(path) for _, _, path in found]
+
+
+def merge_results(per_shard: list[list[BackendResult]]) -> list[BackendResult]:
+    """One result per backend over shards: counters and coverage add up, findings are concatenated,
+    ``seconds`` is the slowest shard's (they ran side by side), ``seen`` is the union."""
+    merged: dict[str, BackendResult] = {}
+    for results in per_shard:
+        for r in results:
+            m = merged.setdefault(r.backend, BackendResult(r.backend, declared=r.declared, status="running"))
+            m.examples += r.examples
+            m.passed += r.passed
+            m.unsupported += r.unsupported
+            m.skipped_known += r.skipped_known
+            m.chunks_done += r.chunks_done
+            m.seconds = max(m.seconds, r.seconds)
+            m.worst_ratio = max(m.worst_ratio, r.worst_ratio)
+            m.findings += r.findings
+            m.coverage.merge(r.coverage)
+            m.seen += r.seen
+            m.notes += r.notes
+    for name, m in merged.items():
+        statuses = {r.status for results in per_shard for r in results if r.backend == name}
+        m.status = "finding" if m.findings else "done" if statuses <= {"done", "exhausted"} else "running"
+    return list(merged.values())

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import fuzz.campaign
+from backends.base import get_backend
+from fuzz.campaign import fuzz_backend
+from fuzz.cli import main
+from fuzz.coverage import Coverage
+from fuzz.shard import Shard
+from fuzz.state import BackendResult, FindingRecord, load_shards, merge_results
+from fuzz.strategies import Limits
+from fuzz.workers import assign_gpus, visible_gpus, worker_env
+
+pytest_plugins = ["pytester"]
+
+
+def test_shards_split_chunk_seeds_case_seeds_and_budgets_without_overlap() -> None:
+    shards = [Shard(i, 3) for i in range(3)]
+    chunk_seeds = [s.chunk_seed(7, j) for s in shards for j in range(50)]
+    assert len(set(chunk_seeds)) == 150 and set(chunk_seeds) == set(range(7, 157)), "the shards interleave one campaign"
+    case_seeds = [s.case_seed(drawn) for s in shards for drawn in range(100)]
+    assert len(set(case_seeds)) == 300
+    assert [sum(s.share(n) for s in shards) for n in (0, 1, 2, 10, 1001)] == [0, 1, 2, 10, 1001]
+    assert Shard().chunk_seed(7, 4) == 11 and Shard().case_seed(12345) == 12345, "one shard draws what it always drew"
+
+
+@pytest.mark.parametrize("text, message", [("2/2", "0 <= INDEX < COUNT"), ("1", "INDEX/COUNT"), ("a/b", "INDEX/COUNT"), ("0/0", "0 <= INDEX")])
+def test_bad_shards_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Shard.parse(text)
+
+
+def test_workers_are_pinned_round_robin_and_share_the_cpu_without_gpus(monkeypatch) -> None:
+    assert assign_gpus(5, ["3", "5"]) == ["3", "5", "3", "5", "3"]
+    assert worker_env("5", 2, {"CUDA_VISIBLE_DEVICES": "3,5", "X": "1"}) == {"CUDA_VISIBLE_DEVICES": "5", "X": "1"}
+    cpu = worker_env(None, 2, {})
+    assert "CUDA_VISIBLE_DEVICES" not in cpu and int(cpu["OMP_NUM_THREADS"]) >= 1
+    assert worker_env(None, 2, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 6,")
+    assert visible_gpus() == ["2", "6"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert visible_gpus() == []
+
+
+def test_merge_adds_counters_and_coverage_and_keeps_every_finding() -> None:
+    def shard_result(examples: int, seconds: float, page: str, finding: bool) -> BackendResult:
+        cov = Coverage({"page_size": {page: examples}})
+        found = [FindingRecord(f"id{page}", "fail", "m", "case", None, None)] if finding else []
+        return BackendResult("b", examples=examples, passed=examples - finding, seconds=seconds, coverage=cov,
+                             declared={"page_size": ["1", "16"]}, findings=found, seen=[page], status="done")
+
+    (merged,) = merge_results([[shard_result(10, 3.0, "1", False)], [shard_result(7, 5.0, "16", True)]])
+    assert (merged.examples, merged.passed, merged.seconds) == (17, 16, 5.0)
+    assert merged.coverage.counts == {"page_size": {"1": 10, "16": 7}} and merged.coverage_fraction == 1.0
+    assert [f.case_id for f in merged.findings] == ["id16"] and merged.status == "finding" and merged.seen == ["1", "16"]
+
+
+def test_a_shard_runs_its_own_case_seeds(monkeypatch) -> None:
+    seeds = []
+    real = fuzz.campaign.check_case
+
+    def recording(backend, case, tolerance):  # type: ignore[no-untyped-def]
+        seeds.append(case.seed)
+        return real(backend, case, tolerance)
+
+    monkeypatch.setattr(fuzz.campaign, "check_case", recording)
+    result = fuzz_backend(get_backend("sdpa-math"), examples=6, shard=Shard(1, 3), limits=Limits(max_batch=2, max_kv_len=12))
+    assert result.examples == 6 and len(seeds) == 6 and all(s % 3 == 1 for s in seeds), seeds
+
+
+def test_two_workers_on_cpu_merge_into_one_summary(tmp_path) -> None:
+    out = tmp_path / "two"
+    args = ["fuzz", "-b", "sdpa-math", "-n", "9", "--max-batch", "2", "--max-kv-len", "12", "--out", str(out), "--json"]
+    result = CliRunner().invoke(main, [*args, "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads(result.stdout)
+    assert summary["examples"] == summary["passed"] == 9 and summary["findings"] == []
+    assert json.loads((out / "summary.json").read_text()) == [summary]
+    states = load_shards(out)
+    assert [s.config["shard"] for s in states] == ["0/2", "1/2"]
+    per_shard = [s.results["sdpa-math"] for s in states]
+    assert [r.examples for r in per_shard] == [5, 4]
+    assert not set(per_shard[0].seen) & set(per_shard[1].seen), "two workers ran the same case"
+    merged = CliRunner().invoke(main, ["fuzz", "--merge", "--out", str(out), "--json"])
+    assert merged.exit_code == 0 and json.loads(merged.stdout) == [summary]
+
+
+def test_workers_refuse_a_shard_option(tmp_path) -> None:
+    result = CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "--workers", "2", "--shard", "0/2", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "give --shard only without --workers" in result.output
+
+
+def test_xdist_workers_get_one_gpu_each_and_one_shard_each(pytester: pytest.Pytester, monkeypatch, tmp_path) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        test_env="""
+        import os
+        import pathlib
+
+        import pytest
+
+        from fuzz.plugin import shard_count
+
+        @pytest.mark.parametrize("i", range(4))
+        def test_pinned(request, i):
+            worker = request.config.workerinput["workerid"]
+            seen = f"{os.environ.get('CUDA_VISIBLE_DEVICES')} {shard_count(request.config)}"
+            (pathlib.Path(os.environ["PA_TEST_DIR"]) / worker).write_text(seen)
+        """
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    monkeypatch.setenv("PA_TEST_DIR", str(tmp_path))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "test_env.py")
+    result.assert_outcomes(passed=4)
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"gw0": "5 2", "gw1": "7 2"}
+    collected = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "--pyargs",
+                                              "fuzz.test_conformance", "--pa-backend", "sdpa-math", "--pa-shards", "2")
+    assert sum("sdpa-math-shard" in line for line in collected.outlines) == 2, collected.outlines
