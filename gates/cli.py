@@ -110,16 +110,21 @@ def logits(
 
 
 def _command_line(ctx: click.Context) -> str:
-    """The command that reruns ``ctx``'s command: its path and every option not at its default."""
+    """The command that reruns ``ctx``'s command: ``pa-oracle``, the subcommands, and every option
+    given on the command line (however the CLI was started: ``pa-oracle`` or ``python -m fuzz``)."""
     import shlex
 
-    words = ctx.command_path.split()
-    words[0] = "pa-oracle"
+    from click.core import ParameterSource
+
+    names, parent = [], ctx
+    while parent.parent is not None:
+        names.append(parent.info_name or "")
+        parent = parent.parent
+    words = ["pa-oracle", *reversed(names)]
     for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if not isinstance(param, click.Option) or value is None or value == param.default or value == ():
+        if not isinstance(param, click.Option) or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
             continue
-        flag = max(param.opts, key=len)
+        value, flag = ctx.params[param.name], max(param.opts, key=len)
         if param.is_flag:
             words.append(flag)
         else:

@@ -212,7 +212,8 @@ def test_cli_exits_1_when_the_backend_loses_questions(monkeypatch, tmp_path):
     assert result.exit_code == 1, result.output
     assert "GSM8k gate FAIL: hf:eager vs hf:sdpa" in result.output and "lost 12 / won 1" in result.output
     report = tmp_path / "gsm8k" / "hf_eager-vs-hf_sdpa" / "gsm8k.md"
-    assert "pa-oracle gate gsm8k" in report.read_text()
+    rerun = f"pa-oracle gate gsm8k --model some/model --backend hf:eager --reference hf:sdpa --out {tmp_path}\n"
+    assert rerun in report.read_text()
 
 
 @needs_lm_eval
