@@ -25,6 +25,7 @@ from fuzz.state import (
     CampaignStateError,
     load_shards,
     merge_results,
+    missing_shards,
     state_path,
     write_atomically,
 )
@@ -136,7 +137,10 @@ def fuzz(
     failed: list[str] = []
     try:
         if merge_only:
-            results = merge_results([list(s.results.values()) for s in load_shards(out_dir)])
+            states = load_shards(out_dir)
+            if missing_shards(states):
+                click.echo(f"no state yet for shards {', '.join(missing_shards(states))}: merging the others", err=True)
+            results = merge_results([list(s.results.values()) for s in states])
         elif workers > 1:
             results, failed = _fuzz_with_workers(ctx, out_dir, workers, resume, shard_text)
         else:

@@ -154,6 +154,13 @@ def load_shards(out_dir: Path) -> list[CampaignState]:
     return [CampaignState.load(path) for _, _, path in found]
 
 
+def missing_shards(states: list[CampaignState]) -> list[str]:
+    """The shards of the campaign that have no state among ``states`` (e.g. tasks not run yet)."""
+    shards = [Shard.parse(s.config["shard"]) for s in states]
+    present = {shard.index for shard in shards}
+    return [str(Shard(i, shards[0].count)) for i in range(shards[0].count) if i not in present] if shards else []
+
+
 def merge_results(per_shard: list[list[BackendResult]]) -> list[BackendResult]:
     """One result per backend over shards: counters and coverage add up, findings are concatenated,
     ``seconds`` is the slowest shard's (they ran side by side), ``seen`` is the union."""

@@ -87,6 +87,9 @@ def test_two_workers_on_cpu_merge_into_one_summary(tmp_path) -> None:
     assert not set(per_shard[0].seen) & set(per_shard[1].seen), "two workers ran the same case"
     merged = CliRunner().invoke(main, ["fuzz", "--merge", "--out", str(out), "--json"])
     assert merged.exit_code == 0 and json.loads(merged.stdout) == [summary]
+    (out / "shards" / "campaign-1-of-2.json").unlink()
+    partial = CliRunner().invoke(main, ["fuzz", "--merge", "--out", str(out), "--json"])
+    assert "no state yet for shards 1/2" in partial.output and json.loads(partial.stdout)[0]["examples"] == 5
 
 
 def test_workers_refuse_a_shard_option(tmp_path) -> None:
