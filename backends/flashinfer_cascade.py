@@ -11,8 +11,6 @@ import dataclasses
 import random
 from typing import Any
 
-import torch
-
 from backends.base import Backend, KernelOutput, register
 from backends.flashinfer import _FLASHINFER, LN_2, FlashInferPrefillFA2
 from oracle.case import Case, Layout
