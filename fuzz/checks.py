@@ -98,7 +98,7 @@ def raw_bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b))
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b).to(a.device))
 
 
 def elementwise_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -74,6 +74,10 @@ class Capture:
 def capture(backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> Capture:
     """Judge ``case`` with ``check_case``, then run the kernel once more to keep its raw output."""
     outcome = check_case(backend, case, tolerance)
+    if outcome.verdict is not None:  # the probes below work on the CPU, whatever device judged
+        for name in ("error", "lse_error"):
+            if getattr(outcome.verdict, name) is not None:
+                setattr(outcome.verdict, name, getattr(outcome.verdict, name).cpu())
     splits = getattr(backend, "num_kv_splits", None) or getattr(backend, "num_splits", None)
     result = Capture(case, backend.name, outcome, split_count=splits if isinstance(splits, int) and splits > 1 else None)
     if outcome.verdict is None or outcome.verdict.error is None:
