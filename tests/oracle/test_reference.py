@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from backends.base import Capabilities
 from fuzz.strategies import Limits, cases
 from oracle.case import KV_DTYPES, Case, Heads, Layout, Options
-from oracle.reference import LOG2_E, merge_states, reference
+from oracle.reference import LOG2_E, merge_states, plain_attention, reference
 from oracle.tensors import Tensors, make_tensors, token_addresses
 from tests.oracle.naive import naive_attention
 
@@ -28,6 +28,33 @@ def test_matches_naive_per_token_loop(case: Case) -> None:
     out, lse = naive_attention(case, tensors)
     torch.testing.assert_close(ref.out, torch.tensor(out, dtype=torch.float64).view_as(ref.out), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(ref.lse, torch.tensor(lse, dtype=torch.float64).view_as(ref.lse), rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=40)
+@given(case=cases(ALL_OPTIONS, SMALL), reorder_ops=st.booleans())
+def test_control_in_float64_matches_the_reference(case: Case, reorder_ops: bool) -> None:
+    """The plain control, run in float64, is the reference up to rounding: a control with a wrong
+    mask (or any other semantic slip) would set a wrong error scale and let broken kernels pass."""
+    tensors = make_tensors(case)
+    ref = reference(case, tensors)
+    out, lse = plain_attention(case, tensors, torch.float64, reorder_ops=reorder_ops)
+    torch.testing.assert_close(out, ref.out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(lse, ref.lse, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_left", [0, 1, 3, 7])
+def test_control_and_reference_agree_on_windows_over_pages(causal: bool, window_left: int) -> None:
+    """A mixed batch whose windows start inside earlier pages (seen wrong in the control once)."""
+    layout = Layout.from_lengths([2, 1, 3], [9, 8, 13], page_size=4)
+    case = Case(layout, Heads(4, 2, 16, 16), Options(causal=causal, window_left=window_left), seed=1)
+    tensors = make_tensors(case)
+    ref = reference(case, tensors)
+    out, lse = naive_attention(case, tensors)
+    torch.testing.assert_close(ref.out, torch.tensor(out, dtype=torch.float64).view_as(ref.out), rtol=1e-10, atol=1e-12)
+    control_out, control_lse = plain_attention(case, tensors, torch.float64)
+    torch.testing.assert_close(control_out, ref.out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(control_lse, ref.lse, rtol=1e-10, atol=1e-12)
 
 
 def _sdpa_fp64(case: Case, tensors: Tensors) -> torch.Tensor:
