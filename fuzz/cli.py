@@ -163,7 +163,7 @@ def fuzz(
                 progress=lambda line: click.echo(line, err=True),
             )
     except (CampaignStateError, CaseError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.UsageError(str(exc)) from None  # exit 2: a worker's exit 1 means a finding
     summary = [_result_json(r) for r in results]
     write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
     if as_json:
@@ -220,7 +220,9 @@ def _fuzz_with_workers(
     click.echo(f"{workers} workers on " + (f"GPUs {', '.join(gpus)} (round-robin)" if gpus else "CPU"), err=True)
     codes = run_workers(_forwarded_args(ctx), workers, gpus)
     failed = [f"shard {i}/{workers} exited with {c}" for i, c in enumerate(codes) if c not in (0, 1)]
-    return merge_results([list(s.results.values()) for s in load_shards(out_dir)]), failed
+    states = load_shards(out_dir)
+    failed += [f"shard {shard} wrote no state" for shard in missing_shards(states)]
+    return merge_results([list(s.results.values()) for s in states]), failed
 
 
 def _forwarded_args(ctx: click.Context) -> list[str]:

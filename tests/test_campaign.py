@@ -105,11 +105,11 @@ def test_cases_a_ledger_predicate_covers_are_skipped_and_counted(tmp_path) -> No
 
 def test_cli_fuzz_skips_known_cases_reports_them_and_no_skip_known_finds_them(tmp_path) -> None:
     grouped = ledger_for(tmp_path, GQA_BUG, {"group_size": [2, 3, 4, 5, 6, 7, 8, 16, 32]})
-    args = ["fuzz", "-k", GQA_BUG, "-n", "30", *TINY_ARGS, "--ledger", str(grouped), "--json"]
+    args = ["fuzz", "-k", GQA_BUG, "-n", "20", *TINY_ARGS, "--ledger", str(grouped), "--json"]
     skipped = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
     assert skipped.exit_code == 0, skipped.output
     (summary,) = json.loads(skipped.stdout)
-    assert summary["skipped_known"] > 0 and summary["findings"] == [] and summary["examples"] == 30
+    assert summary["skipped_known"] > 0 and summary["findings"] == [] and summary["examples"] == 20
     assert summary["coverage"]["missing"]["group_size"][0] == "2"
     found = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b"), "--no-skip-known"])
     assert found.exit_code == 1, found.output
@@ -121,7 +121,7 @@ def test_cli_resume_refuses_a_different_seed_and_a_missing_state(tmp_path) -> No
     result = CliRunner().invoke(main, ["fuzz", "--out", str(tmp_path), "--resume", "--seed", "4"])
     assert result.exit_code == 2 and "started with seed=3, not 4" in result.output
     result = CliRunner().invoke(main, ["fuzz", "--out", str(tmp_path / "empty"), "--resume"])
-    assert result.exit_code == 1 and "no campaign state to resume" in result.output
+    assert result.exit_code == 2 and "no campaign state to resume" in result.output
 
 
 def test_a_malformed_state_file_is_refused_with_the_reason(tmp_path) -> None:
@@ -140,17 +140,17 @@ def test_sigkill_mid_campaign_then_resume_adds_up(tmp_path) -> None:
     state_file, deadline = out / "campaign.json", time.monotonic() + 120
     try:
         while time.monotonic() < deadline:
-            if state_file.exists() and CampaignState.load(state_file).results["sdpa-math"].chunks_done >= 2:
+            if state_file.exists() and CampaignState.load(state_file).results["sdpa-math"].chunks_done >= 1:
                 break
-            time.sleep(0.2)
+            time.sleep(0.1)
         else:
-            pytest.fail("the campaign wrote no state after two chunks in 120 s")
+            pytest.fail("the campaign wrote no state after a chunk in 120 s")
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     killed = CampaignState.load(state_file).results["sdpa-math"]
     assert killed.status == "running" and killed.examples == 25 * killed.chunks_done
-    target = killed.examples + 10
+    target = killed.examples + 5
     result = CliRunner().invoke(main, ["fuzz", "--out", str(out), "--resume", "-n", str(target), "--json"])
     assert result.exit_code == 0, result.output
     (summary,) = json.loads(result.stdout)

@@ -117,9 +117,9 @@ def test_xdist_workers_get_one_gpu_each_and_one_shard_each(pytester: pytest.Pyte
     )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     monkeypatch.setenv("PA_TEST_DIR", str(tmp_path))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "test_env.py")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-n", "2", "test_env.py")  # -q: no header, no torch
     result.assert_outcomes(passed=4)
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"gw0": "5 2", "gw1": "7 2"}
-    collected = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "--pyargs",
-                                              "fuzz.test_conformance", "--pa-backend", "sdpa-math", "--pa-shards", "2")
+    collected = pytester.runpytest("-p", "no:cacheprovider", "--collect-only", "-q", "--pyargs",
+                                   "fuzz.test_conformance", "--pa-backend", "sdpa-math", "--pa-shards", "2")
     assert sum("sdpa-math-shard" in line for line in collected.outlines) == 2, collected.outlines
