@@ -425,18 +425,19 @@ def plain_attention(
     out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
     lse = q.new_full(out.shape[:2], float("-inf"))
     for bucket in plan.buckets:
-        max_kv = bucket.kv_tokens.shape[1]
-        k = _gather(keys, bucket.kv_tokens)
-        s = _logits(case, bucket, _bucket_inputs(case, bucket, q), k, slice(0, max_kv), logit_scale, alibi)
+        cols = slice(bucket.first_key, bucket.kv_tokens.shape[1])  # earlier keys are outside every window
+        tokens = bucket.kv_tokens[:, cols]
+        s = _logits(case, bucket, _bucket_inputs(case, bucket, q), _gather(keys, tokens), cols, logit_scale, alibi)
+        n_keys = s.shape[-1]
         if sink is not None:
             s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
         empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
-        bucket_lse = torch.logsumexp(s[..., :max_kv], dim=-1)
+        bucket_lse = torch.logsumexp(s[..., :n_keys], dim=-1)
         p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1).to(dtype)
-        v = _gather(values, bucket.kv_tokens)
+        v = _gather(values, tokens)
         if v.element_size() < 4:  # CPU BLAS multiplies 16-bit floats 4-8x faster with v laid out [D, kv]
             v = v.transpose(-1, -2).contiguous().transpose(-1, -2)
-        bucket_out = _weigh(p[..., :max_kv], v)
+        bucket_out = _weigh(p[..., :n_keys], v)
         _put_rows(out, bucket, torch.where(empty[..., None], 0.0, bucket_out))
         _put_rows(lse, bucket, torch.where(empty, float("-inf"), bucket_lse))
     return out, lse
