@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -159,6 +159,8 @@ class _Batch:
     position_ids: torch.Tensor  # [B, T]
     scored: list[torch.Tensor]  # per text: positions t whose logits predict answer token t + 1
     gold: list[torch.Tensor]  # per text: the answer tokens
+    kept: torch.Tensor  # the positions any text scores, sorted: the only ones the LM head computes
+    rows: list[torch.Tensor]  # per text: where its scored positions sit in ``kept``
 
 
 def _encode(tokenizer: Any, text: ScoredText) -> tuple[list[int], int]:
@@ -183,17 +185,44 @@ def _batch(tokenizer: Any, texts: Sequence[ScoredText], padding_side: str, devic
         scored.append(torch.arange(start + prompt_len - 1, start + len(tokens) - 1))
         gold.append(torch.tensor(tokens[prompt_len:]))
     position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+    kept = torch.unique(torch.cat(scored))  # sorted
+    rows = [torch.searchsorted(kept, positions) for positions in scored]
     to = lambda t: t.to(device)
-    return _Batch(to(ids), to(mask), to(position_ids), scored, [to(g) for g in gold])
+    return _Batch(to(ids), to(mask), to(position_ids), scored, [to(g) for g in gold], to(kept), [to(r) for r in rows])
 
 
 def _logits(model: Any, implementation: str, batch: _Batch) -> torch.Tensor:
+    """[B, len(batch.kept), V]: the vocabulary projection of the scored positions only (the prompt
+    tokens' would be most of the LM head's work and memory)."""
     model.set_attn_implementation(implementation)
     with torch.no_grad():
         return model(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-            use_cache=False,
+            use_cache=False, logits_to_keep=batch.kept,
         ).logits
+
+
+class TokenMetrics(NamedTuple):
+    """Per scored token (float64): KL(reference || backend) in nats (inf where the backend's logits
+    are not finite), |change of the gold token's log-prob|, both argmaxes."""
+
+    kl: torch.Tensor
+    abs_dlogprob: torch.Tensor
+    reference_top: torch.Tensor
+    backend_top: torch.Tensor
+    finite: torch.Tensor
+
+
+def token_metrics(reference_logits: torch.Tensor, backend_logits: torch.Tensor, gold: torch.Tensor) -> TokenMetrics:
+    """Compare two [N, V] logit rows per token, in float64 (the KL of near-equal distributions is
+    ~1e-12 in float32 runs: float32 arithmetic would bury it in its own rounding)."""
+    ref = torch.log_softmax(reference_logits.double(), -1)
+    raw = backend_logits.double()
+    finite = torch.isfinite(raw).all(-1)
+    test = torch.log_softmax(raw, -1)
+    kl = torch.where(finite, (ref.exp() * (ref - test)).sum(-1), float("inf"))
+    dlogp = (ref.gather(-1, gold[:, None]) - test.gather(-1, gold[:, None]))[:, 0].abs()
+    return TokenMetrics(kl, dlogp, ref.argmax(-1), test.argmax(-1), finite)
 
 
 def run_logit_gate(
@@ -234,22 +263,15 @@ def run_logit_gate(
         ref_logits = _logits(model, reference_impl, batch)
         test_logits = _logits(model, backend_impl, batch)
         for b in range(len(chunk)):
-            rows = batch.scored[b].to(device)
-            ref = torch.log_softmax(ref_logits[b, rows].double(), -1)
-            test_raw = test_logits[b, rows].double()
-            finite = torch.isfinite(test_raw).all(-1)
-            nonfinite += int((~finite).sum())
-            test = torch.log_softmax(test_raw, -1)
-            kl = (ref.exp() * (ref - test)).sum(-1)
-            kl = torch.where(finite, kl, float("inf"))
-            gold = batch.gold[b]
-            kls.append(kl)
-            ref_top, test_top = ref.argmax(-1), test.argmax(-1)
-            agree.append(ref_top == test_top)
-            dlogp.append((ref.gather(-1, gold[:, None]) - test.gather(-1, gold[:, None]))[:, 0].abs())
-            top = torch.topk(kl, min(worst, len(kl)))
+            rows, gold = batch.rows[b], batch.gold[b]
+            m = token_metrics(ref_logits[b, rows], test_logits[b, rows], gold)
+            nonfinite += int((~m.finite).sum())
+            kls.append(m.kl)
+            agree.append(m.reference_top == m.backend_top)
+            dlogp.append(m.abs_dlogprob)
+            top = torch.topk(m.kl, min(worst, len(m.kl)))
             candidates += [
-                (float(v), first + b, int(i), int(gold[i]), int(ref_top[i]), int(test_top[i]))
+                (float(v), first + b, int(i), int(gold[i]), int(m.reference_top[i]), int(m.backend_top[i]))
                 for v, i in zip(top.values, top.indices)
             ]
         if progress is not None:

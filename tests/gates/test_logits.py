@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from gates.data import Problem, read_gsm8k
 from gates.logits import THRESHOLDS, ScoredText, _batch, gsm8k_texts, run_logit_gate
@@ -61,6 +62,7 @@ def test_batch_scores_exactly_the_answer_tokens(padding: str) -> None:
         assert batch.gold[b].tolist() == gold
         assert batch.input_ids[b, batch.scored[b] + 1].tolist() == gold  # logits at t predict token t + 1
         assert batch.attention_mask[b, batch.scored[b] + 1].all()
+        assert torch.equal(batch.kept[batch.rows[b]], batch.scored[b])  # the LM head computes these rows
     assert (batch.attention_mask[0] == 0).any(), "the shorter text must be padded"
     real = batch.attention_mask.bool()
     assert batch.position_ids[real].tolist() == [p for n in real.sum(1).tolist() for p in range(n)]
