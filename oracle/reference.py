@@ -20,7 +20,6 @@ the key columns that can hold a masked key, and each chunk's softmax is one fuse
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -214,10 +213,10 @@ def _plan(case: Case, device: torch.device) -> _Plan:
         fields, first_key, masked = _bucket_on_host(case, group)
         host += fields
         ints.append((first_key, masked))
-    moved = _to_device(host, device)
-    per = len(dataclasses.fields(_Bucket)) - 2
-    buckets = [_Bucket(*moved[1 + per * n : 1 + per * (n + 1)], *ints[n]) for n in range(len(ints))]
-    return _Plan(buckets, moved[0])
+    slots, *moved = _to_device(host, device)
+    per = len(moved) // max(len(ints), 1)  # index tensors per bucket
+    buckets = [_Bucket(*moved[n * per : (n + 1) * per], *ints[n]) for n in range(len(ints))]  # type: ignore[arg-type, call-arg]
+    return _Plan(buckets, slots)
 
 
 def _logits(
@@ -330,13 +329,13 @@ def _merge(a: _State, b: _State) -> _State:
     safe_total = torch.where(empty, 1.0, total)
     w_a, w_b = w_a / safe_total, w_b / safe_total
 
-    def mix(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
-        if x is None or y is None:
-            return None
+    def mix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         wx, wy = (w.view(*w.shape, *[1] * (x.dim() - w.dim())) for w in (w_a, w_b))
         return torch.where(empty.view_as(wx), 0.0, wx * x + wy * y)
 
     lse = torch.where(empty, float("-inf"), m_safe + torch.log(safe_total))
+    if a.noise_v is None or b.noise_v is None or a.noise_w is None or b.noise_w is None:
+        return _State(lse, mix(a.out, b.out), None, None)
     return _State(lse, mix(a.out, b.out), mix(a.noise_v, b.noise_v), mix(a.noise_w, b.noise_w))
 
 
@@ -401,6 +400,7 @@ def reference(
         _put_rows(out, bucket, bucket_out)
         _put_rows(lse, bucket, state.lse)
         if noise is not None:
+            assert state.noise_v is not None and state.noise_w is not None
             bucket_noise = state.noise_v + bucket_out.abs() * state.noise_w[..., None]
             _put_rows(noise, bucket, bucket_noise if shrink is None else bucket_noise * shrink)
     return Reference(out, lse * LOG2_E if lse_base == "2" else lse, noise)
