@@ -71,6 +71,7 @@ def fuzz_backend(
     """
     result = resume if resume is not None else BackendResult(backend.name)
     result.declared = declared(backend.capabilities, limits)
+    result.finding = result.finding_dir = result.repro = None  # this run's finding only
     seen = set(result.seen)
     versions = backend.versions() if ledger else {}
     isolated = None
@@ -209,7 +210,9 @@ def run_campaign(
     for i, backend in enumerate(todo):
         deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
         if progress:
-            progress(f"{label}fuzzing {backend.name} on {backend.device} ...")
+            pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
+            where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
+            progress(f"{label}fuzzing {backend.name} on {where} ...")
         isolated = backend.device == "cuda" if isolate is None else isolate
         fuzz_backend(
             backend, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline, limits=limits,
