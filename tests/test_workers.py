@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
+from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,6 +19,13 @@ from fuzz.strategies import Limits
 from fuzz.workers import assign_gpus, visible_gpus, worker_env
 
 pytest_plugins = ["pytester"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plugin_args() -> list[str]:
+    """``-p fuzz.plugin`` where the package is not installed (the plugin is then not an entry point)."""
+    installed = any(ep.name == "pa_oracle" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "fuzz.plugin"]
 
 
 def test_shards_split_chunk_seeds_case_seeds_and_budgets_without_overlap() -> None:
@@ -117,9 +127,11 @@ def test_xdist_workers_get_one_gpu_each_and_one_shard_each(pytester: pytest.Pyte
     )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     monkeypatch.setenv("PA_TEST_DIR", str(tmp_path))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-n", "2", "test_env.py")  # -q: no header, no torch
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    args = ["-p", "no:cacheprovider", *plugin_args()]
+    result = pytester.runpytest_subprocess(*args, "-q", "-n", "2", "test_env.py")  # -q: no header, no torch
     result.assert_outcomes(passed=4)
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"gw0": "5 2", "gw1": "7 2"}
-    collected = pytester.runpytest("-p", "no:cacheprovider", "--collect-only", "-q", "--pyargs",
+    collected = pytester.runpytest(*args, "--collect-only", "-q", "--pyargs",
                                    "fuzz.test_conformance", "--pa-backend", "sdpa-math", "--pa-shards", "2")
     assert sum("sdpa-math-shard" in line for line in collected.outlines) == 2, collected.outlines
