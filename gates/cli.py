@@ -64,6 +64,10 @@ def load_for_gate(model_path: str, gguf_file: str | None, dtype: str, device: st
 @click.option("--limit", "-n", default=64, show_default=True, help="Texts to score (the first N of the split).")
 @click.option("--batch-size", default=8, show_default=True)
 @click.option("--padding", type=click.Choice(["left", "right"]), default="left", show_default=True)
+@click.option("--mode", type=click.Choice(["prefill", "decode"]), default="prefill", show_default=True,
+              help="prefill: whole texts in one forward; decode: answer tokens one step at a time through the KV cache.")
+@click.option("--prefill", "prefill_backend", default=None,
+              help="decode mode: the backend that prefills the prompt in the backend's run (default: the reference).")
 @click.option("--page-size", type=int, default=None, help="KV page size (default: 16, or the backend's smallest above it).")
 @click.option("--seed", default=0, show_default=True, help="Seeds the random page tables.")
 @click.option("--max-mean-kl", type=float, default=None, help="Override the dtype's calibrated bound.")
@@ -74,10 +78,13 @@ def load_for_gate(model_path: str, gguf_file: str | None, dtype: str, device: st
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def logits(
     model_path: str, gguf_file: str | None, dtype: str, device: str | None, backend: str, reference: str, data_dir: Path,
-    split: str, limit: int, batch_size: int, padding: str, page_size: int | None, seed: int, max_mean_kl: float | None,
-    max_kl: float | None, min_top1: float | None, out_dir: Path | None, as_json: bool,
+    split: str, limit: int, batch_size: int, padding: str, mode: str, prefill_backend: str | None, page_size: int | None,
+    seed: int, max_mean_kl: float | None, max_kl: float | None, min_top1: float | None, out_dir: Path | None,
+    as_json: bool,
 ) -> None:
-    """Teacher-forced logit gate on GSM8k answers: KL, top-1 agreement; exit 1 if it fails."""
+    """Teacher-forced logit gate on GSM8k answers: KL, top-1 agreement; exit 1 if it fails.
+
+    Thresholds per model dtype: README "Accuracy gates"."""
     import dataclasses
 
     from gates.data import read_gsm8k
@@ -97,8 +104,8 @@ def logits(
         with click.progressbar(length=len(texts), label="scoring", file=sys.stderr) as bar:
             result = run_logit_gate(
                 loaded.model, loaded.tokenizer, texts, backend=backend, reference=reference, batch_size=batch_size,
-                padding_side=padding, page_size=page_size, seed=seed, thresholds=thresholds,
-                model_name=loaded.source, progress=bar.update,
+                padding_side=padding, mode=mode, prefill=prefill_backend, page_size=page_size, seed=seed,
+                thresholds=thresholds, model_name=loaded.source, progress=bar.update,
             )
     except (SwapError, KeyError, ValueError, ImportError) as exc:
         raise click.UsageError(str(exc).strip("'\"")) from None

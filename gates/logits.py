@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 import torch
 
 from gates.data import Problem
-from gates.swap import attn_implementation_for, registered_swap
+from backends.base import Backend
+from gates.swap import STOCK_PREFIX, attn_implementation_for, registered_swap
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class LogitGateResult:
     tokens: int  # answer tokens scored
     batch_size: int
     padding_side: str
+    mode: str  # "prefill" (whole texts in one forward) or "decode" (answer tokens one step at a time)
+    prefill: str | None  # decode mode: what prefilled the prompt in the backend's run
     mean_kl: float
     max_kl: float
     top1_agreement: float
@@ -118,7 +121,8 @@ class LogitGateResult:
             "",
             (
                 f"Model `{self.model}` ({self.dtype}, {self.device}); {self.texts} texts, {self.tokens} answer tokens, "
-                f"batches of {self.batch_size}, {self.padding_side}-padded."
+                f"batches of {self.batch_size}, {self.padding_side}-padded, {self.mode} mode"
+                + (f" (prompt prefilled by {self.prefill})." if self.prefill else ".")
             ),
             "",
             "| metric | value | bound |",
@@ -161,6 +165,7 @@ class _Batch:
     gold: list[torch.Tensor]  # per text: the answer tokens
     kept: torch.Tensor  # the positions any text scores, sorted: the only ones the LM head computes
     rows: list[torch.Tensor]  # per text: where its scored positions sit in ``kept``
+    prompt_width: int = 0  # decode mode: columns prefilled in one call; each later one is a decode step
 
 
 def _encode(tokenizer: Any, text: ScoredText) -> tuple[list[int], int]:
@@ -172,6 +177,7 @@ def _encode(tokenizer: Any, text: ScoredText) -> tuple[list[int], int]:
 
 
 def _batch(tokenizer: Any, texts: Sequence[ScoredText], padding_side: str, device: torch.device) -> _Batch:
+    """Prefill mode: whole texts, padded on ``padding_side``; every answer token is scored."""
     encoded = [_encode(tokenizer, t) for t in texts]
     width = max(len(ids) for ids, _ in encoded)
     pad = tokenizer.pad_token_id
@@ -191,15 +197,57 @@ def _batch(tokenizer: Any, texts: Sequence[ScoredText], padding_side: str, devic
     return _Batch(to(ids), to(mask), to(position_ids), scored, [to(g) for g in gold], to(kept), [to(r) for r in rows])
 
 
+def _decode_batch(tokenizer: Any, texts: Sequence[ScoredText], device: torch.device) -> _Batch:
+    """Decode mode: prompts left-padded to one width, then the answers one column per decode step
+    (a finished answer is followed by pad tokens fed as real tokens, never scored, so that every
+    step has one query per sequence). Scored: the predictions of answer tokens 1.. (token 0 is
+    predicted by the prefill)."""
+    encoded = [_encode(tokenizer, t) for t in texts]
+    prompt_width = max(n for _, n in encoded)
+    answer_width = max(len(ids) - n for ids, n in encoded)
+    ids = torch.full((len(texts), prompt_width + answer_width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    scored, gold = [], []
+    for b, (tokens, prompt_len) in enumerate(encoded):
+        ids[b, prompt_width - prompt_len : prompt_width] = torch.tensor(tokens[:prompt_len])
+        mask[b, : prompt_width - prompt_len] = 0
+        ids[b, prompt_width : prompt_width + len(tokens) - prompt_len] = torch.tensor(tokens[prompt_len:])
+        scored.append(torch.arange(prompt_width, prompt_width + len(tokens) - prompt_len - 1))
+        gold.append(torch.tensor(tokens[prompt_len + 1 :]))
+    position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+    kept = torch.arange(prompt_width, prompt_width + answer_width - 1)
+    rows = [positions - prompt_width for positions in scored]
+    to = lambda t: t.to(device)
+    return _Batch(
+        to(ids), to(mask), to(position_ids), scored, [to(g) for g in gold], to(kept), [to(r) for r in rows], prompt_width
+    )
+
+
 def _logits(model: Any, implementation: str, batch: _Batch) -> torch.Tensor:
     """[B, len(batch.kept), V]: the vocabulary projection of the scored positions only (the prompt
-    tokens' would be most of the LM head's work and memory)."""
+    tokens' would be most of the LM head's work and memory). Decode mode: one forward for the
+    prompt, then one per answer column through the KV cache."""
     model.set_attn_implementation(implementation)
     with torch.no_grad():
-        return model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-            use_cache=False, logits_to_keep=batch.kept,
-        ).logits
+        if not batch.prompt_width:
+            return model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False, logits_to_keep=batch.kept,
+            ).logits
+        from transformers import DynamicCache
+
+        p = batch.prompt_width
+        cache = DynamicCache(config=model.config)
+        model(input_ids=batch.input_ids[:, :p], attention_mask=batch.attention_mask[:, :p],
+              position_ids=batch.position_ids[:, :p], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        steps = []
+        for column in batch.kept.tolist():
+            out = model(
+                input_ids=batch.input_ids[:, column : column + 1], attention_mask=batch.attention_mask[:, : column + 1],
+                position_ids=batch.position_ids[:, column : column + 1], past_key_values=cache, use_cache=True,
+            )
+            steps.append(out.logits[:, -1])
+        return torch.stack(steps, 1) if steps else batch.input_ids.new_zeros(len(batch.rows), 0, 0).float()
 
 
 class TokenMetrics(NamedTuple):
@@ -230,10 +278,12 @@ def run_logit_gate(
     tokenizer: Any,
     texts: Sequence[ScoredText],
     *,
-    backend: str,
+    backend: str | Backend,
     reference: str = "oracle",
     batch_size: int = 8,
     padding_side: str = "left",
+    mode: str = "prefill",
+    prefill: str | None = None,
     page_size: int | None = None,
     seed: int = 0,
     thresholds: Thresholds | None = None,
@@ -243,9 +293,21 @@ def run_logit_gate(
 ) -> LogitGateResult:
     """Score ``texts`` under ``reference`` and ``backend`` (swap specs, see ``attn_implementation_for``)
     and judge the difference. ``thresholds`` default to ``THRESHOLDS`` for the model's dtype;
-    ``progress(n)`` is called after each batch of ``n`` texts."""
+    ``progress(n)`` is called after each batch of ``n`` texts.
+
+    ``mode="prefill"``: each batch is one forward (teacher forcing over whole texts).
+    ``mode="decode"``: the prompt is prefilled, then the answer is fed one token per step through
+    the KV cache and the decode steps are scored; in the backend's run the prompt is prefilled by
+    ``prefill`` (default: the reference, or the oracle for a stock ``hf:`` reference), so both runs
+    start from the same KV cache and only the decode steps differ."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    if mode not in ("prefill", "decode"):
+        raise ValueError(f"mode must be 'prefill' or 'decode', got {mode!r}")
+    if mode == "decode" and padding_side != "left":
+        raise ValueError("decode mode left-pads the prompts (right padding would leave holes before the answer)")
+    if mode == "prefill" and prefill is not None:
+        raise ValueError("prefill= names the prefill backend of decode mode")
     if batch_size < 1 or not texts:
         raise ValueError("need batch_size >= 1 and at least one text")
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -253,13 +315,15 @@ def run_logit_gate(
         if dtype not in THRESHOLDS:
             raise ValueError(f"no calibrated thresholds for dtype {dtype}; pass thresholds=")
         thresholds = THRESHOLDS[dtype]
+    if mode == "decode" and prefill is None:
+        prefill = "oracle" if reference.startswith(STOCK_PREFIX) else reference
     reference_impl = attn_implementation_for(reference, page_size=page_size, seed=seed)
-    backend_impl = attn_implementation_for(backend, page_size=page_size, seed=seed + 1)
+    backend_impl = attn_implementation_for(backend, page_size=page_size, seed=seed + 1, prefill=prefill)
     device = next(model.parameters()).device
     kls, agree, dlogp, candidates, nonfinite = [], [], [], [], 0
     for first in range(0, len(texts), batch_size):
         chunk = texts[first : first + batch_size]
-        batch = _batch(tokenizer, chunk, padding_side, device)
+        batch = _batch(tokenizer, chunk, padding_side, device) if mode == "prefill" else _decode_batch(tokenizer, chunk, device)
         ref_logits = _logits(model, reference_impl, batch)
         test_logits = _logits(model, backend_impl, batch)
         for b in range(len(chunk)):
@@ -281,7 +345,7 @@ def run_logit_gate(
     candidates.sort(key=lambda c: -c[0] if not math.isnan(c[0]) else -math.inf)
     return LogitGateResult(
         model=model_name or type(model).__name__,
-        backend=backend,
+        backend=backend if isinstance(backend, str) else backend.name,
         reference=reference,
         dtype=dtype,
         device=str(device),
@@ -289,6 +353,8 @@ def run_logit_gate(
         tokens=len(kl_all),
         batch_size=batch_size,
         padding_side=padding_side,
+        mode=mode,
+        prefill=prefill,
         mean_kl=float(kl_all.mean()),
         max_kl=float(kl_all.max()),
         top1_agreement=float(agree_all.double().mean()),

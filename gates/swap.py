@@ -140,13 +140,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 class PagedAttention:
-    """The attention function registered with transformers (one per backend, page size and seed)."""
+    """The attention function registered with transformers (one per backend, page size and seed).
 
-    def __init__(self, backend: Backend, *, page_size: int, seed: int) -> None:
+    With ``prefill``, calls where some sequence has more than one query go to that backend instead
+    (a decode-only kernel behind a prefill kernel, as serving engines pair them)."""
+
+    def __init__(self, backend: Backend, *, page_size: int, seed: int, prefill: Backend | None = None) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        self.backend, self.page_size, self.seed = backend, page_size, seed
+        self.backend, self.prefill, self.page_size, self.seed = backend, prefill, page_size, seed
         self.calls = 0  # attention calls served (tests check that the swap really ran)
+        self.prefill_calls = 0  # of those, served by ``prefill``
 
     def __call__(
         self,
@@ -177,20 +181,24 @@ class PagedAttention:
             raise SwapError(
                 f"keys {tuple(key.shape)} do not match the mask's {tuple(attention_mask.key_valid.shape)} [B, L]"
             )
-        if query.device.type not in self.backend.capabilities.devices:
-            raise SwapError(f"backend {self.backend.name} runs on {self.backend.capabilities.devices}, the model on {query.device}")
         window_left = -1 if sliding_window is None else int(sliding_window) - 1  # transformers counts the query
         if window_left not in attention_mask.checked_windows:
             _check_mask(attention_mask, window_left)
             attention_mask.checked_windows.add(window_left)
         case, tensors = self._case(module, query, key, value, attention_mask, scaling, window_left, kwargs)
-        reason = self.backend.unsupported_reason(case)
+        runner = self.backend
+        if self.prefill is not None and max(case.layout.qo_lens) > 1:
+            runner = self.prefill
+        if query.device.type not in runner.capabilities.devices:
+            raise SwapError(f"backend {runner.name} runs on {runner.capabilities.devices}, the model on {query.device}")
+        reason = runner.unsupported_reason(case)
         if reason:
-            raise SwapError(f"backend {self.backend.name} cannot run {type(module).__name__}: {reason}")
-        result = self.backend.run(self.backend.plan(case), tensors).out
+            raise SwapError(f"backend {runner.name} cannot run {type(module).__name__}: {reason}")
+        result = runner.run(runner.plan(case), tensors).out
         expected = (case.layout.total_q, case.heads.num_qo_heads, case.heads.head_dim_vo)
         if tuple(result.shape) != expected:
-            raise SwapError(f"backend {self.backend.name} returned out {tuple(result.shape)}, expected {expected}")
+            raise SwapError(f"backend {runner.name} returned out {tuple(result.shape)}, expected {expected}")
+        self.prefill_calls += runner is not self.backend
         out = query.new_zeros(batch, q_len, query.shape[1], value.shape[-1])
         out[attention_mask.query_valid] = result.to(query.dtype)
         self.calls += 1
@@ -266,27 +274,35 @@ def default_page_size(backend: Backend, preferred: int = 16) -> int:
     return -(-preferred // caps.page_size_multiple) * caps.page_size_multiple
 
 
-def implementation_name(backend: Backend, page_size: int, seed: int) -> str:
+def implementation_name(backend: Backend, page_size: int, seed: int, prefill: Backend | None = None) -> str:
     """The name under which the swap registers. transformers treats any name containing "flash" as
     flash-attention (and one with "/" as a hub kernel), so those are spelled differently here."""
-    label = re.sub(r"[^A-Za-z0-9_.:-]", "_", backend.name).replace("flash", "Flash")
+    names = backend.name if prefill is None else f"{backend.name}+prefill={prefill.name}"
+    label = re.sub(r"[^A-Za-z0-9_.:=+-]", "_", names).replace("flash", "Flash")
     return f"pa-oracle[{label},page={page_size},seed={seed}]"
 
 
 def register_paged_attention(
-    backend: str | Backend | Callable[..., Any], *, page_size: int | None = None, seed: int = 0
+    backend: str | Backend | Callable[..., Any],
+    *,
+    page_size: int | None = None,
+    seed: int = 0,
+    prefill: str | Backend | Callable[..., Any] | None = None,
 ) -> str:
     """Register the swap for ``backend``; returns the ``attn_implementation`` name to load a model
     with (``from_pretrained(..., attn_implementation=name)``) or to switch one to
     (``model.set_attn_implementation(name)``). ``page_size`` None: ``default_page_size(backend)``;
-    ``seed`` seeds the random page tables (call ``n`` of the swap uses ``f"{seed}:{n}"``)."""
+    ``seed`` seeds the random page tables (call ``n`` of the swap uses ``f"{seed}:{n}"``); ``prefill``
+    serves the calls with more than one query per sequence (for a decode-only ``backend``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     resolved = resolve_backend(backend)
-    page_size = default_page_size(resolved) if page_size is None else page_size
-    name = implementation_name(resolved, page_size, seed)
-    AttentionInterface.register(name, PagedAttention(resolved, page_size=page_size, seed=seed))
+    prefill_backend = None if prefill is None else resolve_backend(prefill)
+    if page_size is None:
+        page_size = max(default_page_size(b) for b in (resolved, prefill_backend) if b is not None)
+    name = implementation_name(resolved, page_size, seed, prefill_backend)
+    AttentionInterface.register(name, PagedAttention(resolved, page_size=page_size, seed=seed, prefill=prefill_backend))
     AttentionMaskInterface.register(name, _mask_function)
     return name
 
@@ -301,8 +317,12 @@ def registered_swap(name: str) -> PagedAttention:
     return fn
 
 
-def attn_implementation_for(spec: str, *, page_size: int | None = None, seed: int = 0) -> str:
+def attn_implementation_for(
+    spec: str | Backend, *, page_size: int | None = None, seed: int = 0, prefill: str | None = None
+) -> str:
     """``"hf:sdpa"`` -> transformers' stock ``"sdpa"``; anything else -> the swap for that backend."""
-    if spec.startswith(STOCK_PREFIX):
+    if isinstance(spec, str) and spec.startswith(STOCK_PREFIX):
+        if prefill is not None:
+            raise SwapError(f"{spec} is transformers' own attention; it takes no prefill backend")
         return spec.removeprefix(STOCK_PREFIX)
-    return register_paged_attention(spec, page_size=page_size, seed=seed)
+    return register_paged_attention(spec, page_size=page_size, seed=seed, prefill=prefill)

@@ -8,9 +8,12 @@ import json
 import pytest
 import torch
 
+from backends.user import UserKernel, declare
+from fuzz.quality.planted import correct_attention
 from gates.data import Problem, read_gsm8k
-from gates.logits import THRESHOLDS, ScoredText, _batch, gsm8k_texts, run_logit_gate
+from gates.logits import THRESHOLDS, ScoredText, _batch, _decode_batch, gsm8k_texts, run_logit_gate
 from gates.models import tiny_tokenizer
+from gates.swap import SwapError, implementation_name, registered_swap, resolve_backend
 
 pytest.importorskip("transformers", reason="the gates need transformers (pip install 'paged-attention-oracle[test]')")
 
@@ -86,3 +89,48 @@ def test_gsm8k_reader_checks_its_input(tmp_path, gsm8k_dir) -> None:
     with pytest.raises(ValueError, match="test.jsonl:1"):
         read_gsm8k(tmp_path)
     assert Problem("q", "so 1,234\n#### 1,234").final_answer == "1234"
+
+
+@declare(max_qo_len=1)
+def decode_only(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal, sm_scale,
+                window_left, logits_soft_cap):
+    """A correct kernel that declares one query per sequence, like FlashInfer's decode wrapper."""
+    return correct_attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                             kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale,
+                             window_left=window_left, logits_soft_cap=logits_soft_cap)
+
+
+def test_decode_mode_gates_a_decode_only_kernel_behind_the_reference_prefill(tiny_llama, texts) -> None:
+    backend = UserKernel(decode_only, name="decode_only")
+    with pytest.raises(SwapError, match="qo_len > 1"):  # prefill mode needs a kernel that takes whole prompts
+        _gate(tiny_llama, texts[:1], backend)
+    short = texts[:2]  # one batch: every decode step is a forward pass
+    result = run_logit_gate(tiny_llama, tiny_tokenizer(), short, backend=backend, mode="decode", batch_size=2)
+    assert result.passed, result.to_markdown()
+    assert result.prefill == "oracle" and "decode mode (prompt prefilled by oracle)" in result.to_markdown()
+    swap = registered_swap(implementation_name(backend, 16, 1, resolve_backend("oracle")))
+    layers = tiny_llama.config.num_hidden_layers
+    assert swap.prefill_calls == layers and swap.calls > 10 * swap.prefill_calls  # decode steps dominate
+    # one fewer token per text than prefill mode: answer token 0 is predicted by the prefill, not scored
+    assert result.tokens == _gate(tiny_llama, short, "sdpa-math").tokens - len(short)
+
+
+def test_decode_mode_fails_a_wrong_gqa_map(tiny_llama, texts) -> None:
+    shortest = [min(texts, key=lambda t: len(t.continuation))]
+    result = run_logit_gate(tiny_llama, tiny_tokenizer(), shortest, backend="fuzz.quality.planted:wrong_gqa_map",
+                            mode="decode")
+    assert not result.passed and result.mean_kl > 1000 * THRESHOLDS["float32"].mean_kl
+
+
+def test_decode_batch_feeds_answers_one_column_per_step() -> None:
+    tokenizer = tiny_tokenizer()
+    texts = [ScoredText("Q: 1+1?\nA:", " 2."), ScoredText("Q: a longer question?\nA:", " It is 42.")]
+    batch = _decode_batch(tokenizer, texts, device="cpu")
+    p = batch.prompt_width
+    for b, text in enumerate(texts):
+        prompt = tokenizer(text.prompt)["input_ids"]
+        answer = tokenizer(text.continuation, add_special_tokens=False)["input_ids"]
+        assert batch.input_ids[b, p - len(prompt) : p].tolist() == prompt  # prompts end at one column
+        assert batch.input_ids[b, p : p + len(answer)].tolist() == answer
+        assert batch.gold[b].tolist() == answer[1:] == batch.input_ids[b, batch.scored[b] + 1].tolist()
+    assert batch.attention_mask[:, p:].all() and not batch.attention_mask[0, 0]
