@@ -425,9 +425,14 @@ def result_json(result: GateResult, backend: RunOutcome, reference: RunOutcome) 
         "seconds": {backend.label: round(backend.seconds, 1), reference.label: round(reference.seconds, 1)},
         "filters": {name: filter_json(v) for name, v in result.verdicts.items()},
         "questions": [
-            {"doc_id": i, "target": q.target,
-             "backend": {f: backend.correct[f][i] for f in result.verdicts},
-             "reference": {f: reference.correct[f][i] for f in result.verdicts}}
+            {
+                "doc_id": i, "target": q.target,
+                "backend": {f: backend.correct[f][i] for f in result.verdicts},
+                "reference": {f: reference.correct[f][i] for f in result.verdicts},
+                "backend_answer": {f: backend.extracted[f][i] for f in result.verdicts},
+                "reference_answer": {f: reference.extracted[f][i] for f in result.verdicts},
+                "same_generation": backend.responses.get(i) == reference.responses.get(i),
+            }
             for i, q in sorted(reference.questions.items())
         ],
     }

@@ -163,8 +163,12 @@ def test_reports_hold_every_question(tmp_path):
     data = json.loads(json_path.read_text())
     assert data == json.loads(json.dumps(result_json(result, backend, reference)))
     assert [q["doc_id"] for q in data["questions"]] == list(range(10))
-    assert data["questions"][0] == {"doc_id": 0, "target": "0", "backend": {f: False for f in FILTERS},
-                                    "reference": {f: True for f in FILTERS}}
+    assert data["questions"][0] == {
+        "doc_id": 0, "target": "0", "backend": {f: False for f in FILTERS}, "reference": {f: True for f in FILTERS},
+        "backend_answer": {f: "[invalid]" for f in FILTERS}, "reference_answer": {f: "0" for f in FILTERS},
+        "same_generation": False,
+    }
+    assert sum(q["same_generation"] for q in data["questions"]) == data["identical_responses"] == 7
     assert data["filters"]["flexible-extract"]["losses"] == 2 and data["filters"]["flexible-extract"]["wins"] == 1
     assert "pa-oracle gate gsm8k ..." in md_path.read_text()
 
