@@ -117,6 +117,8 @@ def _mask_function(
     device: torch.device | str = "cpu",
     **kwargs: Any,
 ) -> PagedMask:
+    """transformers' mask interface (called once per forward and mask type, with the arguments it
+    gives every mask function): SDPA's boolean mask, never skipped, plus the padding mask."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
     allowed = sdpa_mask(
