@@ -14,7 +14,8 @@ pytest.importorskip("transformers", reason="the gates need transformers (pip ins
 
 def _logits(tiny_dir, gsm8k_dir, *args: str):
     return CliRunner().invoke(
-        main, ["gate", "logits", "--model", str(tiny_dir), "--data", str(gsm8k_dir), "--limit", "3", "--batch-size", "2", *args]
+        main, ["gate", "logits", "--model", str(tiny_dir), "--data", str(gsm8k_dir), "--limit", "3", "--batch-size", "2",
+               "--device", "cpu", "--dtype", "float32", *args]
     )
 
 
