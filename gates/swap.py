@@ -20,7 +20,6 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -87,22 +86,34 @@ def resolve_backend(spec: str | Backend | Callable[..., Any]) -> Backend:
     return backend
 
 
-@dataclass
-class PagedMask:
-    """What the mask function hands each attention call (transformers passes it through untouched).
+class PagedMask(torch.Tensor):
+    """transformers' own boolean SDPA mask [B, 1, S, L] (True: attend), carrying what the swap needs
+    besides: ``key_valid`` [B, L] marks real (non-padding) keys; query ``i``'s own token is key
+    ``query_key_offset + i``.
 
-    ``allowed`` [B, 1, S, L] is transformers' own boolean SDPA mask (True: attend); ``key_valid``
-    [B, L] marks real (non-padding) key tokens; query ``i``'s own token is key ``query_key_offset + i``.
+    A tensor, so that transformers passes a precomputed one through untouched (``generate`` builds
+    the mask ahead of the forward for static caches). Any operation on it gives a plain tensor,
+    which the swap refuses: a mask that was sliced or combined is no longer this one.
     """
 
-    allowed: torch.Tensor
+    __torch_function__ = torch._C._disabled_torch_function_impl
     key_valid: torch.Tensor
     query_key_offset: int
-    checked_windows: set[int] = field(default_factory=set)  # window_left values already checked
+    checked_windows: set[int]  # window_left values already checked against the canonical mask
+
+    @staticmethod
+    def wrap(allowed: torch.Tensor, key_valid: torch.Tensor, query_key_offset: int) -> PagedMask:
+        mask = torch.Tensor._make_subclass(PagedMask, allowed)
+        mask.key_valid, mask.query_key_offset, mask.checked_windows = key_valid, query_key_offset, set()
+        return mask
+
+    @property
+    def allowed(self) -> torch.Tensor:
+        return self.as_subclass(torch.Tensor)
 
     @property
     def query_valid(self) -> torch.Tensor:
-        s = self.allowed.shape[2]
+        s = self.shape[2]
         return self.key_valid[:, self.query_key_offset : self.query_key_offset + s]
 
 
@@ -134,7 +145,7 @@ def _mask_function(
     offset = int(q_offset) - kv_offset
     if not 0 <= offset <= kv_length - q_length:
         raise SwapError(f"queries at cache positions {int(q_offset)}.. do not lie inside the {kv_length} keys")
-    return PagedMask(allowed.expand(batch_size, 1, q_length, kv_length), key_valid, offset)
+    return PagedMask.wrap(allowed.expand(batch_size, 1, q_length, kv_length).contiguous(), key_valid, offset)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -201,3 +201,29 @@ def test_registered_name_never_reads_as_flash_attention() -> None:
     name = implementation_name(UserKernel(lambda *a, **k: None, name="pkg.flash_mod:flash_fn"), 16, 0)
     assert "flash" not in name and "/" not in name and name.startswith("pa-oracle[")
     assert resolve_backend("oracle").name == "oracle" and resolve_backend("control").name == "control"
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_through_the_swap_matches_stock(tiny_llama, cache: str) -> None:
+    """generate() builds the mask ahead of the forward for a static cache; the swap's mask survives that."""
+    tiny_llama.generation_config.pad_token_id = 0
+    ids, mask = IDS[:2, :12], LEFT_PADDED[:2, :12].clone()
+    mask[1, :4] = 0
+    name = register_paged_attention("sdpa-math", seed=3)
+    tokens = {}
+    for implementation in ("sdpa", name):
+        tiny_llama.set_attn_implementation(implementation)
+        with sdpa_kernel(SDPBackend.MATH):
+            tokens[implementation] = tiny_llama.generate(
+                ids, attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation=cache
+            )[:, ids.shape[1] :]
+    assert registered_swap(name).calls == tiny_llama.config.num_hidden_layers * 5
+    assert torch.equal(tokens["sdpa"], tokens[name])
+
+
+def test_a_sliced_mask_is_no_longer_the_swaps_mask() -> None:
+    q, k, v, padding = _attention_inputs()
+    mask = _mask_function(batch_size=2, q_length=7, kv_length=7, attention_mask=padding)
+    swap = registered_swap(register_paged_attention("sdpa-math"))
+    with pytest.raises(SwapError, match="not the PagedMask"):
+        swap(_Module(), q, k, v, mask[:, :, :, :7])
