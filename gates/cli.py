@@ -26,7 +26,8 @@ def gate() -> None:
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options that say which model to load and how (shared by the gate commands)."""
     options = [
-        click.option("--model", "model_path", required=True, help="Model folder, hub id (already cached), or a .gguf file."),
+        click.option("--model", "model_path", required=True,
+                     help="Model folder, hub id (already cached), or a .gguf file."),
         click.option("--gguf-file", default=None, help="GGUF file inside --model (or a path to one)."),
         click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
                      show_default=True, help="Model dtype; auto: bfloat16 on CUDA, float32 on CPU."),
@@ -56,16 +57,17 @@ def load_for_gate(model_path: str, gguf_file: str | None, dtype: str, device: st
 
 @gate.command()
 @model_options
-@click.option("--backend", "-b", required=True, help="Backend under test: a registry name, oracle, control, MODULE:FUNCTION, or hf:IMPL (stock transformers).")
+@click.option("--backend", "-b", required=True,
+              help="Backend under test: a registry name, oracle, control, MODULE:FUNCTION, or hf:IMPL (stock transformers).")
 @click.option("--reference", "-r", default="oracle", show_default=True, help="Reference, same forms as --backend.")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA, show_default=True,
-              help="Folder with GSM8k {split}.jsonl (question/answer).")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA,
+              show_default=True, help="Folder with GSM8k {split}.jsonl (question/answer).")
 @click.option("--split", default="test", show_default=True)
 @click.option("--limit", "-n", default=64, show_default=True, help="Texts to score (the first N of the split).")
 @click.option("--batch-size", default=8, show_default=True)
 @click.option("--padding", type=click.Choice(["left", "right"]), default="left", show_default=True)
 @click.option("--mode", type=click.Choice(["prefill", "decode"]), default="prefill", show_default=True,
-              help="prefill: whole texts in one forward; decode: answer tokens one step at a time through the KV cache.")
+              help="prefill: whole texts in one forward; decode: answer tokens one step at a time (KV cache).")
 @click.option("--prefill", "prefill_backend", default=None,
               help="decode mode: the backend that prefills the prompt in the backend's run (default: the reference).")
 @click.option("--page-size", type=int, default=None, help="KV page size (default: 16, or the backend's smallest above it).")
@@ -97,7 +99,8 @@ def logits(
         raise click.UsageError(str(exc)) from None
     loaded = load_for_gate(model_path, gguf_file, dtype, device)
     model_dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
-    overrides = {k: v for k, v in (("mean_kl", max_mean_kl), ("max_kl", max_kl), ("min_top1", min_top1)) if v is not None}
+    bounds = (("mean_kl", max_mean_kl), ("max_kl", max_kl), ("min_top1", min_top1))
+    overrides = {name: value for name, value in bounds if value is not None}
     thresholds = dataclasses.replace(THRESHOLDS[model_dtype], **overrides)
     click.echo(f"logit gate: {backend} vs {reference} on {loaded.source} ({model_dtype}), {len(texts)} texts", err=True)
     try:

@@ -136,7 +136,8 @@ class LogitGateResult:
             f"| tokens with NaN/inf logits | {self.nonfinite} | 0 |",
         ]
         if self.worst:
-            lines += ["", "Worst tokens:", "", "| text | answer token | gold | KL | ref top-1 | backend top-1 |", "|---|---|---|---|---|---|"]
+            lines += ["", "Worst tokens:", ""]
+            lines += ["| text | answer token | gold | KL | ref top-1 | backend top-1 |", "|---|---|---|---|---|---|"]
             lines += [
                 f"| {w.text} | {w.position} | {w.token!r} | {w.kl:.3g} | {w.reference_top!r} | {w.backend_top!r} |"
                 for w in self.worst
@@ -219,9 +220,8 @@ def _decode_batch(tokenizer: Any, texts: Sequence[ScoredText], device: torch.dev
     kept = torch.arange(prompt_width, prompt_width + answer_width - 1)
     rows = [positions - prompt_width for positions in scored]
     to = lambda t: t.to(device)
-    return _Batch(
-        to(ids), to(mask), to(position_ids), scored, [to(g) for g in gold], to(kept), [to(r) for r in rows], prompt_width
-    )
+    gold, rows = [to(g) for g in gold], [to(r) for r in rows]
+    return _Batch(to(ids), to(mask), to(position_ids), scored, gold, to(kept), rows, prompt_width)
 
 
 def _logits(model: Any, implementation: str, batch: _Batch) -> torch.Tensor:
@@ -326,7 +326,10 @@ def run_logit_gate(
     kls, agree, dlogp, candidates, nonfinite = [], [], [], [], 0
     for first in range(0, len(texts), batch_size):
         chunk = texts[first : first + batch_size]
-        batch = _batch(tokenizer, chunk, padding_side, device) if mode == "prefill" else _decode_batch(tokenizer, chunk, device)
+        if mode == "prefill":
+            batch = _batch(tokenizer, chunk, padding_side, device)
+        else:
+            batch = _decode_batch(tokenizer, chunk, device)
         ref_logits = _logits(model, reference_impl, batch)
         test_logits = _logits(model, backend_impl, batch)
         for b in range(len(chunk)):

@@ -122,8 +122,8 @@ def tiny_model(
         config = LlamaConfig(**common)
         cls = LlamaForCausalLM
     elif architecture == "qwen2":
-        window = {"use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": 0} if sliding_window else {}
-        config = Qwen2Config(**common, **window)
+        window = {"use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": 0}
+        config = Qwen2Config(**common, **(window if sliding_window else {}))
         cls = Qwen2ForCausalLM
     else:
         raise ValueError(f"architecture must be one of {TINY_ARCHITECTURES}, got {architecture!r}")
