@@ -43,6 +43,15 @@ def _rng(case: Case, relation: str) -> random.Random:
     return random.Random(f"{relation}:{case_key(case)}")
 
 
+def _moving_permutation(case: Case, relation: str, size: int) -> list[int]:
+    """A permutation of ``range(size)`` drawn from the case, never the identity (size >= 2)."""
+    order = list(range(size))
+    _rng(case, relation).shuffle(order)
+    if order == sorted(order):
+        order.reverse()
+    return order
+
+
 def _indptr(lengths: list[int]) -> tuple[int, ...]:
     out = [0]
     for n in lengths:
@@ -154,10 +163,7 @@ def _reorder(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome
     batch = case.layout.batch_size
     if batch < 2:
         raise Unsupported("one request: nothing to reorder")
-    order = list(range(batch))
-    _rng(case, "reorder").shuffle(order)
-    if order == sorted(order):
-        order.reverse()
+    order = _moving_permutation(case, "reorder", batch)
     tensors = tensors_for(backend, case)
     reordered, moved, rows = reorder_requests(case, tensors, order)
     cases = [("original", case, tensors), ("reordered", reordered, moved)]
@@ -173,10 +179,7 @@ def _relabel(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome
     num_pages = case.layout.num_pages
     if num_pages < 2:
         raise Unsupported("one page in the pool: nothing to relabel")
-    new_id = list(range(num_pages))
-    _rng(case, "relabel").shuffle(new_id)
-    if new_id == sorted(new_id):
-        new_id.reverse()
+    new_id = _moving_permutation(case, "relabel", num_pages)
     reason = backend.unsupported_reason(case)
     if reason:
         raise Unsupported(reason)
