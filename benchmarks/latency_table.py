@@ -20,7 +20,7 @@ import torch
 from backends import get_backend
 from backends.base import Backend
 from oracle.case import Case, Heads, Layout, Options
-from oracle.tensors import make_tensors
+from oracle.tensors import Tensors, torch_dtype
 
 DECODE = ("flashinfer-decode", "flashinfer-decode-tc", "flash-attn-kvcache-paged", "sglang-decode", "sdpa-efficient")
 PREFILL = ("flashinfer-prefill-fa2", "flashinfer-prefill-fa3", "flash-attn-varlen", "sdpa-efficient")
@@ -34,8 +34,19 @@ def serving_layout(batch: int, context: int, qo_len: int, page_size: int) -> Lay
     return Layout.from_lengths([qo_len] * batch, [context] * batch, page_size, page_order=order)
 
 
+def random_tensors(case: Case) -> Tensors:
+    """Normal q and pools drawn on the GPU: timing needs no oracle-grade data, and ``make_tensors``
+    (float64 values per logical token on the host) needs ~16 GiB and minutes at batch 256 x 4096."""
+    lay, heads, opts = case.layout, case.heads, case.options
+    q = torch.randn(lay.total_q, heads.num_qo_heads, heads.head_dim_qk, device="cuda").to(torch_dtype(opts.q_dtype))
+    pool = (lay.num_pages, lay.page_size, heads.num_kv_heads)
+    k = torch.randn(*pool, heads.head_dim_qk, device="cuda").to(torch_dtype(opts.kv_dtype))
+    v = torch.randn(*pool, heads.head_dim_vo, device="cuda").to(torch_dtype(opts.kv_dtype))
+    return Tensors(q, k, v)
+
+
 def median_ms(backend: Backend, case: Case, repeat: int) -> float:
-    tensors = make_tensors(case, "cuda")
+    tensors = random_tensors(case)
     plan = backend.plan(case)
     for _ in range(3):
         backend.run(plan, tensors)
@@ -76,6 +87,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="1024,4096")
     parser.add_argument("--chunk", type=int, default=512, help="queries per request in prefill rows")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--kinds", default="decode,prefill", help="which rows: decode, prefill or both")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("latency_table needs a CUDA device")
@@ -84,6 +96,8 @@ def main() -> None:
     print("| kernel | kind | context | " + " | ".join(f"batch {b}" for b in batches) + " |")
     print("|---|---|---|" + "---|" * len(batches))
     for kind, names in (("decode", DECODE), ("prefill", PREFILL)):
+        if kind not in args.kinds.split(","):
+            continue
         for name in names if not args.backend else [n for n in args.backend if n in names or n not in DECODE + PREFILL]:
             backend = get_backend(name)
             if backend.unavailable_reason():
