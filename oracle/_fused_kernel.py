@@ -1,18 +1,16 @@
 """The float64 Triton kernel behind ``oracle.fused``: one program attends one tile of packed
 (query, head-in-group) rows of one request against that request's paged keys, for one kv head.
 
-Imported only where Triton is installed. ``kernel(interpret)`` builds the JIT function for the
-current mode, so the interpreter (CPU tensors) and the compiler can both be used in one process.
+Imported only where Triton is installed. Under ``TRITON_INTERPRET=1`` the kernel runs in Triton's
+interpreter (CPU tensors, float64 numpy exp/log instead of libdevice).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.runtime.interpreter import InterpretedFunction
 
 # per tile, int64: first query row, qo_len, kv_len, first page-table entry, first packed row
 TILE_FIELDS: tl.constexpr = tl.constexpr(5)
@@ -74,7 +72,7 @@ def _attention(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float64)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float64)
     acc = tl.zeros([BLOCK_M, BLOCK_DVO], dtype=tl.float64)
-    # A while loop, not range(lo, hi, BLOCK_N): Triton 3.6's interpreter cannot take tensor bounds
+    # a while loop, not range(lo, hi, BLOCK_N): Triton 3.6's interpreter cannot take tensor bounds
     # for range under numpy 2 (it calls int() on a 1-element array). The pool loads are gathers
     # through the page table either way, so a for loop's pipelining would buy little.
     start = lo
@@ -135,13 +133,10 @@ def _attention(
     tl.store(lse_ptr + lse_rows, lse * tl.load(params_ptr + 3), mask=row_valid)
 
 
-@functools.cache
-def kernel(interpret: bool) -> Any:
-    """The JIT function for the interpreter or the compiler (``triton.jit`` picks by the knob)."""
-    with triton.knobs.runtime.scope():
-        triton.knobs.runtime.interpret = interpret
-        return triton.jit(_attention)
+attention = triton.jit(_attention)
 
 
 def interpreting() -> bool:
-    return bool(triton.knobs.runtime.interpret)
+    """Whether the kernel runs in Triton's interpreter: ``TRITON_INTERPRET=1`` when triton was first
+    imported (its own library functions are built for one mode, so the mode is per process)."""
+    return isinstance(attention, InterpretedFunction)

@@ -130,10 +130,9 @@ def fused_attention(
     block_dqk, block_dvo = (max(_MIN_DOT, 1 << (d - 1).bit_length()) for d in (heads.head_dim_qk, heads.head_dim_vo))
     plan = _plan(case, _block_ms(config, block_dvo), lse_base)
     ints, floats = _upload(plan.ints, device), _upload(plan.floats, device)
-    kernel = fk.kernel(interpret)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         for block_m, first_tile, tiles in plan.launches:
-            kernel[(tiles * heads.num_kv_heads,)](
+            fk.attention[(tiles * heads.num_kv_heads,)](
                 q, k_cache, v_cache, out, lse,
                 ints[first_tile * fk.TILE_FIELDS.value :], ints[plan.pages_offset :], floats,
                 q.stride(0), q.stride(1),

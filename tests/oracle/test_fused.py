@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.base import Capabilities
+from fuzz.strategies import Limits, alibi_slopes, cases
+from oracle.case import KV_DTYPES, Case, CaseError, Heads, Layout, Options
+from oracle.reference import Reference, reference
+from oracle.tensors import Tensors, make_tensors
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _interpreting() -> bool:
+    if not HAS_TRITON:
+        return False
+    from oracle._fused_kernel import interpreting
+
+    return interpreting()
+
+
+# Triton's interpreter is chosen per process, when triton is first imported (TRITON_INTERPRET=1):
+# the interpreted tests run here only in such a process; otherwise one test reruns them in one.
+INTERPRETING = _interpreting()
+interpreted = pytest.mark.skipif(
+    not INTERPRETING,
+    reason="needs triton imported under TRITON_INTERPRET=1 (test_interpreted_tests_in_a_subprocess runs them)" if HAS_TRITON else "needs triton (pip install triton)",
+)
+needs_cuda = pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA) or INTERPRETING, reason="needs triton, compiled (TRITON_INTERPRET unset), and a CUDA device")
+
+ALL_OPTIONS = Capabilities(kv_dtypes=KV_DTYPES)
+# the interpreter runs every program in Python: a few tiny cases only
+TINY = Limits(max_batch=3, max_kv_len=24, max_qo_len=6, max_extra_pages=2, max_kv_heads=2, max_qo_heads=8, head_dims=(16, 8, 80))
+RELATIVE = 1e-12  # float64 rounding of two different summation orders, far below any kernel's error
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (pip install triton)")
+@pytest.mark.skipif(INTERPRETING, reason="this process already runs the interpreted tests")
+def test_interpreted_tests_in_a_subprocess() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "interpreted and not subprocess", str(Path(__file__).resolve())]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and " passed" in result.stdout and "skipped" not in result.stdout, (
+        f"TRITON_INTERPRET=1 {' '.join(command)}\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    )
+
+
+def _interpreted(case: Case, tensors: Tensors, lse_base: str = "e") -> Reference:
+    from oracle.fused import fused_attention
+
+    return fused_attention(case, tensors, lse_base=lse_base)
+
+
+def _assert_matches(fused: Reference, ref: Reference, case: Case) -> None:
+    __tracebackhide__ = True
+    assert fused.out.dtype == fused.lse.dtype == torch.float64 and fused.logit_noise is None
+    assert fused.out.shape == ref.out.shape and fused.lse.shape == ref.lse.shape
+    fused_out, fused_lse, ref_out, ref_lse = (t.cpu() for t in (fused.out, fused.lse, ref.out, ref.lse))
+    assert torch.equal(torch.isneginf(fused_lse), torch.isneginf(ref_lse)), f"rows with no key differ [{case.summary()}]"
+    assert torch.isfinite(fused_out).all(), f"non-finite output (a poisoned slot read?) [{case.summary()}]"
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(fused_out[empty], torch.zeros_like(fused_out[empty])), "rows with no key must give out 0"
+    out_err = (fused_out - ref_out).abs().max().item() if ref_out.numel() else 0.0
+    out_scale = max(1.0, ref_out.abs().max().item() if ref_out.numel() else 0.0)
+    assert out_err <= RELATIVE * out_scale, f"out: max |fused - reference| {out_err:.3g} > {RELATIVE:g} x {out_scale:.3g} [{case.summary()}]"
+    finite = ~empty
+    if finite.any():
+        lse_err = (fused_lse[finite] - ref_lse[finite]).abs().max().item()
+        lse_scale = max(1.0, ref_lse[finite].abs().max().item())
+        assert lse_err <= RELATIVE * lse_scale, f"lse: max |fused - reference| {lse_err:.3g} > {RELATIVE:g} x {lse_scale:.3g} [{case.summary()}]"
+
+
+@interpreted
+@settings(max_examples=8, deadline=None)
+@given(case=cases(ALL_OPTIONS, TINY), lse_base=st.sampled_from(["e", "2"]))
+def test_interpreted_kernel_matches_reference(case: Case, lse_base: str) -> None:
+    tensors = make_tensors(case)
+    _assert_matches(_interpreted(case, tensors, lse_base), reference(case, tensors, lse_base=lse_base), case)
+
+
+# every feature at once over a ragged batch: an empty request, kv_len 0 with queries, qo_len > kv_len,
+# a shuffled page table with unused (NaN) pages, partial last pages
+_RAGGED = Layout.from_lengths([1, 3, 0, 5, 2, 4], [7, 2, 4, 21, 0, 9], page_size=4, page_order=[3, 1, 0, 7, 2, 14, 6, 12, 4, 5, 8, 9, 11, 10, 13], extra_pages=2)
+_SINKS = (0.0, 1.0, -2.0, 4.0, 0.0, 1.0, 4.0, -2.0)
+
+
+@interpreted
+@pytest.mark.parametrize(
+    ("heads", "options", "lse_base"),
+    [
+        (Heads(8, 2, 80, 80), Options(causal=True, window_left=3, logits_soft_cap=5.0, alibi_slopes=alibi_slopes(8), sinks=_SINKS, q_dtype="bfloat16", kv_dtype="float8_e4m3fn", k_scale=0.75, v_scale=0.5), "e"),
+        (Heads(8, 1, 64, 16), Options(causal=False, sm_scale=0.3, q_dtype="float16", kv_dtype="float8_e5m2", k_scale=2.0), "2"),
+        (Heads(3, 3, 128, 128), Options(causal=True, window_left=0, logits_soft_cap=30.0, q_dtype="float32", kv_dtype="float32"), "e"),
+    ],
+    ids=["gqa4-all-options-fp8e4m3-dim80", "gqa8-noncausal-fp8e5m2-dims64x16-base2", "mha-window0-dim128"],
+)
+def test_interpreted_kernel_matches_reference_on_a_ragged_batch(heads: Heads, options: Options, lse_base: str) -> None:
+    case = Case(_RAGGED, heads, options, seed=3, distribution="outliers")
+    tensors = make_tensors(case)
+    _assert_matches(_interpreted(case, tensors, lse_base), reference(case, tensors, lse_base=lse_base), case)
+
+
+@interpreted
+def test_interpreted_request_order_changes_nothing_but_row_order() -> None:
+    qo, kv, order = [3, 1, 5], [9, 17, 6], [2, 0, 1]
+    case = Case(Layout.from_lengths(qo, kv, page_size=4), Heads(4, 2, 16, 16), Options(causal=True, window_left=5), seed=5)
+    moved = case.replace(layout=Layout.from_lengths([qo[b] for b in order], [kv[b] for b in order], page_size=4, page_order=list(range(10))[::-1]))
+    tensors = make_tensors(case)
+    q_rows = [torch.arange(case.layout.qo_indptr[b], case.layout.qo_indptr[b + 1]) for b in order]
+    k_rows = [torch.arange(sum(kv[:b]), sum(kv[: b + 1])) for b in order]
+    moved_tensors = _with_logical_order(moved, tensors.q[torch.cat(q_rows)], *(_logical(case, c)[torch.cat(k_rows)] for c in (tensors.k_cache, tensors.v_cache)))
+    a, b = _interpreted(case, tensors), _interpreted(moved, moved_tensors)
+    assert torch.equal(a.out[torch.cat(q_rows)], b.out) and torch.equal(a.lse[torch.cat(q_rows)], b.lse)
+
+
+def _logical(case: Case, cache: torch.Tensor) -> torch.Tensor:
+    from oracle.tensors import token_addresses
+
+    pages, slots = token_addresses(case)
+    return cache[pages, slots]
+
+
+def _with_logical_order(case: Case, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> Tensors:
+    from oracle.tensors import token_addresses
+
+    lay, heads = case.layout, case.heads
+    pools = []
+    for x in (keys, values):
+        pool = torch.full((lay.num_pages, lay.page_size, heads.num_kv_heads, x.shape[-1]), float("nan"), dtype=x.dtype)
+        pages, slots = token_addresses(case)
+        pool[pages, slots] = x
+        pools.append(pool)
+    return Tensors(q, *pools)
+
+
+@interpreted
+def test_interpreted_refusals_and_fallbacks() -> None:
+    from oracle.fused import fused_attention, fused_reference
+
+    case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 512, 512))
+    tensors = make_tensors(case)
+    assert fused_reference(case, tensors) is None
+    with pytest.raises(CaseError, match="head dim 512"):
+        fused_attention(case, tensors)
+    small = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 8, 8))
+    assert fused_reference(small, make_tensors(small)) is None  # CPU tensors, even under the interpreter
+    with pytest.raises(ValueError, match="lse_base"):
+        fused_reference(small, make_tensors(small), lse_base="10")
+
+
+def test_cpu_tensors_fall_back_to_the_caller() -> None:
+    from oracle.fused import fused_reference
+
+    case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 8, 8))
+    assert fused_reference(case, make_tensors(case)) is None
+
+
+def test_config_rejects_tiles_tl_dot_cannot_take() -> None:
+    from oracle.fused import FusedConfig
+
+    with pytest.raises(ValueError, match="block_n"):
+        FusedConfig(block_n=8)
+    with pytest.raises(ValueError, match="block_m"):
+        FusedConfig(block_m=96)
+
+
+@needs_cuda
+@pytest.mark.gpu
+@settings(max_examples=60, deadline=None)
+@given(case=cases(ALL_OPTIONS, Limits(max_batch=6, max_kv_len=300, max_qo_len=200)), lse_base=st.sampled_from(["e", "2"]))
+def test_cuda_kernel_matches_reference(case: Case, lse_base: str) -> None:
+    from oracle.fused import fused_reference
+
+    tensors = make_tensors(case, "cuda")
+    fused = fused_reference(case, tensors, lse_base=lse_base)
+    if fused is None:  # only e4m3 below sm_89 or a head dim > 256, neither drawn on an H200
+        pytest.skip("fused_reference declined the case")
+    _assert_matches(fused, reference(case, tensors, lse_base=lse_base), case)
+
+
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["128x32w8", "64x64w4", "16x16w4"])
+def test_cuda_kernel_matches_reference_on_a_serving_batch(config: str) -> None:
+    from oracle.fused import FusedConfig, fused_reference
+
+    block_m, rest = config.split("x")
+    block_n, warps = rest.split("w")
+    qo, kv = [1] * 6 + [37, 130], [700, 1, 33, 0, 129, 2048, 300, 1100]
+    case = Case(Layout.from_lengths(qo, kv, page_size=16, page_order=list(range(sum(-(-n // 16) for n in kv)))[::-1]), Heads(32, 8, 128, 128), Options(causal=True, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=7)
+    tensors = make_tensors(case, "cuda")
+    fused = fused_reference(case, tensors, config=FusedConfig(block_m=int(block_m), block_n=int(block_n), num_warps=int(warps)))
+    assert fused is not None
+    _assert_matches(fused, reference(case, tensors), case)
+    again = fused_reference(case, tensors, config=FusedConfig(block_m=int(block_m), block_n=int(block_n), num_warps=int(warps)))
+    assert again is not None and torch.equal(again.out, fused.out) and torch.equal(again.lse, fused.lse), "not deterministic"
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_kernel_does_not_sync_the_stream() -> None:
+    from oracle.fused import fused_reference
+
+    case = Case(Layout.from_lengths([1, 40, 3], [300, 90, 0], page_size=16), Heads(8, 2, 128, 128), Options(causal=True, sinks=(1.0,) * 8, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=2)
+    tensors = make_tensors(case, "cuda")
+    fused_reference(case, tensors)  # compile outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fused = fused_reference(case, tensors)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert fused is not None
+    _assert_matches(fused, reference(case, tensors), case)
