@@ -6,7 +6,9 @@ name sends every attention call here. Per call, the padded batch becomes the sui
 ragged case: the real (unpadded) query tokens in CSR ``qo_indptr`` order, each sequence's real keys
 written into a page pool with a seeded random page table (unused pages and slots NaN), bottom-right
 causal alignment. The backend runs that case; its ragged output is scattered back to the padded
-``[B, S, Hq, D]`` layout transformers expects (padding rows zero).
+``[B, S, Hq, D]`` layout transformers expects (padding rows zero). As in a serving engine, the page
+table and the backend's plan are made once per forward and shared by its layers (each layer still
+gets its own freshly poisoned pool); after that one host sync a layer call never waits on the device.
 
 The mask function hands the attention function the 2-D padding mask together with the 4-D boolean
 mask transformers would give SDPA; before the first layer uses a mask, the canonical case's own
@@ -20,6 +22,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -100,11 +103,13 @@ class PagedMask(torch.Tensor):
     key_valid: torch.Tensor
     query_key_offset: int
     checked_windows: set[int]  # window_left values already checked against the canonical mask
+    pagings: dict[int, _Paging]  # the page table each swap (by id) drew for this forward
 
     @staticmethod
     def wrap(allowed: torch.Tensor, key_valid: torch.Tensor, query_key_offset: int) -> PagedMask:
         mask = torch.Tensor._make_subclass(PagedMask, allowed)
         mask.key_valid, mask.query_key_offset, mask.checked_windows = key_valid, query_key_offset, set()
+        mask.pagings = {}
         return mask
 
     @property
@@ -152,6 +157,38 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+@dataclass
+class _Paging:
+    """One forward's page table, shared by its layer calls: the layout, and on the model's device
+    where each real key and query sits in the padded ``[B, H, S|L, D]`` tensors and which flat pool
+    slot (``page * page_size + slot``) each key goes to, all in canonical (request-major) order."""
+
+    layout: Layout
+    key_batch: torch.Tensor  # [total_kv]
+    key_column: torch.Tensor  # [total_kv]
+    key_slot: torch.Tensor  # [total_kv]
+    query_batch: torch.Tensor  # [total_q]
+    query_column: torch.Tensor  # [total_q]
+    cases: dict[tuple[Any, ...], Case] = field(default_factory=dict)  # by heads, scale, window, soft cap, dtype
+
+    def pool(self, states: torch.Tensor) -> torch.Tensor:
+        """``states`` [B, Hkv, L, D] written into a fresh pool [num_pages, page_size, Hkv, D] whose
+        every other slot is NaN."""
+        layout = self.layout
+        pool = states.new_full((layout.num_pages * layout.page_size, states.shape[1], states.shape[-1]), POISON)
+        pool.index_copy_(0, self.key_slot, states[self.key_batch, :, self.key_column])
+        return pool.view(layout.num_pages, layout.page_size, *pool.shape[1:])
+
+
+def _upload(host: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """CPU int64 tensors on ``device`` in one copy that does not wait (pinned memory on CUDA)."""
+    if device.type == "cpu":
+        return host
+    flat = torch.cat([t.reshape(-1) for t in host])
+    flat = (flat.pin_memory() if device.type == "cuda" else flat).to(device, non_blocking=True)
+    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in host]), host)]
+
+
 class PagedAttention:
     """The attention function registered with transformers (one per backend, page size and seed).
 
@@ -164,6 +201,11 @@ class PagedAttention:
         self.backend, self.prefill, self.page_size, self.seed = backend, prefill, page_size, seed
         self.calls = 0  # attention calls served (tests check that the swap really ran)
         self.prefill_calls = 0  # of those, served by ``prefill``
+        self.page_tables = 0  # page tables drawn (one per forward and mask); table n uses seed f"{seed}:{n}"
+        self.plans = 0  # backend plans made (one per forward while every layer has the same case)
+        # Only the latest plan is reused: plans may share a workspace (FlashInfer's), so another plan
+        # made in between may overwrite this one's schedule.
+        self._last_plan: tuple[Backend, Case, Any] | None = None
 
     def __call__(
         self,
@@ -198,60 +240,81 @@ class PagedAttention:
         if window_left not in attention_mask.checked_windows:
             _check_mask(attention_mask, window_left)
             attention_mask.checked_windows.add(window_left)
-        case, tensors = self._case(module, query, key, value, attention_mask, scaling, window_left, kwargs)
+        paging = attention_mask.pagings.get(id(self))
+        if paging is None:
+            paging = attention_mask.pagings[id(self)] = self._paging(attention_mask, query.device)
+        case = self._case(paging, module, query, key, value, scaling, window_left, kwargs)
         runner = self.backend
         if self.prefill is not None and max(case.layout.qo_lens) > 1:
             runner = self.prefill
-        if query.device.type not in runner.capabilities.devices:
-            raise SwapError(f"backend {runner.name} runs on {runner.capabilities.devices}, the model on {query.device}")
-        reason = runner.unsupported_reason(case)
-        if reason:
-            raise SwapError(f"backend {runner.name} cannot run {type(module).__name__}: {reason}")
-        result = runner.run(runner.plan(case), tensors).out
+        plan = self._plan(runner, case, query.device, type(module).__name__)
+        tensors = Tensors(query[paging.query_batch, :, paging.query_column], paging.pool(key), paging.pool(value))
+        result = runner.run(plan, tensors).out
         expected = (case.layout.total_q, case.heads.num_qo_heads, case.heads.head_dim_vo)
         if tuple(result.shape) != expected:
             raise SwapError(f"backend {runner.name} returned out {tuple(result.shape)}, expected {expected}")
         self.prefill_calls += runner is not self.backend
         out = query.new_zeros(batch, q_len, query.shape[1], value.shape[-1])
-        out[attention_mask.query_valid] = result.to(query.dtype)
+        out[paging.query_batch, paging.query_column] = result.to(query.dtype)
         self.calls += 1
         return out, None
 
-    def _case(
-        self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: PagedMask,
-        scaling: float | None, window_left: int, kwargs: dict[str, Any],
-    ) -> tuple[Case, Tensors]:
-        config = getattr(module, "config", None)
-        soft_cap = kwargs["softcap"] if "softcap" in kwargs else getattr(config, "attn_logit_softcapping", None)
-        qo_lens = mask.query_valid.sum(1).tolist()
-        kv_lens = mask.key_valid.sum(1).tolist()
-        rng = random.Random(f"{self.seed}:{self.calls}")
+    def _paging(self, mask: PagedMask, device: torch.device) -> _Paging:
+        """A seeded random page table for ``mask``'s sequences (their real tokens, compacted), with
+        a quarter more pages than needed that no request references; the forward's one host sync."""
+        key_valid = mask.key_valid.cpu()
+        query_valid = key_valid[:, mask.query_key_offset : mask.query_key_offset + mask.shape[2]]
+        qo_lens, kv_lens = query_valid.sum(1).tolist(), key_valid.sum(1).tolist()
+        rng = random.Random(f"{self.seed}:{self.page_tables}")
+        self.page_tables += 1
         needed = sum(-(-n // self.page_size) for n in kv_lens)
         extra = max(1, needed // 4)  # pages no request references: NaN, like every unused slot
         order = list(range(needed + extra))
         rng.shuffle(order)
         layout = Layout.from_lengths(qo_lens, kv_lens, self.page_size, page_order=order, extra_pages=extra)
-        dtype = _dtype_name(query.dtype)
-        case = Case(
-            layout,
-            Heads(query.shape[1], key.shape[1], query.shape[-1], value.shape[-1]),
-            Options(
-                causal=True,
-                sm_scale=float(scaling if scaling is not None else getattr(module, "scaling", query.shape[-1] ** -0.5)),
-                window_left=window_left,
-                logits_soft_cap=float(soft_cap or 0.0),
-                q_dtype=dtype,
-                kv_dtype=dtype,
-            ),
+        # token_addresses reads only the layout; the heads are a placeholder (each layer's case has its own)
+        pages, slots = token_addresses(Case(layout, Heads(1, 1, 1, 1)))
+        key_batch, key_column = key_valid.nonzero(as_tuple=True)  # row-major: the canonical token order
+        query_batch, query_column = query_valid.nonzero(as_tuple=True)
+        key_batch, key_column, key_slot, query_batch, query_column = _upload(
+            [key_batch, key_column, pages * self.page_size + slots, query_batch, query_column], device
         )
-        pages, slots = (t.to(query.device) for t in token_addresses(case))
-        caches = []
-        for states in (key, value):
-            pool = states.new_full((layout.num_pages, self.page_size, states.shape[1], states.shape[-1]), POISON)
-            pool[pages, slots] = states.transpose(1, 2)[mask.key_valid]
-            caches.append(pool)
-        q = query.transpose(1, 2)[mask.query_valid].contiguous()
-        return case, Tensors(q, caches[0], caches[1])
+        return _Paging(layout, key_batch, key_column, key_slot, query_batch, query_column)
+
+    def _case(
+        self, paging: _Paging, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        scaling: float | None, window_left: int, kwargs: dict[str, Any],
+    ) -> Case:
+        config = getattr(module, "config", None)
+        soft_cap = kwargs["softcap"] if "softcap" in kwargs else getattr(config, "attn_logit_softcapping", None)
+        sm_scale = float(scaling if scaling is not None else getattr(module, "scaling", query.shape[-1] ** -0.5))
+        soft_cap, dtype = float(soft_cap or 0.0), _dtype_name(query.dtype)
+        heads = (query.shape[1], key.shape[1], query.shape[-1], value.shape[-1])
+        signature = (heads, sm_scale, window_left, soft_cap, dtype)
+        if signature not in paging.cases:
+            paging.cases[signature] = Case(
+                paging.layout,
+                Heads(*heads),
+                Options(causal=True, sm_scale=sm_scale, window_left=window_left, logits_soft_cap=soft_cap,
+                        q_dtype=dtype, kv_dtype=dtype),
+            )
+        return paging.cases[signature]
+
+    def _plan(self, runner: Backend, case: Case, device: torch.device, caller: str) -> Any:
+        """``runner.plan(case)``, reused while consecutive calls have the same case (every layer of
+        a forward, unless layers differ in window or heads): the plan-once-run-per-layer contract of
+        FlashInfer's wrappers."""
+        if self._last_plan is not None and self._last_plan[0] is runner and self._last_plan[1] is case:
+            return self._last_plan[2]
+        if device.type not in runner.capabilities.devices:
+            raise SwapError(f"backend {runner.name} runs on {runner.capabilities.devices}, the model on {device}")
+        reason = runner.unsupported_reason(case)
+        if reason:
+            raise SwapError(f"backend {runner.name} cannot run {caller}: {reason}")
+        plan = runner.plan(case)
+        self._last_plan = (runner, case, plan)
+        self.plans += 1
+        return plan
 
 
 def _check_mask(mask: PagedMask, window_left: int) -> None:
@@ -305,7 +368,7 @@ def register_paged_attention(
     """Register the swap for ``backend``; returns the ``attn_implementation`` name to load a model
     with (``from_pretrained(..., attn_implementation=name)``) or to switch one to
     (``model.set_attn_implementation(name)``). ``page_size`` None: ``default_page_size(backend)``;
-    ``seed`` seeds the random page tables (call ``n`` of the swap uses ``f"{seed}:{n}"``); ``prefill``
+    ``seed`` seeds the random page tables (one per forward: the ``n``-th uses ``f"{seed}:{n}"``); ``prefill``
     serves the calls with more than one query per sequence (for a decode-only ``backend``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface

@@ -20,9 +20,12 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 
+from backends.base import Backend, KernelOutput
 from gates.models import tiny_model
 from gates.swap import (
+    PagedAttention,
     SwapError,
     _check_mask,
     _mask_function,
@@ -227,3 +230,54 @@ def test_a_sliced_mask_is_no_longer_the_swaps_mask() -> None:
     swap = registered_swap(register_paged_attention("sdpa-math"))
     with pytest.raises(SwapError, match="not the PagedMask"):
         swap(_Module(), q, k, v, mask[:, :, :, :7])
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts the tensor calls that wait for the device on CUDA: reading values on the host and
+    indexing with a boolean mask (its size depends on the values)."""
+
+    READS = {"tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero", "equal"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        indices = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else ()
+        indices = indices if isinstance(indices, tuple) else (indices,)
+        self.count += name in self.READS or any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+        return func(*args, **(kwargs or {}))
+
+
+class _Zeros(Backend):
+    """A backend that reads nothing (so that only the swap's own host reads are counted)."""
+
+    name = "zeros"
+
+    def run(self, plan, tensors):
+        return KernelOutput(tensors.q.new_zeros(tensors.q.shape), None)
+
+
+def _host_reads_per_forward(num_layers: int) -> tuple[int, PagedAttention]:
+    model = tiny_model("llama", num_layers=num_layers)
+    name = register_paged_attention(_Zeros(), page_size=4, seed=5)
+    model.set_attn_implementation(name)
+    reads = []
+    with torch.no_grad():
+        cache = None
+        for t in range(3):  # a left-padded prefill, then decode steps through the cache
+            mask = LEFT_PADDED[:, : 15 + t]
+            with _HostReads() as counter:
+                cache = model(IDS[:, 15 + t - 1 : 15 + t] if t else IDS[:, :15], attention_mask=mask,
+                              position_ids=_positions(mask)[:, -1:] if t else _positions(mask),
+                              past_key_values=cache, use_cache=True).past_key_values
+            reads.append(counter.count)
+    return reads, registered_swap(name)
+
+
+def test_layers_share_the_forwards_page_table_and_plan_and_never_wait_on_the_device() -> None:
+    few, swap_few = _host_reads_per_forward(2)
+    many, swap_many = _host_reads_per_forward(5)
+    assert few == many, f"host reads per forward grow with the layers: {few} with 2 layers, {many} with 5"
+    assert swap_many.calls == 5 * 3 and swap_many.page_tables == 3 and swap_many.plans == 3
