@@ -5,10 +5,12 @@ Commands import ``transformers`` lazily, so ``pa-oracle`` works without it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,13 +104,16 @@ def logits(
     bounds = (("mean_kl", max_mean_kl), ("max_kl", max_kl), ("min_top1", min_top1))
     overrides = {name: value for name, value in bounds if value is not None}
     thresholds = dataclasses.replace(THRESHOLDS[model_dtype], **overrides)
-    click.echo(f"logit gate: {backend} vs {reference} on {loaded.source} ({model_dtype}), {len(texts)} texts", err=True)
+    click.echo(
+        f"logit gate: {backend} vs {reference} on {loaded.source} ({model_dtype}), {len(texts)} texts, {mode} mode",
+        err=True,
+    )
     try:
-        with click.progressbar(length=len(texts), label="scoring", file=sys.stderr) as bar:
+        with forward_progress("scoring") as progress:
             result = run_logit_gate(
                 loaded.model, loaded.tokenizer, texts, backend=backend, reference=reference, batch_size=batch_size,
                 padding_side=padding, mode=mode, prefill=prefill_backend, page_size=page_size, seed=seed,
-                thresholds=thresholds, model_name=loaded.source, progress=bar.update,
+                thresholds=thresholds, model_name=loaded.source, progress=progress,
             )
     except (SwapError, KeyError, ValueError, ImportError) as exc:
         raise click.UsageError(str(exc).strip("'\"")) from None
@@ -117,6 +122,27 @@ def logits(
     click.echo(json.dumps(result.to_json(), indent=1) if as_json else result.to_markdown())
     if not result.passed:
         sys.exit(1)
+
+
+@contextlib.contextmanager
+def forward_progress(label: str, lines: int = 10) -> Iterator[Callable[[int, int], None]]:
+    """A ``progress(done, total)`` callback (forward passes) that draws a bar on a terminal
+    (click's bar prints only its label elsewhere), and in a log prints ``lines`` lines in all
+    (every 10% by default) with the elapsed seconds."""
+    start = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        bar: Any = None
+
+        def progress(done: int, total: int) -> None:
+            nonlocal bar
+            if sys.stderr.isatty():
+                if bar is None:
+                    bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+                bar.update(done - bar.pos)
+            elif done * lines // total > (done - 1) * lines // total:
+                click.echo(f"{label}: {done}/{total} forward passes, {time.monotonic() - start:.1f} s", err=True)
+
+        yield progress
 
 
 def _command_line(ctx: click.Context) -> str:

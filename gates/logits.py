@@ -169,6 +169,12 @@ class _Batch:
     rows: list[torch.Tensor]  # per text: where its scored positions sit in ``kept``
     prompt_width: int = 0  # decode mode: columns prefilled in one call; each later one is a decode step
 
+    @property
+    def forward_passes(self) -> int:
+        """Model calls per scoring run: one in prefill mode, the prompt plus a step per scored
+        column in decode mode."""
+        return 1 + len(self.kept) if self.prompt_width else 1
+
 
 def _encode(tokenizer: Any, text: ScoredText) -> tuple[list[int], int]:
     prompt = tokenizer(text.prompt, add_special_tokens=True)["input_ids"]
@@ -224,23 +230,26 @@ def _decode_batch(tokenizer: Any, texts: Sequence[ScoredText], device: torch.dev
     return _Batch(to(ids), to(mask), to(position_ids), scored, gold, to(kept), rows, prompt_width)
 
 
-def _logits(model: Any, implementation: str, batch: _Batch) -> torch.Tensor:
+def _logits(model: Any, implementation: str, batch: _Batch, after_forward: Callable[[], None]) -> torch.Tensor:
     """[B, len(batch.kept), V]: the vocabulary projection of the scored positions only (the prompt
     tokens' would be most of the LM head's work and memory). Decode mode: one forward for the
-    prompt, then one per answer column through the KV cache."""
+    prompt, then one per answer column through the KV cache. ``after_forward()`` after each."""
     model.set_attn_implementation(implementation)
     with torch.no_grad():
         if not batch.prompt_width:
-            return model(
+            logits = model(
                 input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 use_cache=False, logits_to_keep=batch.kept,
             ).logits
+            after_forward()
+            return logits
         from transformers import DynamicCache
 
         p = batch.prompt_width
         cache = DynamicCache(config=model.config)
         model(input_ids=batch.input_ids[:, :p], attention_mask=batch.attention_mask[:, :p],
               position_ids=batch.position_ids[:, :p], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        after_forward()
         steps = []
         for column in batch.kept.tolist():
             out = model(
@@ -248,6 +257,7 @@ def _logits(model: Any, implementation: str, batch: _Batch) -> torch.Tensor:
                 position_ids=batch.position_ids[:, column : column + 1], past_key_values=cache, use_cache=True,
             )
             steps.append(out.logits[:, -1])
+            after_forward()
         return torch.stack(steps, 1) if steps else batch.input_ids.new_zeros(len(batch.rows), 0, 0).float()
 
 
@@ -290,11 +300,12 @@ def run_logit_gate(
     thresholds: Thresholds | None = None,
     model_name: str = "",
     worst: int = 5,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LogitGateResult:
     """Score ``texts`` under ``reference`` and ``backend`` (swap specs, see ``attn_implementation_for``)
     and judge the difference. ``thresholds`` default to ``THRESHOLDS`` for the model's dtype;
-    ``progress(n)`` is called after each batch of ``n`` texts.
+    ``progress(done, total)`` is called after each forward pass of the model (``total`` of them in
+    both runs, known up front: every batch is tokenized first).
 
     ``mode="prefill"``: each batch is one forward (teacher forcing over whole texts).
     ``mode="decode"``: the prompt is prefilled, then the answer is fed one token per step through
@@ -323,16 +334,26 @@ def run_logit_gate(
     reference_impl = attn_implementation_for(reference, page_size=page_size, seed=seed)
     backend_impl = attn_implementation_for(backend, page_size=page_size, seed=seed + 1, prefill=prefill)
     device = next(model.parameters()).device
-    kls, agree, dlogp, candidates, nonfinite = [], [], [], [], 0
+    batches = []  # (index of the first text, batch)
     for first in range(0, len(texts), batch_size):
         chunk = texts[first : first + batch_size]
         if mode == "prefill":
-            batch = _batch(tokenizer, chunk, padding_side, device)
+            batches.append((first, _batch(tokenizer, chunk, padding_side, device)))
         else:
-            batch = _decode_batch(tokenizer, chunk, device)
-        ref_logits = _logits(model, reference_impl, batch)
-        test_logits = _logits(model, backend_impl, batch)
-        for b in range(len(chunk)):
+            batches.append((first, _decode_batch(tokenizer, chunk, device)))
+    total, done = 2 * sum(batch.forward_passes for _, batch in batches), 0
+
+    def after_forward() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    kls, agree, dlogp, candidates, nonfinite = [], [], [], [], 0
+    for first, batch in batches:
+        ref_logits = _logits(model, reference_impl, batch, after_forward)
+        test_logits = _logits(model, backend_impl, batch, after_forward)
+        for b in range(len(batch.gold)):
             rows, gold = batch.rows[b], batch.gold[b]
             m = token_metrics(ref_logits[b, rows], test_logits[b, rows], gold)
             nonfinite += int((~m.finite).sum())
@@ -344,8 +365,6 @@ def run_logit_gate(
                 (float(v), first + b, int(i), int(gold[i]), int(m.reference_top[i]), int(m.backend_top[i]))
                 for v, i in zip(top.values, top.indices)
             ]
-        if progress is not None:
-            progress(len(chunk))
     kl_all, agree_all, dlogp_all = torch.cat(kls), torch.cat(agree), torch.cat(dlogp)
     decode = lambda token: tokenizer.decode([token])
     candidates.sort(key=lambda c: -c[0] if not math.isnan(c[0]) else -math.inf)

@@ -28,6 +28,15 @@ def test_correct_backend_passes_and_writes_its_report(tiny_dir, gsm8k_dir, tmp_p
     assert "PASS" in (tmp_path / "report.md").read_text()
 
 
+def test_decode_mode_reports_progress_in_forward_passes(tiny_dir, gsm8k_dir) -> None:
+    result = _logits(tiny_dir, gsm8k_dir, "--backend", "sdpa-math", "--mode", "decode", "--limit", "1")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if "forward passes" in line]
+    assert len(lines) == 10 and lines[-1].startswith("scoring: ")  # every 10%, in a log (not a terminal)
+    done, total = lines[-1].removeprefix("scoring: ").split(" ")[0].split("/")
+    assert done == total and int(total) > 20  # the reference's and the backend's prompt and decode steps
+
+
 def test_planted_bug_fails_with_exit_code_one(tiny_dir, gsm8k_dir) -> None:
     result = _logits(tiny_dir, gsm8k_dir, "--backend", "fuzz.quality.planted:wrong_gqa_map", "--padding", "right")
     assert result.exit_code == 1, result.output

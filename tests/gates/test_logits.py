@@ -105,12 +105,17 @@ def test_decode_mode_gates_a_decode_only_kernel_behind_the_reference_prefill(tin
     with pytest.raises(SwapError, match="qo_len > 1"):  # prefill mode needs a kernel that takes whole prompts
         _gate(tiny_llama, texts[:1], backend)
     short = texts[:2]  # one batch: every decode step is a forward pass
-    result = run_logit_gate(tiny_llama, tiny_tokenizer(), short, backend=backend, mode="decode", batch_size=2)
+    progress = []
+    result = run_logit_gate(tiny_llama, tiny_tokenizer(), short, backend=backend, mode="decode", batch_size=2,
+                            progress=lambda done, total: progress.append((done, total)))
     assert result.passed, result.to_markdown()
     assert result.prefill == "oracle" and "decode mode (prompt prefilled by oracle)" in result.to_markdown()
     swap = registered_swap(implementation_name(backend, 16, 1, resolve_backend("oracle")))
     layers = tiny_llama.config.num_hidden_layers
     assert swap.prefill_calls == layers and swap.calls > 10 * swap.prefill_calls  # decode steps dominate
+    forwards = swap.calls // layers  # the backend's run; the reference's has as many
+    assert progress == [(n, 2 * forwards) for n in range(1, 2 * forwards + 1)]
+    assert swap.page_tables == swap.plans == forwards  # one page table and one plan per forward, not per layer
     # one fewer token per text than prefill mode: answer token 0 is predicted by the prefill, not scored
     assert result.tokens == _gate(tiny_llama, short, "sdpa-math").tokens - len(short)
 
