@@ -103,16 +103,37 @@ def make_tensors(case: Case, device: str | torch.device = "cpu") -> Tensors:
     return Tensors(q.to(q_dtype).to(device), caches[0], caches[1])
 
 
-def token_addresses(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    """(page, slot) of every key token, in logical order (request-major, then position)."""
+def _page_table(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """Every page-table entry (``kv_indices``, request-major: the pages in token order) and how
+    many of its page's slots hold tokens (``page_size``, or ``kv_last_page_len`` on a request's
+    last page)."""
     layout = case.layout
-    pages, slots = [], []
-    for b, kv_len in enumerate(layout.kv_lens):
-        positions = torch.arange(kv_len)
-        table = torch.tensor(layout.pages_of(b), dtype=torch.long)
-        pages.append(table[positions // layout.page_size] if kv_len else positions)
-        slots.append(positions % layout.page_size)
-    return torch.cat(pages).long(), torch.cat(slots).long()
+    pages = np.fromiter(layout.kv_indices, dtype=np.int64, count=len(layout.kv_indices))
+    filled = np.full(len(pages), layout.page_size, dtype=np.int64)
+    has_pages = np.diff(np.asarray(layout.kv_indptr, dtype=np.int64)) > 0
+    last_entry = np.asarray(layout.kv_indptr[1:], dtype=np.int64)[has_pages] - 1
+    filled[last_entry] = np.asarray(layout.kv_last_page_len, dtype=np.int64)[has_pages]
+    return pages, filled
+
+
+def _entry_slots(case: Case, filled: np.ndarray) -> np.ndarray:
+    """The slot within its page of every token: each entry's ``0 .. filled - 1``, concatenated."""
+    slots = np.broadcast_to(np.arange(case.layout.page_size, dtype=np.int64), (len(filled), case.layout.page_size))
+    return slots.reshape(-1) if (filled == case.layout.page_size).all() else slots[slots < filled[:, None]]
+
+
+def token_slots(case: Case) -> np.ndarray:
+    """Flat pool slot (``page * page_size + slot``) of every key token, in logical order
+    (request-major, then position): int64 numpy, for all requests at once (a torch loop over the
+    requests cost ~0.4 ms each on the host)."""
+    pages, filled = _page_table(case)
+    return np.repeat(pages * case.layout.page_size, filled) + _entry_slots(case, filled)
+
+
+def token_addresses(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page, slot) of every key token, in logical order (request-major, then position): int64."""
+    pages, filled = _page_table(case)
+    return torch.from_numpy(np.repeat(pages, filled)), torch.from_numpy(_entry_slots(case, filled).copy())
 
 
 def signal_strength(case: Case, tensors: Tensors) -> float:
