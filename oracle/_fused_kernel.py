@@ -18,6 +18,17 @@ TILE_FIELDS: tl.constexpr = tl.constexpr(5)
 PARAMS: tl.constexpr = tl.constexpr(4)
 
 
+@triton.jit
+def _to_float64(x, COMPILED: tl.constexpr):
+    """``x`` (any float dtype) as float64, exactly. Compiled, the float32 step passes through an
+    opaque identity: Triton sizes a dot operand's register layout by the narrowest load it can trace
+    the operand back to, and its float64 MMA cannot take the layout of a 16- or 8-bit load."""
+    x = x.to(tl.float32)
+    if COMPILED:
+        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
+    return x.to(tl.float64)
+
+
 def _attention(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, tiles_ptr, pages_ptr, params_ptr,
     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -26,10 +37,10 @@ def _attention(
     GROUP: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_VO: tl.constexpr,
     BLOCK_DQK: tl.constexpr, BLOCK_DVO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, LIBDEVICE: tl.constexpr,
+    HAS_SINKS: tl.constexpr, COMPILED: tl.constexpr,
 ):  # fmt: skip
-    # LIBDEVICE selects true float64 exp/log/tanh (tl.exp on float64 computes in float32 precision
-    # when compiled); the interpreter has no libdevice, and its tl.exp is numpy's float64 exp.
+    # COMPILED (not the interpreter) selects true float64 libdevice exp/log/tanh (tl.exp on float64
+    # is only float32-accurate when compiled); the interpreter's tl.exp is numpy's float64 exp.
     pid = tl.program_id(0)
     tile = pid // num_kv_heads
     kv_head = pid % num_kv_heads
@@ -51,7 +62,7 @@ def _attention(
     q_scale = tl.load(params_ptr)
     q_offsets = (q_start + query.to(tl.int64))[:, None] * stride_qt + head.to(tl.int64)[:, None] * stride_qh
     q = tl.load(q_ptr + q_offsets + d_qk[None, :], mask=row_valid[:, None] & (d_qk < HEAD_DIM_QK)[None, :], other=0.0)
-    q = q.to(tl.float32).to(tl.float64) * q_scale
+    q = _to_float64(q, COMPILED) * q_scale
     if HAS_CAP:
         cap = tl.load(params_ptr + 2)
     if HAS_ALIBI:
@@ -64,7 +75,7 @@ def _attention(
     hi = kv_len
     if CAUSAL:
         hi = tl.minimum(hi, kv_len - qo_len + last_query + 1)
-    lo = 0
+    lo = tl.minimum(kv_len, 0)  # 0 as an int32 tensor: a loop-carried value cannot start as a constant
     if HAS_WINDOW:
         lo = tl.maximum(0, kv_len - qo_len + m_start // GROUP - window_left)
     lo = lo // BLOCK_N * BLOCK_N
@@ -82,9 +93,9 @@ def _attention(
         page = tl.load(pages_ptr + page_start + keys // page_size, mask=key_valid, other=0)
         k_offsets = (page * stride_kp + (keys % page_size).to(tl.int64) * stride_ks + kv_head * stride_kh)
         kt = tl.load(k_ptr + k_offsets[None, :] + d_qk[:, None], mask=key_valid[None, :] & (d_qk < HEAD_DIM_QK)[:, None], other=0.0)
-        s = tl.dot(q, kt.to(tl.float32).to(tl.float64))
+        s = tl.dot(q, _to_float64(kt, COMPILED))
         if HAS_CAP:
-            if LIBDEVICE:
+            if COMPILED:
                 s = cap * libdevice.tanh(s / cap)
             else:
                 e = tl.exp(-2.0 * tl.abs(s / cap))
@@ -100,7 +111,7 @@ def _attention(
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp(-inf) = 0
-        if LIBDEVICE:
+        if COMPILED:
             alpha = libdevice.exp(m_i - m_safe)
             p = libdevice.exp(s - m_safe[:, None])
         else:
@@ -109,13 +120,13 @@ def _attention(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_offsets = (page * stride_vp + (keys % page_size).to(tl.int64) * stride_vs + kv_head * stride_vh)
         v = tl.load(v_ptr + v_offsets[:, None] + d_vo[None, :], mask=key_valid[:, None] & (d_vo < HEAD_DIM_VO)[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32).to(tl.float64))
+        acc = acc * alpha[:, None] + tl.dot(p, _to_float64(v, COMPILED))
         m_i = m_new
         start += BLOCK_N
 
     empty = l_i == 0.0  # no attended key: out 0, LSE -inf
     l_safe = tl.where(empty, 1.0, l_i)
-    if LIBDEVICE:
+    if COMPILED:
         lse = tl.where(empty, float("-inf"), m_i + libdevice.log(l_safe))
     else:
         lse = tl.where(empty, float("-inf"), m_i + tl.log(l_safe))
@@ -123,7 +134,7 @@ def _attention(
     if HAS_SINKS:
         # the sink adds e^sink to the denominator only: out * sigmoid(lse - sink)
         sink = tl.load(params_ptr + PARAMS + num_qo_heads + head, mask=row_valid, other=0.0)
-        if LIBDEVICE:
+        if COMPILED:
             out = out / (1.0 + libdevice.exp(sink - lse))[:, None]
         else:
             out = out / (1.0 + tl.exp(sink - lse))[:, None]

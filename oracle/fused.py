@@ -144,7 +144,7 @@ def fused_attention(
                 BLOCK_DQK=block_dqk, BLOCK_DVO=block_dvo, BLOCK_M=block_m, BLOCK_N=config.block_n,
                 CAUSAL=opts.causal, HAS_WINDOW=opts.window_left >= 0, HAS_CAP=opts.logits_soft_cap > 0,
                 HAS_ALIBI=opts.alibi_slopes is not None, HAS_SINKS=opts.sinks is not None,
-                KV_FP8=opts.is_fp8, LIBDEVICE=not interpret,
+                COMPILED=not interpret,
                 num_warps=config.num_warps if block_m > _SMALL_BLOCK_MS[-1] else config.small_num_warps,
                 num_stages=config.num_stages,
             )  # fmt: skip
