@@ -25,6 +25,12 @@ _TILE_MIN_SAVING = {"cpu": 0.0, "cuda": 1 / 8}
 # logits (query-key pairs times qo heads): about what one more bucket's fixed cost would buy. On CPU
 # (measured) any larger ratio-style allowance, such as 1.1x the real work, was slower.
 _PAD_FREE = {"cpu": 1 << 14, "cuda": 1 << 22}
+# ... where each padded key (nb * max_kv vs the sum of kv_len) also counts as this many logits per
+# element of its gathered K and V (Hkv * (Dqk + Dvo)). On CUDA a gathered float64 element is written,
+# read back and read by the matmul, about half the passes of a logit (matmul, max, softmax, matmul):
+# a decode bucket, one query per request, pads little in logits but, at 32/8 heads of dim 128,
+# 64x as much in K/V. Unmeasured on CPU, where it is left out (the CPU budget above is tuned without it).
+_KV_PAD_WEIGHT = {"cpu": 0.0, "cuda": 0.5}
 
 
 @dataclass(frozen=True)
@@ -121,28 +127,29 @@ def _pieces(case: Case, device: str) -> _Pieces:
     return _Pieces(rows, kv[owner] - qo[owner] + offset + rows, q_start[owner] + offset, k_start[owner])
 
 
-def _groups(pieces: _Pieces, free: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def _groups(pieces: _Pieces, free: float, qo_heads: int, key_width: float) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """The pieces sorted by (qo_len, kv_len, q_start, k_start), and the ``[start, end)`` runs of
-    that order that form buckets, cut greedily so that each pads by at most ``free`` query-key
-    pairs. Pieces of equal lengths go together, so the bucket shapes (hence every row's result)
-    do not depend on the request order."""
+    that order that form buckets, cut greedily so that each pads by at most ``free``: padded
+    query-key pairs times ``qo_heads`` plus padded keys times ``key_width``. Pieces of equal lengths
+    go together, so the bucket shapes (hence every row's result) do not depend on the request order."""
     order = np.lexsort((pieces.k_start, pieces.q_start, pieces.kv, pieces.qo))
     if len(order) == 0:
         return order, []
     qo, kv = pieces.qo[order], pieces.kv[order]
     starts = [0, *(np.flatnonzero((np.diff(qo) != 0) | (np.diff(kv) != 0)) + 1).tolist()]
     groups: list[tuple[int, int]] = []
-    real = longest = 0
+    pairs = keys = longest = 0  # of the last group: real query-key pairs, real keys, longest kv
     for start, end in zip(starts, [*starts[1:], len(order)]):
         n, q, k = end - start, int(qo[start]), max(int(kv[start]), 1)  # sorted: q is the bucket's largest
         if groups:
-            padded = (groups[-1][1] - groups[-1][0] + n) * q * max(longest, k)
-            if padded - (real + n * q * k) <= free:
+            nb, widest = groups[-1][1] - groups[-1][0] + n, max(longest, k)
+            padding = (nb * q * widest - pairs - n * q * k) * qo_heads + (nb * widest - keys - n * k) * key_width
+            if padding <= free:
                 groups[-1] = (groups[-1][0], end)
-                real, longest = real + n * q * k, max(longest, k)
+                pairs, keys, longest = pairs + n * q * k, keys + n * k, widest
                 continue
         groups.append((start, end))
-        real, longest = n * q * k, k
+        pairs, keys, longest = n * q * k, n * k, k
     return order, groups
 
 
@@ -219,9 +226,10 @@ def _to_device(arrays: list[np.ndarray], device: torch.device) -> list[torch.Ten
 
 def plan_buckets(case: Case, device: torch.device) -> Plan:
     """Every index of the call, built on the host and moved to ``device`` at once."""
-    free = _PAD_FREE.get(device.type, _PAD_FREE["cpu"]) // case.heads.num_qo_heads
+    heads, kind = case.heads, device.type if device.type in _PAD_FREE else "cpu"
+    key_width = _KV_PAD_WEIGHT[kind] * heads.num_kv_heads * (heads.head_dim_qk + heads.head_dim_vo)
     pieces = _pieces(case, device.type)
-    order, groups = _groups(pieces, free)
+    order, groups = _groups(pieces, _PAD_FREE[kind], heads.num_qo_heads, key_width)
     sorted_pieces = [field[order] for field in pieces]
     host = [hb for a, b in groups if (hb := _bucket_on_host(case, *(f[a:b] for f in sorted_pieces))) is not None]
     arrays = [token_slots(case)] + [a for hb in host for a in hb.arrays.values()]

@@ -147,3 +147,11 @@ def test_serving_prefill_chunks_are_not_cut_on_cuda() -> None:
     layout = Layout.from_lengths([512, 300, 1], [4096, 1200, 2000], page_size=16)
     pieces = buckets._pieces(Case(layout, Heads(32, 8, 128, 128), Options(causal=True)), "cuda")
     assert sorted(zip(pieces.qo.tolist(), pieces.kv.tolist())) == [(1, 2000), (300, 1200), (512, 4096)]
+
+
+def test_padded_keys_count_against_the_budget_by_their_kv_width() -> None:
+    layout = Layout.from_lengths([1] * 4, [100, 200, 300, 400], page_size=16)
+    pieces = buckets._pieces(Case(layout, Heads(32, 8, 128, 128)), "cuda")
+    # logits alone: 600 padded pairs x 32 heads fit a budget of 2**15; at 2048 per padded key they do not
+    assert buckets._groups(pieces, 1 << 15, 32, 0.0)[1] == [(0, 4)]
+    assert len(buckets._groups(pieces, 1 << 15, 32, 2048.0)[1]) == 4
