@@ -95,12 +95,12 @@ def tiled(qo_len: np.ndarray, kv_len: np.ndarray, device: str) -> np.ndarray:
     Tiles skip the masked triangle but for its diagonal tiles: ``(qo_len - tile) / (2 kv_len)``
     of the request's ``qo_len * kv_len`` logits. The price is a bucket (a dozen launches) per
     tile, and tiles that share a bucket pad each other and gather their keys, while a request
-    alone in its bucket reads them as a view. On CPU, 128-row tiles were faster on every causal
-    shape measured (1.03-2.5x, 512x1024 to 2048x2048 with 8/2 heads; cache-sized chunks), so
-    any request of two tiles or more is cut. On CUDA the tiles are 512 rows, so that they rarely
-    share a bucket, and a request is cut only where that skips at least 1/8 of its logits: a
-    serving prefill chunk of 512 queries over 4k keys stays whole. ``benchmarks/oracle_speed.py
-    --tiling`` measures both choices.
+    alone in its bucket reads them as a view. On CPU, 128-row tiles were 1.4-5.4x faster than
+    whole requests from 512x4096 to 4096x4096 (8/2 heads, dim 64; cache-sized chunks) but for
+    one shape within noise (1024x4096: 0.9x), so any request of two tiles or more is cut. On
+    CUDA the tiles are 512 rows, so that they rarely share a bucket, and a request is cut only
+    where that skips at least 1/8 of its logits: a serving prefill chunk of 512 queries over 4k
+    keys stays whole. ``benchmarks/oracle_speed.py --tiling`` measures both choices.
     """
     tile = _Q_TILE.get(device, _Q_TILE["cpu"])
     saving = (qo_len - tile) / (2 * np.maximum(kv_len, 1))
