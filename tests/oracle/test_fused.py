@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from backends.base import Capabilities
 from fuzz.strategies import Limits, alibi_slopes, cases
 from oracle.case import KV_DTYPES, Case, CaseError, Heads, Layout, Options
+from oracle.fused import DEFAULT_CONFIG, FusedConfig
 from oracle.reference import Reference, reference
 from oracle.tensors import Tensors, make_tensors
 
@@ -56,15 +58,37 @@ def test_interpreted_tests_in_a_subprocess() -> None:
     )
 
 
-def _interpreted(case: Case, tensors: Tensors, lse_base: str = "e") -> Reference:
+def _interpreted(case: Case, tensors: Tensors, lse_base: str = "e", logit_noise: bool = False, config: str = "default") -> Reference:
     from oracle.fused import fused_attention
 
-    return fused_attention(case, tensors, lse_base=lse_base)
+    return fused_attention(case, tensors, lse_base=lse_base, logit_noise=logit_noise, config=_config(config))
+
+
+def _config(name: str) -> FusedConfig:
+    """A named config: "default", or e.g. "128x32w8-split512-s2-noside" (block_m x block_n, warps,
+    optional split_keys, num_stages, and no side stream)."""
+    if name == "default":
+        return DEFAULT_CONFIG
+    tiles, *rest = name.split("-")
+    block_m, block_n_warps = tiles.split("x")
+    block_n, warps = block_n_warps.split("w")
+    fields = {"block_m": int(block_m), "block_n": int(block_n), "num_warps": int(warps), "split_keys": 0}
+    for part in rest:
+        if part.startswith("split"):
+            fields["split_keys"] = int(part.removeprefix("split"))
+        elif part.startswith("s"):
+            fields["num_stages"] = int(part.removeprefix("s"))
+        elif part == "noside":
+            fields["side_stream"] = False
+        else:
+            raise ValueError(f"unknown config part {part!r} in {name!r}")
+    return FusedConfig(**fields)
 
 
 def _assert_matches(fused: Reference, ref: Reference, case: Case) -> None:
     __tracebackhide__ = True
-    assert fused.out.dtype == fused.lse.dtype == torch.float64 and fused.logit_noise is None
+    assert fused.out.dtype == fused.lse.dtype == torch.float64
+    assert (fused.logit_noise is None) == (ref.logit_noise is None), "logit_noise returned iff asked for"
     assert fused.out.shape == ref.out.shape and fused.lse.shape == ref.lse.shape
     fused_out, fused_lse, ref_out, ref_lse = (t.cpu() for t in (fused.out, fused.lse, ref.out, ref.lse))
     assert torch.equal(torch.isneginf(fused_lse), torch.isneginf(ref_lse)), f"rows with no key differ [{case.summary()}]"
@@ -79,14 +103,22 @@ def _assert_matches(fused: Reference, ref: Reference, case: Case) -> None:
         lse_err = (fused_lse[finite] - ref_lse[finite]).abs().max().item()
         lse_scale = max(1.0, ref_lse[finite].abs().max().item())
         assert lse_err <= RELATIVE * lse_scale, f"lse: max |fused - reference| {lse_err:.3g} > {RELATIVE:g} x {lse_scale:.3g} [{case.summary()}]"
+    if ref.logit_noise is not None and ref.logit_noise.numel():
+        assert fused.logit_noise is not None
+        fused_noise, ref_noise = fused.logit_noise.cpu(), ref.logit_noise.cpu()
+        assert torch.equal(fused_noise[empty], torch.zeros_like(fused_noise[empty])), "rows with no key must give logit noise 0"
+        noise_err = (fused_noise - ref_noise).abs().max().item()
+        noise_scale = ref_noise.abs().max().item()
+        assert noise_err <= RELATIVE * noise_scale, f"logit_noise: max |fused - reference| {noise_err:.3g} > {RELATIVE:g} x {noise_scale:.3g} [{case.summary()}]"
 
 
 @interpreted
 @settings(max_examples=8, deadline=None)
-@given(case=cases(ALL_OPTIONS, TINY), lse_base=st.sampled_from(["e", "2"]))
-def test_interpreted_kernel_matches_reference(case: Case, lse_base: str) -> None:
+@given(case=cases(ALL_OPTIONS, TINY), lse_base=st.sampled_from(["e", "2"]), logit_noise=st.booleans(), config=st.sampled_from(["default", "64x16w4-split16"]))
+def test_interpreted_kernel_matches_reference(case: Case, lse_base: str, logit_noise: bool, config: str) -> None:
     tensors = make_tensors(case)
-    _assert_matches(_interpreted(case, tensors, lse_base), reference(case, tensors, lse_base=lse_base), case)
+    expected = reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise)
+    _assert_matches(_interpreted(case, tensors, lse_base, logit_noise, config), expected, case)
 
 
 # every feature at once over a ragged batch: an empty request, kv_len 0 with queries, qo_len > kv_len,
@@ -105,14 +137,33 @@ _SINKS = (0.0, 1.0, -2.0, 4.0, 0.0, 1.0, 4.0, -2.0)
     ],
     ids=["gqa4-all-options-fp8e4m3-dim80", "gqa8-noncausal-fp8e5m2-dims64x16-base2", "mha-window0-dim128"],
 )
-def test_interpreted_kernel_matches_reference_on_a_ragged_batch(heads: Heads, options: Options, lse_base: str) -> None:
+@pytest.mark.parametrize("config", ["default", "64x16w4-split16"])
+def test_interpreted_kernel_matches_reference_on_a_ragged_batch(heads: Heads, options: Options, lse_base: str, config: str) -> None:
     case = Case(_RAGGED, heads, options, seed=3, distribution="outliers")
     tensors = make_tensors(case)
-    _assert_matches(_interpreted(case, tensors, lse_base), reference(case, tensors, lse_base=lse_base), case)
+    expected = reference(case, tensors, lse_base=lse_base, logit_noise=True)
+    _assert_matches(_interpreted(case, tensors, lse_base, logit_noise=True, config=config), expected, case)
 
 
 @interpreted
-def test_interpreted_request_order_changes_nothing_but_row_order() -> None:
+def test_interpreted_split_contexts_change_only_rounding_and_a_lone_chunk_nothing() -> None:
+    # request 0 spans 3 chunks of 16 keys, request 1 one chunk: its partial state goes through the
+    # merge kernel alone, which must give exactly the unsplit result
+    case = Case(Layout.from_lengths([1, 1, 2], [40, 5, 9], page_size=4), Heads(4, 2, 16, 16), Options(causal=True, sinks=(1.0, 0.0, -1.0, 2.0)), seed=4)
+    tensors = make_tensors(case)
+    split, whole = (_interpreted(case, tensors, logit_noise=True, config=c) for c in ("64x16w4-split16", "64x16w4"))
+    alone = slice(1, 4)
+    for name, a, b in (("out", split.out, whole.out), ("lse", split.lse, whole.lse), ("logit_noise", split.logit_noise, whole.logit_noise)):
+        assert a is not None and b is not None
+        assert torch.equal(a[alone], b[alone]), f"{name}: a one-chunk request differs after the merge"
+        assert torch.allclose(a[0], b[0], rtol=RELATIVE, atol=0.0), f"{name}: the split request differs beyond rounding"
+    assert not torch.equal(split.out[0], whole.out[0]) or not torch.equal(split.lse[0], whole.lse[0]), "request 0 was not split"
+    _assert_matches(split, reference(case, tensors, logit_noise=True), case)
+
+
+@interpreted
+@pytest.mark.parametrize("config", ["default", "64x16w4-split16"])
+def test_interpreted_request_order_changes_nothing_but_row_order(config: str) -> None:
     qo, kv, order = [3, 1, 5], [9, 17, 6], [2, 0, 1]
     case = Case(Layout.from_lengths(qo, kv, page_size=4), Heads(4, 2, 16, 16), Options(causal=True, window_left=5), seed=5)
     moved = case.replace(layout=Layout.from_lengths([qo[b] for b in order], [kv[b] for b in order], page_size=4, page_order=list(range(10))[::-1]))
@@ -120,7 +171,7 @@ def test_interpreted_request_order_changes_nothing_but_row_order() -> None:
     q_rows = [torch.arange(case.layout.qo_indptr[b], case.layout.qo_indptr[b + 1]) for b in order]
     k_rows = [torch.arange(sum(kv[:b]), sum(kv[: b + 1])) for b in order]
     moved_tensors = _with_logical_order(moved, tensors.q[torch.cat(q_rows)], *(_logical(case, c)[torch.cat(k_rows)] for c in (tensors.k_cache, tensors.v_cache)))
-    a, b = _interpreted(case, tensors), _interpreted(moved, moved_tensors)
+    a, b = _interpreted(case, tensors, config=config), _interpreted(moved, moved_tensors, config=config)
     assert torch.equal(a.out[torch.cat(q_rows)], b.out) and torch.equal(a.lse[torch.cat(q_rows)], b.lse)
 
 
@@ -167,59 +218,107 @@ def test_cpu_tensors_fall_back_to_the_caller() -> None:
 
 
 def test_config_rejects_tiles_tl_dot_cannot_take() -> None:
-    from oracle.fused import FusedConfig
-
     with pytest.raises(ValueError, match="block_n"):
         FusedConfig(block_n=8)
     with pytest.raises(ValueError, match="block_m"):
         FusedConfig(block_m=96)
+    with pytest.raises(ValueError, match="split_keys"):
+        FusedConfig(block_n=64, split_keys=96)
+    with pytest.raises(ValueError, match="max_registers"):
+        FusedConfig(max_registers=256)
+
+
+def test_split_chunks_cover_exactly_the_blocks_a_tile_attends() -> None:
+    from oracle.fused import _chunks
+
+    # table rows: q_start, qo_len, kv_len, first page entry, first packed row, key begin, key end
+    table = np.array([[0, 1, 1000, 0, 0, 0, 1000], [1, 1, 256, 0, 0, 0, 256], [2, 4, 300, 0, 0, 0, 300], [6, 1, 0, 0, 0, 0, 0]])
+    decode = Case(Layout.from_lengths([1, 1, 4, 1], [1000, 256, 300, 0], page_size=16), Heads(8, 2, 16, 16), Options(causal=True))
+    chunks = _chunks(table, 16, 4, decode, 256)
+    assert chunks is not None
+    begins, counts = chunks
+    assert counts.tolist() == [4, 1, 2, 1] and begins.tolist() == [0, 256, 512, 768, 0, 0, 256, 0]
+    # a window of 300 keys: request 0 (at 999) sees keys 699.., request 2's first query (at 296) keys 0..
+    windowed = _chunks(table, 16, 4, decode.replace(options=Options(causal=True, window_left=300)), 256)
+    assert windowed is not None and windowed[1].tolist() == [2, 1, 2, 1] and windowed[0].tolist() == [512, 768, 0, 0, 256, 0]
+    narrow = decode.replace(options=Options(causal=True, window_left=40))
+    assert _chunks(table, 16, 4, narrow, 256) is None, "every window fits one chunk: no split"
+    assert _chunks(table, 16, 4, decode, 1024) is None, "no tile spans two chunks: no split"
+    assert _chunks(table, 16, 4, decode, 0) is None, "split_keys 0 is off"
 
 
 @needs_cuda
 @pytest.mark.gpu
 @settings(max_examples=60, deadline=None)
-@given(case=cases(ALL_OPTIONS, Limits(max_batch=6, max_kv_len=300, max_qo_len=200)), lse_base=st.sampled_from(["e", "2"]))
-def test_cuda_kernel_matches_reference(case: Case, lse_base: str) -> None:
+@given(
+    case=cases(ALL_OPTIONS, Limits(max_batch=6, max_kv_len=300, max_qo_len=200)),
+    lse_base=st.sampled_from(["e", "2"]),
+    logit_noise=st.booleans(),
+    config=st.sampled_from(["default", "128x64w8-split64", "128x32w8-split128-s2"]),
+)
+def test_cuda_kernel_matches_reference(case: Case, lse_base: str, logit_noise: bool, config: str) -> None:
     from oracle.fused import fused_reference
 
     tensors = make_tensors(case, "cuda")
-    fused = fused_reference(case, tensors, lse_base=lse_base)
+    fused = fused_reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise, config=_config(config))
     if fused is None:  # only e4m3 below sm_89 or a head dim > 256, neither drawn on an H200
         pytest.skip("fused_reference declined the case")
-    _assert_matches(fused, reference(case, tensors, lse_base=lse_base), case)
+    _assert_matches(fused, reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise), case)
+
+
+def _serving_like_case() -> Case:
+    qo, kv = [1] * 6 + [37, 130, 3], [700, 1, 33, 0, 129, 2048, 300, 1100, 1500]
+    layout = Layout.from_lengths(qo, kv, page_size=16, page_order=list(range(sum(-(-n // 16) for n in kv)))[::-1])
+    return Case(layout, Heads(32, 8, 128, 128), Options(causal=True, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=7)
 
 
 @needs_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["128x32w8", "64x64w4", "16x16w4"])
+@pytest.mark.parametrize(
+    "config", ["default", "128x32w8", "128x64w8-split256-noside", "128x64w8-split128-s2", "64x64w8-split512", "16x16w4"]
+)
 def test_cuda_kernel_matches_reference_on_a_serving_batch(config: str) -> None:
-    from oracle.fused import FusedConfig, fused_reference
-
-    block_m, rest = config.split("x")
-    block_n, warps = rest.split("w")
-    qo, kv = [1] * 6 + [37, 130], [700, 1, 33, 0, 129, 2048, 300, 1100]
-    case = Case(Layout.from_lengths(qo, kv, page_size=16, page_order=list(range(sum(-(-n // 16) for n in kv)))[::-1]), Heads(32, 8, 128, 128), Options(causal=True, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=7)
-    tensors = make_tensors(case, "cuda")
-    fused = fused_reference(case, tensors, config=FusedConfig(block_m=int(block_m), block_n=int(block_n), num_warps=int(warps)))
-    assert fused is not None
-    _assert_matches(fused, reference(case, tensors), case)
-    again = fused_reference(case, tensors, config=FusedConfig(block_m=int(block_m), block_n=int(block_n), num_warps=int(warps)))
-    assert again is not None and torch.equal(again.out, fused.out) and torch.equal(again.lse, fused.lse), "not deterministic"
-
-
-@needs_cuda
-@pytest.mark.gpu
-def test_cuda_kernel_does_not_sync_the_stream() -> None:
     from oracle.fused import fused_reference
 
-    case = Case(Layout.from_lengths([1, 40, 3], [300, 90, 0], page_size=16), Heads(8, 2, 128, 128), Options(causal=True, sinks=(1.0,) * 8, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=2)
+    case = _serving_like_case()
     tensors = make_tensors(case, "cuda")
-    fused_reference(case, tensors)  # compile outside the checked region
+    fused = fused_reference(case, tensors, logit_noise=True, config=_config(config))
+    assert fused is not None
+    _assert_matches(fused, reference(case, tensors, logit_noise=True), case)
+    again = fused_reference(case, tensors, logit_noise=True, config=_config(config))
+    assert again is not None and torch.equal(again.out, fused.out) and torch.equal(again.lse, fused.lse), "not deterministic"
+    assert again.logit_noise is not None and fused.logit_noise is not None and torch.equal(again.logit_noise, fused.logit_noise)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_side_stream_changes_no_bit() -> None:
+    from dataclasses import replace
+
+    from oracle.fused import fused_reference
+
+    case = _serving_like_case()
+    tensors = make_tensors(case, "cuda")
+    side, inline = (fused_reference(case, tensors, config=replace(DEFAULT_CONFIG, side_stream=s)) for s in (True, False))
+    assert side is not None and inline is not None
+    assert torch.equal(side.out, inline.out) and torch.equal(side.lse, inline.lse)
+
+
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("logit_noise", [False, True])
+def test_cuda_kernel_does_not_sync_the_stream(logit_noise: bool) -> None:
+    from oracle.fused import fused_reference
+
+    # a prefill tile, decode tiles on the side stream, one context split into chunks and merged
+    case = Case(Layout.from_lengths([1, 40, 3], [3000, 90, 0], page_size=16), Heads(8, 2, 128, 128), Options(causal=True, sinks=(1.0,) * 8, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=2)
+    tensors = make_tensors(case, "cuda")
+    fused_reference(case, tensors, logit_noise=logit_noise)  # compile outside the checked region
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fused = fused_reference(case, tensors)
+        fused = fused_reference(case, tensors, logit_noise=logit_noise)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert fused is not None
-    _assert_matches(fused, reference(case, tensors), case)
+    _assert_matches(fused, reference(case, tensors, logit_noise=logit_noise), case)
