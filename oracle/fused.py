@@ -5,8 +5,10 @@ The kernel (``oracle._fused_kernel``) reads the paged pool directly through the 
 converts K and V to float64 in registers and runs an online softmax in float64 (libdevice
 exp/log/tanh: ``tl.exp`` on float64 is only float32-accurate). A tile packs one request's
 (query, head-in-group) rows for one kv head, so each kv head's keys are read once per tile;
-decode rows (qo_len 1) fill ``group_size`` rows of a 16-row tile. The host plans every tile and
-uploads the plan in one asynchronous copy: no stream syncs.
+decode rows (qo_len 1) fill ``group_size`` rows of a 16-row tile; their long contexts are split
+into key chunks merged in float64 by a second kernel, on a side stream next to the prefill tiles.
+``logit_noise`` (the reference's float32 rounding bound) rides along as a second accumulator. The
+host plans every tile and uploads the plan in one asynchronous copy: no stream syncs.
 
 >>> from oracle.case import Case, Layout, Heads
 >>> from oracle.tensors import make_tensors
