@@ -82,9 +82,9 @@ def report(name: str, case: Case, repeat: int, with_flashinfer: bool) -> None:
           f"{_flops(case) / 1e9:.1f} GFLOP attended")  # fmt: skip
     fused_t = timed(lambda: _fused(case, tensors, DEFAULT_CONFIG), "cuda", repeat)
     noise_t = timed(lambda: _fused(case, tensors, DEFAULT_CONFIG, logit_noise=True), "cuda", repeat)
-    torch_t = timed(lambda: reference(case, tensors), "cuda", repeat)
-    torch_noise_t = timed(lambda: reference(case, tensors, logit_noise=True), "cuda", repeat)
-    ref, fused = reference(case, tensors, logit_noise=True), _fused(case, tensors, DEFAULT_CONFIG, logit_noise=True)
+    torch_t = timed(lambda: reference(case, tensors, engine="torch"), "cuda", repeat)
+    torch_noise_t = timed(lambda: reference(case, tensors, logit_noise=True, engine="torch"), "cuda", repeat)
+    ref, fused = reference(case, tensors, logit_noise=True, engine="torch"), _fused(case, tensors, DEFAULT_CONFIG, logit_noise=True)
     print(f"  fused oracle (float64, {DEFAULT_CONFIG}): {fused_t * 1e3:.3f} ms ({_flops(case) / fused_t / 1e12:.1f} TFLOP/s)")
     print(f"  torch oracle (float64): {torch_t * 1e3:.3f} ms -> fused is {torch_t / fused_t:.1f}x faster")
     print(f"  with logit_noise (what the fuzz runner asks for): fused {noise_t * 1e3:.3f} ms, torch {torch_noise_t * 1e3:.3f} ms "
@@ -110,7 +110,8 @@ def _flashinfer_half_time(case: Case, tensors, decode: bool, repeat: int) -> flo
 
 def report_halves(case: Case, repeat: int, with_flashinfer: bool) -> None:
     """Where the time goes: each half of the batch alone, with and without the decode split."""
-    whole_t = timed(lambda: _fused(case, make_tensors(case, "cuda"), DEFAULT_CONFIG), "cuda", repeat)
+    whole = make_tensors(case, "cuda")
+    whole_t = timed(lambda: _fused(case, whole, DEFAULT_CONFIG), "cuda", repeat)
     print(f"serving batch by half (fused, best of {repeat}; the whole batch {whole_t * 1e3:.3f} ms):")
     total = 0.0
     for name, half in zip(("decode-only", "prefill-only"), halves(case)):
@@ -130,7 +131,7 @@ def report_halves(case: Case, repeat: int, with_flashinfer: bool) -> None:
 
 def sweep(case: Case, repeat: int) -> None:
     tensors = make_tensors(case, "cuda")
-    ref = reference(case, tensors)
+    ref = reference(case, tensors, engine="torch")
     decode, _ = halves(case)
     decode_tensors = make_tensors(decode, "cuda")
     print("config sweep on the serving batch (best of the timed runs; decode = the decode-only half alone):")

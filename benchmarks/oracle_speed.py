@@ -103,7 +103,7 @@ def tiling_report(device: str, repeat: int) -> None:
         times = {}
         for name, saving in (("tiled", float("-inf")), ("whole", float("inf"))):
             with mock.patch.dict(buckets._TILE_MIN_SAVING, {device: saving}):
-                times[name] = timed(lambda: reference(case, tensors), device, repeat)
+                times[name] = timed(lambda: reference(case, tensors, engine="torch"), device, repeat)
         rule = bool(buckets.tiled(*(torch.tensor([n]).numpy() for n in (qo, kv)), device)[0])
         print(f"qo {qo:5} kv {kv:5}: tiled {times['tiled'] * 1e3:8.2f} ms  whole {times['whole'] * 1e3:8.2f} ms"
               f"  whole/tiled {times['whole'] / times['tiled']:.2f}  (the rule {'tiles' if rule else 'keeps it whole'})")
@@ -113,11 +113,11 @@ def profile_report(case: Case, tensors, device: str) -> None:  # type: ignore[no
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    reference(case, tensors)
+    reference(case, tensors, engine="torch")
     if device == "cuda":
         torch.cuda.synchronize()
     with profile(activities=activities) as prof:
-        reference(case, tensors)
+        reference(case, tensors, engine="torch")
         if device == "cuda":
             torch.cuda.synchronize()
     table = prof.key_averages()
@@ -146,7 +146,7 @@ def main() -> None:
         profile_report(case, tensors, device)
         return
     planning = timed(lambda: buckets.plan_buckets(case, torch.device(device)), "cpu", args.repeat)
-    oracle = timed(lambda: reference(case, tensors), device, args.repeat)
+    oracle = timed(lambda: reference(case, tensors, engine="torch"), device, args.repeat)
     loop = timed(lambda: per_sequence_loop(case, tensors), device, args.repeat)
     lay = case.layout
     print(f"case: {lay.batch_size} requests, {lay.total_q} queries, {sum(lay.kv_lens)} keys, {case.heads.num_qo_heads}/{case.heads.num_kv_heads} heads, dim {case.heads.head_dim_qk}, {device}")

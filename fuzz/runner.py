@@ -40,12 +40,31 @@ def is_unsupported(exc: BaseException) -> bool:
     return isinstance(exc, (Unsupported, NotImplementedError))
 
 
+class OracleDisagreement(AssertionError):
+    """The fused float64 kernel and the torch reference judged a kernel differently: a bug in the
+    oracle itself, never a finding about the kernel."""
+
+
 def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Tolerance = Tolerance()) -> Verdict:
-    """Compare a kernel's output for ``case`` on ``tensors`` with the float64 reference."""
+    """Compare a kernel's output for ``case`` on ``tensors`` with the float64 reference.
+
+    On CUDA the reference is computed by the fused kernel (``oracle.fused``); a failing verdict is
+    computed again against the torch reference, the definition, which alone decides a finding.
+    """
     ref = reference(case, tensors, logit_noise=True)
     dtype = torch_dtype(case.options.q_dtype)
     controls = [plain_attention(case, tensors, dtype, reorder_ops=r) for r in (False, True)]
-    return compare(case, out=result.out, lse=result.lse, ref=ref, controls=controls, tolerance=tolerance)
+    verdict = compare(case, out=result.out, lse=result.lse, ref=ref, controls=controls, tolerance=tolerance)
+    if verdict.passed or ref.engine == "torch":
+        return verdict
+    definition = reference(case, tensors, logit_noise=True, engine="torch")
+    again = compare(case, out=result.out, lse=result.lse, ref=definition, controls=controls, tolerance=tolerance)
+    if again.passed:
+        raise OracleDisagreement(
+            f"the fused oracle failed the kernel ({verdict.headline()}) but the torch reference passes it: "
+            f"max |fused - torch| out {(ref.out - definition.out).abs().nan_to_num().max().item():.3g}; case {case.summary()}"
+        )
+    return again
 
 
 def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> Outcome:

@@ -120,7 +120,7 @@ def _assert_matches(fused: Reference, ref: Reference, case: Case) -> None:
 @given(case=cases(ALL_OPTIONS, TINY), lse_base=st.sampled_from(["e", "2"]), logit_noise=st.booleans(), config=st.sampled_from(["default", "64x16w4-split16"]))
 def test_interpreted_kernel_matches_reference(case: Case, lse_base: str, logit_noise: bool, config: str) -> None:
     tensors = make_tensors(case)
-    expected = reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise)
+    expected = reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise, engine="torch")
     _assert_matches(_interpreted(case, tensors, lse_base, logit_noise, config), expected, case)
 
 
@@ -144,7 +144,7 @@ _SINKS = (0.0, 1.0, -2.0, 4.0, 0.0, 1.0, 4.0, -2.0)
 def test_interpreted_kernel_matches_reference_on_a_ragged_batch(heads: Heads, options: Options, lse_base: str, config: str) -> None:
     case = Case(_RAGGED, heads, options, seed=3, distribution="outliers")
     tensors = make_tensors(case)
-    expected = reference(case, tensors, lse_base=lse_base, logit_noise=True)
+    expected = reference(case, tensors, lse_base=lse_base, logit_noise=True, engine="torch")
     _assert_matches(_interpreted(case, tensors, lse_base, logit_noise=True, config=config), expected, case)
 
 
@@ -161,7 +161,7 @@ def test_interpreted_split_contexts_change_only_rounding_and_a_lone_chunk_nothin
         assert torch.equal(a[alone], b[alone]), f"{name}: a one-chunk request differs after the merge"
         assert torch.allclose(a[0], b[0], rtol=RELATIVE, atol=0.0), f"{name}: the split request differs beyond rounding"
     assert not torch.equal(split.out[0], whole.out[0]) or not torch.equal(split.lse[0], whole.lse[0]), "request 0 was not split"
-    _assert_matches(split, reference(case, tensors, logit_noise=True), case)
+    _assert_matches(split, reference(case, tensors, logit_noise=True, engine="torch"), case)
 
 
 @interpreted
@@ -266,7 +266,7 @@ def test_cuda_kernel_matches_reference(case: Case, lse_base: str, logit_noise: b
     fused = fused_reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise, config=_config(config))
     if fused is None:  # only e4m3 below sm_89 or a head dim > 256, neither drawn on an H200
         pytest.skip("fused_reference declined the case")
-    _assert_matches(fused, reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise), case)
+    _assert_matches(fused, reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise, engine="torch"), case)
 
 
 def _serving_like_case() -> Case:
@@ -287,7 +287,7 @@ def test_cuda_kernel_matches_reference_on_a_serving_batch(config: str) -> None:
     tensors = make_tensors(case, "cuda")
     fused = fused_reference(case, tensors, logit_noise=True, config=_config(config))
     assert fused is not None
-    _assert_matches(fused, reference(case, tensors, logit_noise=True), case)
+    _assert_matches(fused, reference(case, tensors, logit_noise=True, engine="torch"), case)
     again = fused_reference(case, tensors, logit_noise=True, config=_config(config))
     assert again is not None and torch.equal(again.out, fused.out) and torch.equal(again.lse, fused.lse), "not deterministic"
     assert again.logit_noise is not None and fused.logit_noise is not None and torch.equal(again.logit_noise, fused.logit_noise)
@@ -324,4 +324,4 @@ def test_cuda_kernel_does_not_sync_the_stream(logit_noise: bool) -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert fused is not None
-    _assert_matches(fused, reference(case, tensors, logit_noise=logit_noise), case)
+    _assert_matches(fused, reference(case, tensors, logit_noise=logit_noise, engine="torch"), case)
