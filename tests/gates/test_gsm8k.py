@@ -316,3 +316,19 @@ def test_end_to_end_planted_kernel_changes_the_generations(tiny_setup, tmp_path)
     # a random model answers nothing right: the gate has no power here (it passes, and says so)
     assert data["identical_responses"] < 3
     assert data["filters"]["flexible-extract"]["detectable_drop_80pct"] is None
+
+
+GOLDEN_GSM8K = sorted((Path(__file__).resolve().parents[2] / "golden" / "gsm8k").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", GOLDEN_GSM8K, ids=[p.stem for p in GOLDEN_GSM8K])
+def test_golden_expected_accuracies_load_under_their_model_key(path: Path) -> None:
+    """A stored expected accuracy is found by ``model_key`` (the file name) and is a real run's."""
+    expected = load_expected(path)
+    assert expected.model == path.stem
+    assert expected.n >= 1 and all(0.0 <= acc <= 1.0 for acc in expected.accuracy.values())
+    assert expected.task.task == "gsm8k"
+
+
+def test_the_golden_gsm8k_corpus_is_not_empty() -> None:
+    assert GOLDEN_GSM8K, "golden/gsm8k/ holds no expected accuracy"
