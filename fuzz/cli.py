@@ -280,6 +280,23 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
         sys.exit(1)
 
 
+def _oracle_engines() -> dict[str, str]:
+    """Which engine computes the float64 oracle per device type (``reference(engine=...)``)."""
+    import importlib.util
+
+    import torch
+
+    from oracle.reference import default_engine
+
+    engine = default_engine()
+    triton = importlib.util.find_spec("triton") is not None
+    engines = {"cpu": "torch"}
+    if torch.cuda.is_available():
+        fused = engine != "torch" and triton
+        engines["cuda"] = "fused (float64 Triton kernel; failures re-judged by torch)" if fused else "torch"
+    return engines
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
 def env(as_json: bool) -> None:
@@ -292,6 +309,7 @@ def env(as_json: bool) -> None:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "devices": ["cpu"] + [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "oracle": _oracle_engines(),
         "backends": {b.name: {"available": True, "device": b.device, "versions": b.versions()} for b in usable},
     }
     info["backends"].update({name: {"available": False, "why": why} for name, why in missing.items()})
@@ -300,6 +318,7 @@ def env(as_json: bool) -> None:
         return
     click.echo(f"python {info['python']}, torch {info['torch']}, cuda {info['cuda']}")
     click.echo("devices: " + ", ".join(info["devices"]))
+    click.echo("oracle: " + ", ".join(f"{device} -> {engine}" for device, engine in info["oracle"].items()))
     for name, entry in info["backends"].items():
         state = f"available on {entry['device']}" if entry["available"] else f"unavailable: {entry['why']}"
         click.echo(f"  {name:16s} {state}")

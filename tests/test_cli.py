@@ -12,6 +12,7 @@ def test_env_lists_backends_as_json() -> None:
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
     assert info["backends"]["sdpa-math"]["available"] is True
+    assert info["oracle"]["cpu"] == "torch"  # the fused engine is CUDA-only
 
 
 def test_fuzz_correct_cpu_kernels_exits_zero(tmp_path) -> None:
