@@ -31,7 +31,7 @@ from backends.base import Backend, Capabilities, KernelOutput, get_backend
 from backends.user import UserKernel
 from oracle.case import Case, Heads, Layout, Options
 from oracle.reference import plain_attention, reference
-from oracle.tensors import POISON, Tensors, token_addresses
+from oracle.tensors import POISON, Tensors, token_slots, upload
 
 STOCK_PREFIX = "hf:"  # "hf:sdpa", "hf:eager": transformers' own implementation, not swapped
 
@@ -180,12 +180,11 @@ class _Paging:
         return pool.view(layout.num_pages, layout.page_size, *pool.shape[1:])
 
 
-def _upload(host: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+def _upload_together(host: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """CPU int64 tensors on ``device`` in one copy that does not wait (pinned memory on CUDA)."""
     if device.type == "cpu":
         return host
-    flat = torch.cat([t.reshape(-1) for t in host])
-    flat = (flat.pin_memory() if device.type == "cuda" else flat).to(device, non_blocking=True)
+    flat = upload(torch.cat([t.reshape(-1) for t in host]), device)
     return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in host]), host)]
 
 
@@ -272,12 +271,12 @@ class PagedAttention:
         order = list(range(needed + extra))
         rng.shuffle(order)
         layout = Layout.from_lengths(qo_lens, kv_lens, self.page_size, page_order=order, extra_pages=extra)
-        # token_addresses reads only the layout; the heads are a placeholder (each layer's case has its own)
-        pages, slots = token_addresses(Case(layout, Heads(1, 1, 1, 1)))
+        # token_slots reads only the layout; the heads are a placeholder (each layer's case has its own)
+        key_slot = torch.from_numpy(token_slots(Case(layout, Heads(1, 1, 1, 1))))
         key_batch, key_column = key_valid.nonzero(as_tuple=True)  # row-major: the canonical token order
         query_batch, query_column = query_valid.nonzero(as_tuple=True)
-        key_batch, key_column, key_slot, query_batch, query_column = _upload(
-            [key_batch, key_column, pages * self.page_size + slots, query_batch, query_column], device
+        key_batch, key_column, key_slot, query_batch, query_column = _upload_together(
+            [key_batch, key_column, key_slot, query_batch, query_column], device
         )
         return _Paging(layout, key_batch, key_column, key_slot, query_batch, query_column)
 

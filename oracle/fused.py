@@ -29,7 +29,7 @@ import torch
 
 from oracle.case import Case, CaseError
 from oracle.reference import LOG2_E, Reference
-from oracle.tensors import Tensors
+from oracle.tensors import Tensors, upload
 
 MAX_HEAD_DIM = 256  # a 256-wide float64 row already costs 2 KiB of registers per tile row
 _MIN_DOT = 16  # tl.dot needs every tile dimension >= 16
@@ -183,7 +183,7 @@ def fused_attention(
     noise = torch.empty_like(out) if logit_noise else None
     block_dqk, block_dvo = (max(_MIN_DOT, 1 << (d - 1).bit_length()) for d in (heads.head_dim_qk, heads.head_dim_vo))
     plan = _plan(case, _block_ms(config, block_dvo), config, lse_base)
-    ints, floats = _upload(plan.ints, device), _upload(plan.floats, device)
+    ints, floats = upload(plan.ints, device), upload(plan.floats, device)
     flags = dict(
         GROUP=heads.group_size, HEAD_DIM_VO=heads.head_dim_vo, BLOCK_DVO=block_dvo,
         HAS_SINKS=opts.sinks is not None, LOGIT_NOISE=logit_noise, COMPILED=not interpret,
@@ -335,13 +335,6 @@ def _chunks(table: np.ndarray, block_m: int, group: int, case: Case, split_keys:
         return None
     starts = np.repeat(first_chunk - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
     return starts * split_keys, counts
-
-
-def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device`` without a stream sync (pinned, asynchronous copy)."""
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _check_lse_base(lse_base: str) -> None:

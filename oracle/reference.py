@@ -29,9 +29,9 @@ from typing import NamedTuple
 
 import torch
 
-from oracle.buckets import Bucket, plan_buckets
+from oracle.buckets import Bucket, Plan, plan_buckets
 from oracle.case import Case
-from oracle.tensors import Tensors, make_tensors, token_addresses
+from oracle.tensors import Tensors, make_tensors, token_addresses, upload
 
 LOG2_E = 1.0 / math.log(2.0)
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
@@ -83,14 +83,6 @@ def _heads_first_kv(case: Case, tensors: Tensors, dtype: torch.dtype, slots: tor
         x[:, :-1], x[:, -1] = stored.transpose(0, 1), 0  # converts and transposes in one pass
         out.append(x.mul_(scale) if opts.is_fp8 else x)
     return out
-
-
-def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CPU tensor on ``device`` without waiting: a plain copy from pageable memory synchronizes
-    the CUDA stream, one from pinned memory does not."""
-    if device.type == "cpu":
-        return host
-    return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
 
 def _logits(
@@ -185,7 +177,27 @@ def _per_head(case: Case, values: tuple[float, ...] | None, like: torch.Tensor) 
     if values is None:
         return None
     h = case.heads
-    return _upload(torch.tensor(values, dtype=like.dtype), like.device).view(h.num_kv_heads, 1, h.group_size, 1)
+    return upload(torch.tensor(values, dtype=like.dtype), like.device).view(h.num_kv_heads, 1, h.group_size, 1)
+
+
+class _Inputs(NamedTuple):
+    plan: Plan
+    keys: torch.Tensor  # [Hkv, total_kv + 1, D] (``_heads_first_kv``)
+    values: torch.Tensor
+    q: torch.Tensor  # ``_padded_q``
+    sink: torch.Tensor | None  # [Hkv, 1, G, 1]
+    alibi: torch.Tensor | None  # slopes as [Hkv, 1, G, 1, 1]
+    columns: torch.Tensor  # ``arange(plan.max_kv)`` on the device
+
+
+def _inputs(case: Case, tensors: Tensors, dtype: torch.dtype, q_scale: float) -> _Inputs:
+    """What every bucket loop reads, in ``dtype`` on the tensors' device; q is scaled by ``q_scale``."""
+    plan = plan_buckets(case, tensors.q.device)
+    keys, values = _heads_first_kv(case, tensors, dtype, plan.slots)
+    q = _padded_q(tensors, dtype, q_scale)
+    alibi = _per_head(case, case.options.alibi_slopes, q)
+    columns = torch.arange(plan.max_kv, device=tensors.q.device)
+    return _Inputs(plan, keys, values, q, _per_head(case, case.options.sinks, q), None if alibi is None else alibi[..., None], columns)
 
 
 class _State(NamedTuple):
@@ -304,13 +316,7 @@ def reference(
     if engine == "fused":
         raise ValueError("engine='fused' needs CUDA tensors, Triton, no chunk_size and a case it takes (oracle.fused)")
     dtype, device, heads = torch.float64, tensors.q.device, case.heads
-    plan = plan_buckets(case, device)
-    keys, values = _heads_first_kv(case, tensors, dtype, plan.slots)
-    q = _padded_q(tensors, dtype, case.sm_scale)
-    sink = _per_head(case, case.options.sinks, q)
-    alibi = _per_head(case, case.options.alibi_slopes, q)
-    alibi = None if alibi is None else alibi[..., None]
-    columns = torch.arange(plan.max_kv, device=device)
+    plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, case.sm_scale)
     out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
     lse = q.new_full(out.shape[:2], float("-inf"))
     noise = torch.zeros_like(out) if logit_noise else None
@@ -349,14 +355,8 @@ def plain_attention(
     second control): the same precision, rounded differently.
     """
     heads = case.heads
-    plan = plan_buckets(case, tensors.q.device)
-    keys, values = _heads_first_kv(case, tensors, dtype, plan.slots)
-    q = _padded_q(tensors, dtype, case.sm_scale if reorder_ops else 1.0)
+    plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, case.sm_scale if reorder_ops else 1.0)
     logit_scale = 1.0 if reorder_ops else case.sm_scale
-    sink = _per_head(case, case.options.sinks, q)
-    alibi = _per_head(case, case.options.alibi_slopes, q)
-    alibi = None if alibi is None else alibi[..., None]
-    columns = torch.arange(plan.max_kv, device=q.device)
     out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
     lse = q.new_full(out.shape[:2], float("-inf"))
     for bucket in plan.buckets:

@@ -103,6 +103,15 @@ def make_tensors(case: Case, device: str | torch.device = "cpu") -> Tensors:
     return Tensors(q.to(q_dtype).to(device), caches[0], caches[1])
 
 
+def upload(host: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without a stream sync: a copy from pageable memory synchronizes
+    the CUDA stream, an asynchronous one from pinned memory does not. On CPU: ``host`` itself."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return host
+    return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
+
+
 def _page_table(case: Case) -> tuple[np.ndarray, np.ndarray]:
     """Every page-table entry (``kv_indices``, request-major: the pages in token order) and how
     many of its page's slots hold tokens (``page_size``, or ``kv_last_page_len`` on a request's
