@@ -1,43 +1,59 @@
-"""pytest plugin (``pytest11`` entry point ``pa_oracle``): kernel selection options, Hypothesis
-profiles, a report header with backend versions, and pytest-xdist GPU pinning.
+"""pytest plugin (``pytest11`` entry point ``pa_oracle``): kernel selection options, the
+conformance test, a report header with backend versions, and pytest-xdist GPU pinning.
 
-    pytest --pyargs fuzz.test_conformance --pa-backend sdpa-math --pa-examples 300
-    pytest --pyargs fuzz.test_conformance --pa-kernel my_pkg.attn:paged_attention
-    pytest -n 4 --pyargs fuzz.test_conformance     # 4 workers, one GPU each, every backend in 4 shards
+    pytest --pa-backend sdpa-math --pa-examples 300        # collects and runs the conformance test
+    pytest --pa-kernel my_pkg.attn:paged_attention
+    pytest -n 4 --pa-backend flashinfer-decode             # 4 workers, one GPU each, 4 shards
 
-Under xdist the controller hands worker ``gwN`` the N-th visible GPU (round-robin) and the worker
-sets ``CUDA_VISIBLE_DEVICES`` in ``pytest_configure``, before any test initializes CUDA. Seeds
-belong to shards, not workers: the conformance test is parametrized over ``--pa-shards`` shards
-(default: the number of xdist workers), each with its own Hypothesis and case seeds
-(``fuzz.shard``), so the workers fuzz disjoint examples and a rerun draws the same ones whichever
-worker gets which shard.
+The plugin is **inert unless a ``--pa-*`` option is given**: installed in an environment, it
+changes no other pytest session (no kernel library is imported, no header line, no
+``CUDA_VISIBLE_DEVICES``), and it never loads a Hypothesis profile (the conformance test sets its
+own settings per run, so a project's profile stays in force). With ``--pa-backend``/``--pa-kernel``
+and no test paths of the user's it collects ``fuzz/test_conformance.py`` by itself. Findings land in ``--pa-out`` (default ``./pa-findings``),
+never in pytest's tmp dirs, which pytest deletes.
+
+Under xdist (with a ``--pa-*`` option, e.g. ``--pa-pin-gpus``) the controller hands worker ``gwN``
+the N-th visible GPU (round-robin) and the worker sets ``CUDA_VISIBLE_DEVICES`` in
+``pytest_configure``, before any test initializes CUDA. Seeds belong to shards, not workers: the
+conformance test is parametrized over ``--pa-shards`` shards (default: the number of xdist
+workers), each with its own Hypothesis and case seeds (``fuzz.shard``), so the workers fuzz
+disjoint examples and a rerun draws the same ones whichever worker gets which shard.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "ci", derandomize=True, deadline=None, database=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CONFORMANCE_TEST = Path(__file__).with_name("test_conformance.py")
+_SELECTING = ("pa_backend", "pa_kernel")  # options that name what to fuzz
+_KEY = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("pa-oracle", "paged-attention oracle")
+    group = parser.getgroup("pa-oracle", "paged-attention oracle (inert unless a --pa-* option is given)")
     group.addoption("--pa-backend", action="append", default=[], help="backend to fuzz (repeatable; default: all available)")
     group.addoption("--pa-kernel", action="append", default=[], help="user kernel MODULE:FUNCTION to fuzz (repeatable)")
-    group.addoption("--pa-examples", type=int, default=100, help="examples per backend (default 100)")
-    group.addoption("--pa-seed", type=int, default=0, help="base seed of the fuzz run (default 0)")
-    group.addoption("--pa-out", default=None, help="folder for findings (default: pytest's tmp dir)")
+    group.addoption("--pa-examples", type=int, default=None, help="examples per backend (default 100)")
+    group.addoption("--pa-seed", type=int, default=None, help="base seed of the fuzz run (default 0)")
+    group.addoption("--pa-out", default=None, help="folder for findings (default ./pa-findings)")
     group.addoption("--pa-shards", type=int, default=None, help="split each backend's examples into N shards (default: xdist workers, or 1)")
     group.addoption("--pa-ledger", default=None, help="known-failure ledger whose 'matches' predicates are skipped (default: golden/ledger.json)")
-    group.addoption("--pa-no-skip-known", action="store_true", help="run cases that a ledger entry already covers")
+    group.addoption("--pa-no-skip-known", action="store_true", default=None, help="run cases that a ledger entry already covers")
+    group.addoption("--pa-pin-gpus", action="store_true", default=None, help="under xdist, pin each worker to one GPU (implied by any --pa-* option)")
+
+
+def is_active(config: pytest.Config) -> bool:
+    """True if any ``--pa-*`` option was given (on the command line or in the ini's addopts)."""
+    return config.stash.get(_KEY, False)
+
+
+def _given(config: pytest.Config) -> bool:
+    names = [opt.dest for opt in config._parser.getgroup("pa-oracle").options]  # noqa: SLF001 - our own group
+    return any(config.getoption(name) not in (None, []) for name in names)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -45,12 +61,25 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "pa_cuda_visible_devices" in workerinput:
         os.environ["CUDA_VISIBLE_DEVICES"] = workerinput["pa_cuda_visible_devices"]
-    elif workerinput is None and config.pluginmanager.hasplugin("xdist"):
+    active = _given(config)
+    config.stash[_KEY] = active
+    if not active:
+        return
+    if workerinput is None and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistGpuPinning(), "pa_oracle_gpu_pinning")
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
     config.addinivalue_line("markers", "slow: compiles kernels or runs long fuzz campaigns")
-    profile = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
-    settings.load_profile(profile)
+    if any(config.getoption(name) for name in _SELECTING):
+        _collect_conformance(config)
+
+
+def _collect_conformance(config: pytest.Config) -> None:
+    """``pytest --pa-kernel m:f`` alone runs the conformance test; test paths the user named run beside it."""
+    named = config.args_source == pytest.Config.ArgsSource.ARGS
+    if not named:
+        config.args[:] = [str(CONFORMANCE_TEST)]
+    elif not any("test_conformance" in arg for arg in config.args):
+        config.args.append(str(CONFORMANCE_TEST))
 
 
 class XdistGpuPinning:
@@ -78,20 +107,20 @@ def shard_count(config: pytest.Config) -> int:
 
 def selected_backends(config: pytest.Config) -> list[str]:
     """Names (backends) and MODULE:FUNCTION specs (kernels) chosen on the command line."""
+    chosen = list(config.getoption("--pa-backend")) + list(config.getoption("--pa-kernel"))
+    if chosen:
+        return chosen
     from fuzz.cli import available_backends
 
-    chosen = list(config.getoption("--pa-backend")) + list(config.getoption("--pa-kernel"))
-    return chosen or [b.name for b in available_backends()[0]]
+    return [b.name for b in available_backends()[0]]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    """One line: torch, the device, and the selected backends with their library versions."""
+    if not is_active(config):
+        return []
     import torch
 
-    from fuzz.cli import available_backends
-
-    usable, missing = available_backends()
-    lines = [f"pa-oracle: torch {torch.__version__}, cuda {'yes: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no'}"]
-    lines.append("pa-oracle backends: " + ", ".join(f"{b.name}@{b.device}" for b in usable))
-    if missing:
-        lines.append("pa-oracle unavailable: " + "; ".join(f"{n} ({why})" for n, why in missing.items()))
-    return lines
+    cuda = f"cuda {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "no cuda"
+    chosen = list(config.getoption("--pa-backend")) + list(config.getoption("--pa-kernel"))
+    return [f"pa-oracle: torch {torch.__version__}, {cuda}; backends: {', '.join(chosen) or 'every available one'}"]

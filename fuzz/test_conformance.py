@@ -1,6 +1,7 @@
 """The shipped differential test: fuzz each selected backend against the float64 oracle.
 
-Run it with ``pytest --pyargs fuzz.test_conformance [--pa-backend NAME] [--pa-kernel MOD:FN]``.
+Run it with ``pytest --pa-backend NAME`` or ``pytest --pa-kernel MOD:FN`` (the plugin collects
+this file by itself; ``--pyargs fuzz.test_conformance`` names it explicitly).
 Each backend runs as ``--pa-shards`` items (shards of its examples, see ``fuzz.plugin``); cases
 that a ledger entry covers are skipped. A failure message carries the shrunk case, the report
 path and a repro command.
@@ -28,17 +29,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(("pa_backend", "pa_shard"), params, ids=ids)
 
 
-def test_kernel_agrees_with_oracle(pa_backend: str, pa_shard: Shard, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_kernel_agrees_with_oracle(pa_backend: str, pa_shard: Shard, request: pytest.FixtureRequest) -> None:
     backend = UserKernel.from_spec(pa_backend) if ":" in pa_backend else get_backend(pa_backend)
     reason = backend.unavailable_reason()
     if reason:
         pytest.skip(f"{backend.name}: {reason}")
-    out = Path(request.config.getoption("--pa-out") or tmp_path)
+    out = Path(request.config.getoption("--pa-out") or "pa-findings")
     skip_known = not request.config.getoption("--pa-no-skip-known")
     result = fuzz_backend(
         backend,
-        examples=pa_shard.share(request.config.getoption("--pa-examples")),
-        base_seed=request.config.getoption("--pa-seed"),
+        examples=pa_shard.share(request.config.getoption("--pa-examples") or 100),
+        base_seed=request.config.getoption("--pa-seed") or 0,
         out_dir=out,
         kernel_spec=pa_backend if ":" in pa_backend else None,
         shard=pa_shard,

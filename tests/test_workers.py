@@ -129,7 +129,7 @@ def test_xdist_workers_get_one_gpu_each_and_one_shard_each(pytester: pytest.Pyte
     monkeypatch.setenv("PA_TEST_DIR", str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     args = ["-p", "no:cacheprovider", *plugin_args()]
-    result = pytester.runpytest_subprocess(*args, "-q", "-n", "2", "test_env.py")  # -q: no header, no torch
+    result = pytester.runpytest_subprocess(*args, "-q", "-n", "2", "--pa-pin-gpus", "test_env.py")  # -q: no header, no torch
     result.assert_outcomes(passed=4)
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"gw0": "5 2", "gw1": "7 2"}
     collected = pytester.runpytest(*args, "--collect-only", "-q", "--pyargs",
