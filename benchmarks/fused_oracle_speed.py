@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from benchmarks.oracle_speed import flashinfer_time, fuzz_sized_case, serving_case, timed
+from oracle_speed import flashinfer_time, fuzz_sized_case, serving_case, timed  # the sibling script (benchmarks/ is sys.path[0])
 from oracle.case import Case, Layout
 from oracle.fused import DEFAULT_CONFIG, FusedConfig, fused_reference
 from oracle.reference import reference
