@@ -44,11 +44,13 @@ SCHEMA_VERSION = 1
 # Bounds of every number a case holds, so that no value is silently wrong in some kernel:
 INT32_MAX = 2**31 - 1  # lengths, page ids, page_size, heads, dims and window_left index int32 tensors in the kernels
 SEED_LIMIT = 2**63  # seeds 0..2**63-1: torch.Generator.manual_seed takes them (and seed + 1) without wrapping
-SCALE_RANGE = (1e-6, 1e3)  # sm_scale, k_scale, v_scale: 1/sqrt(head_dim) is >= 2e-5 for any int32 head_dim; above
-# 1e3 a logit of |q.k| ~ 66 already overflows fp16, below 1e-6 every logit is ~0 in float32 (no signal either way)
-SOFT_CAP_RANGE = (1e-6, 1e6)  # logits_soft_cap when on (0 is off): models use 30-50; outside, float32 s / cap or
-# cap * tanh(.) leave the normal range and a kernel's cap differs from the oracle's
-PER_HEAD_LIMIT = 1e3  # |ALiBi slope| and |sink|: model slopes are in (0, 1] and sinks within +-10
+# sm_scale, k_scale, v_scale: models use 1/sqrt(head_dim) (>= 2e-5 for any int32 head_dim) or a small multiple of
+# it; within [1e-6, 1e3] the scaled logits and the fp8 codes k / k_scale stay finite and normal in float32 (1e308
+# made inf logits, and so a correct kernel "fail"), below 1e-6 every logit is ~0 (no signal)
+SCALE_RANGE = (1e-6, 1e3)
+SOFT_CAP_RANGE = (1e-6, 1e6)  # logits_soft_cap when on (0 is off): models use 30-50; outside this range float32
+# s / cap or cap * tanh(.) leaves the normal range and a kernel's capped logit differs from the oracle's
+PER_HEAD_LIMIT = 1e3  # |ALiBi slope| and |sink|: model slopes lie in (0, 1] and sinks within +-10
 
 Q_DTYPES = ("float16", "bfloat16", "float32")
 KV_DTYPES = Q_DTYPES + ("float8_e4m3fn", "float8_e5m2")
