@@ -92,13 +92,13 @@ def _verdicts(case: Case, backends: list[Any], status: str) -> dict[str, str]:
             verdicts[backend.name] = f"not run (unavailable here: {reason})"
         else:
             verdicts[backend.name] = check_case(backend, case).status
-    passing = [name for name, verdict in verdicts.items() if verdict == "pass"]
-    failing = [name for name, verdict in verdicts.items() if verdict in ("fail", "crash")]
-    if passing and not failing:
-        raise GoldenError(
-            f"the case passes on every backend it was run on ({', '.join(passing)}): it is not a finding, "
-            "so a ledger entry for it would fail the golden suite"
-        )
+    ran = {name: verdict for name, verdict in verdicts.items() if not verdict.startswith("not run")}
+    passing = [name for name, verdict in ran.items() if verdict == "pass"]
+    failing = [name for name, verdict in ran.items() if verdict in ("fail", "crash")]
+    if ran and not failing:
+        how = (f"passes on every backend it was run on ({', '.join(passing)})" if len(passing) == len(ran)
+               else f"fails on no backend it was run on ({', '.join(f'{n}: {v}' for n, v in ran.items())})")
+        raise GoldenError(f"the case {how}: it is not a finding (a tolerated entry must fail where it applies)")
     if passing:
         raise GoldenError(
             f"the case passes on {', '.join(passing)} (fails on {', '.join(failing)}): a tolerated entry must fail on "
