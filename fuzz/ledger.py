@@ -15,13 +15,16 @@ findings, not the known ones.
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
+
+import msgspec
 
 from fuzz.features import FEATURES, Feature, case_features
-from oracle.case import Case, CaseError
+from oracle.case import Case, CaseError, read_json
+from oracle.schema import convert
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SCHEMA_VERSION = 1
@@ -54,43 +57,70 @@ class Entry:
         )
 
 
-_ENTRY_KEYS = {"case", "backends", "versions", "status", "reason", "issue", "matches"}
+class _EntryFile(msgspec.Struct, forbid_unknown_fields=True):
+    """One ledger entry as written in the file: types only (``_entry`` checks the values)."""
+
+    case: str
+    backends: list[str]
+    status: str
+    reason: str
+    issue: str
+    versions: dict[str, str] = {}
+    matches: dict[str, Any] | None = None
+
+
+class _LedgerFile(msgspec.Struct, forbid_unknown_fields=True):
+    schema_version: int
+    entries: list[Any]  # each entry is converted on its own, so a message can say "entry 3"
+
+
+# what each field must be, added to a type error so that the message says what to write
+_HINTS = {
+    "case": "must name its golden case ('case')",
+    "backends": "'backends' must be a non-empty list of backend names",
+    "versions": "'versions' must map package names to version strings",
+    "status": "status must be 'tolerated' or 'quarantine'",
+    "reason": "must cite a reason and an issue URL",
+    "issue": "must cite a reason and an issue URL",
+    "matches": "'matches' must be a non-empty object of feature: value",
+}
 
 
 def load_ledger(path: Path = GOLDEN / "ledger.json") -> list[Entry]:
     """Read and strictly validate a ledger file; a ``CaseError`` names the entry and field at fault."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise CaseError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+    data = read_json(Path(path), CaseError)
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION or isinstance(data.get("schema_version"), bool):
         version = data.get("schema_version") if isinstance(data, dict) else None
         raise CaseError(f"{path}: unknown ledger schema_version {version!r}")
     if set(data) != {"schema_version", "entries"} or not isinstance(data["entries"], list):
         raise CaseError(f"{path}: a ledger holds exactly 'schema_version' and a list 'entries'")
-    return [_entry(raw, f"{path}: entry {i}") for i, raw in enumerate(data["entries"])]
+    ledger = convert(data, _LedgerFile, where=str(path), error=CaseError)
+    return [_entry(raw, f"{path}: entry {i}") for i, raw in enumerate(ledger.entries)]
 
 
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict):
         raise CaseError(f"{where} must be an object")
-    unknown = set(raw) - _ENTRY_KEYS
-    if unknown:
-        raise CaseError(f"{where} has unknown fields {sorted(unknown)} (known: {sorted(_ENTRY_KEYS)})")
-    if raw.get("status") not in ("tolerated", "quarantine"):
-        raise CaseError(f"{where} status must be 'tolerated' or 'quarantine'")
-    if not raw.get("reason") or not str(raw.get("issue", "")).startswith("http"):
-        raise CaseError(f"{where} must cite a reason and an issue URL")
-    if not isinstance(raw.get("case"), str) or not raw["case"]:
+    try:
+        entry = convert(raw, _EntryFile, where=where, error=CaseError)
+    except CaseError as exc:
+        field = str(exc).removeprefix(f"{where}: ").split(":")[0].split(".")[0].split("[")[0]
+        hint = _HINTS.get(field)
+        raise CaseError(f"{exc} ({hint})" if hint else str(exc)) from None
+    if entry.status not in ("tolerated", "quarantine"):
+        raise CaseError(f"{where} status must be 'tolerated' or 'quarantine', got {entry.status!r}")
+    if not entry.reason.strip():
+        raise CaseError(f"{where}: reason is blank: must cite a reason and an issue URL")
+    url = urlparse(entry.issue)
+    if url.scheme not in ("http", "https") or not url.netloc or any(c.isspace() for c in entry.issue):
+        raise CaseError(f"{where}: issue {entry.issue!r} is not an http(s) URL: must cite a reason and an issue URL")
+    if not entry.case.strip():
         raise CaseError(f"{where} must name its golden case ('case')")
-    backends = raw.get("backends")
-    if not isinstance(backends, list) or not backends or not all(isinstance(b, str) for b in backends):
+    if not entry.backends or not all(b.strip() for b in entry.backends):
         raise CaseError(f"{where} 'backends' must be a non-empty list of backend names")
-    versions = raw.get("versions", {})
-    if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
-        raise CaseError(f"{where} 'versions' must map package names to version strings")
-    matches = None if raw.get("matches") is None else _predicate(raw["matches"], where)
-    return Entry(raw["case"], tuple(backends), dict(versions), raw["status"], raw["reason"], raw["issue"], matches)
+    matches = None if entry.matches is None else _predicate(entry.matches, where)
+    status: Literal["tolerated", "quarantine"] = "tolerated" if entry.status == "tolerated" else "quarantine"
+    return Entry(entry.case, tuple(entry.backends), dict(entry.versions), status, entry.reason, entry.issue, matches)
 
 
 def _predicate(raw: Any, where: str) -> dict[str, Feature | tuple[Feature, ...]]:

@@ -12,13 +12,18 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+import msgspec
 
 from fuzz.coverage import Coverage
 from fuzz.runner import Outcome
 from fuzz.shard import Shard
+from oracle.case import read_json
+from oracle.schema import convert
 
 SCHEMA_VERSION = 1
 Status = Literal["pending", "running", "done", "finding", "exhausted"]
@@ -83,11 +88,14 @@ class BackendResult:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BackendResult:
-        data = dict(data)
-        findings = [FindingRecord(**f) for f in data.pop("findings", [])]
-        coverage = Coverage(counts=data.pop("coverage", {}))
-        return cls(**data, findings=findings, coverage=coverage)
+    def from_json(cls, data: dict[str, Any], *, where: str = "backend result", field: str = "") -> BackendResult:
+        """A result as ``to_json`` wrote it, checked strictly (``_BackendFile``); a
+        ``CampaignStateError`` names ``where`` and the field."""
+        raw = convert(data, _BackendFile, where=where, error=CampaignStateError, field=field)
+        given = {k: v for k, v in msgspec.structs.asdict(raw).items() if v is not msgspec.UNSET}
+        findings = [FindingRecord(**msgspec.structs.asdict(f)) for f in given.pop("findings", [])]
+        coverage = Coverage(counts=given.pop("coverage", {}))
+        return cls(**given, findings=findings, coverage=coverage)
 
 
 @dataclass
@@ -108,20 +116,76 @@ class CampaignState:
 
     @classmethod
     def load(cls, path: Path) -> CampaignState:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise CampaignStateError(f"{path}: no campaign state to resume (start one without --resume)") from None
-        except json.JSONDecodeError as exc:
-            raise CampaignStateError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-            version = data.get("schema_version") if isinstance(data, dict) else None
+        """Read a state file, strictly: a ``CampaignStateError`` names the file and the field."""
+        if not Path(path).exists():
+            raise CampaignStateError(f"{path}: no campaign state to resume (start one without --resume)")
+        data = read_json(Path(path), CampaignStateError)
+        if not isinstance(data, dict):
+            raise CampaignStateError(f"{path}: a campaign state is a JSON object, got {type(data).__name__}")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION or isinstance(version, bool):
             raise CampaignStateError(f"{path}: unknown campaign schema_version {version!r}; this version reads {SCHEMA_VERSION}")
-        try:
-            results = {name: BackendResult.from_json(r) for name, r in data["backends"].items()}
-            return cls(dict(data["config"]), results)
-        except (KeyError, TypeError) as exc:
-            raise CampaignStateError(f"{path}: malformed campaign state ({exc})") from None
+        where = f"{path}: malformed campaign state"
+        state = convert(data, _StateFile, where=where, error=CampaignStateError)
+        if state.config.shard is not msgspec.UNSET:
+            try:
+                Shard.parse(state.config.shard)
+            except ValueError as exc:
+                raise CampaignStateError(f"{where}: config.shard: {exc}") from None
+        results = {}
+        for name, raw in state.backends.items():
+            result = BackendResult.from_json(raw, where=where, field=f"backends.{name}")
+            if result.backend != name:
+                raise CampaignStateError(f"{where}: backends.{name}.backend is {result.backend!r}, not the name it is kept under")
+            results[name] = result
+        return cls(dict(data["config"]), results)
+
+
+# --- the file schema, for reading (``save`` writes what the dataclasses hold) ------------------
+
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+_NonNegative = Annotated[float, msgspec.Meta(ge=0)]  # NaN fails it too
+
+
+def _file_schema(cls: type, overrides: dict[str, Any], exclude: tuple[str, ...] = ()) -> Any:
+    """A strict msgspec struct of dataclass ``cls``'s fields (a field added there is read too): an
+    int is a count (>= 0), a float >= 0; a field with a default may be absent."""
+    hints = typing.get_type_hints(cls)
+    spec: list[Any] = []
+    for f in fields(cls):
+        if f.name in exclude:
+            continue
+        kind = overrides.get(f.name, {int: _Count, float: _NonNegative}.get(hints[f.name], hints[f.name]))
+        optional = f.default is not MISSING or f.default_factory is not MISSING
+        spec.append((f.name, typing.Union[kind, msgspec.UnsetType], msgspec.UNSET) if optional else (f.name, kind))
+    return msgspec.defstruct(f"_{cls.__name__}File", spec, forbid_unknown_fields=True)
+
+
+_FindingFile = _file_schema(FindingRecord, {})
+_BackendFile = _file_schema(
+    BackendResult,
+    {"findings": list[_FindingFile], "coverage": dict[str, dict[str, _Count]]},  # type: ignore[valid-type]
+    exclude=_RUN_ONLY,
+)
+
+
+class _ConfigFile(msgspec.Struct):
+    """The options a campaign was started with; any may be absent, and a key this version does not
+    know is kept (a newer option)."""
+
+    seed: int | msgspec.UnsetType = msgspec.UNSET
+    max_batch: Annotated[int, msgspec.Meta(ge=1)] | msgspec.UnsetType = msgspec.UNSET
+    max_kv_len: _Count | msgspec.UnsetType = msgspec.UNSET
+    only: list[str] | msgspec.UnsetType = msgspec.UNSET
+    backends: list[str] | msgspec.UnsetType = msgspec.UNSET
+    kernels: list[str] | msgspec.UnsetType = msgspec.UNSET
+    shard: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class _StateFile(msgspec.Struct, forbid_unknown_fields=True):
+    schema_version: int
+    config: _ConfigFile
+    backends: dict[str, Any]  # each is read by BackendResult.from_json, so a message names it
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -28,12 +28,29 @@ import dataclasses
 import hashlib
 import json
 import math
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from oracle.schema import convert
+
 SCHEMA_VERSION = 1
+
+# Bounds of every number a case holds, so that no value is silently wrong in some kernel:
+INT32_MAX = 2**31 - 1  # lengths, page ids, page_size, heads, dims and window_left index int32 tensors in the kernels
+SEED_LIMIT = 2**63  # seeds 0..2**63-1: torch.Generator.manual_seed takes them (and seed + 1) without wrapping
+# sm_scale, k_scale, v_scale: models use 1/sqrt(head_dim) (>= 2e-5 for any int32 head_dim) or a small multiple of
+# it; within [1e-6, 1e3] the scaled logits and the fp8 codes k / k_scale stay finite and normal in float32 (1e308
+# made inf logits, and so a correct kernel "fail"), below 1e-6 every logit is ~0 (no signal)
+SCALE_RANGE = (1e-6, 1e3)
+SOFT_CAP_RANGE = (1e-6, 1e6)  # logits_soft_cap when on (0 is off): models use 30-50; outside this range float32
+# s / cap or cap * tanh(.) leaves the normal range and a kernel's capped logit differs from the oracle's
+PER_HEAD_LIMIT = 1e3  # |ALiBi slope| and |sink|: model slopes lie in (0, 1] and sinks within +-10
 
 Q_DTYPES = ("float16", "bfloat16", "float32")
 KV_DTYPES = Q_DTYPES + ("float8_e4m3fn", "float8_e5m2")
@@ -58,7 +75,9 @@ class Layout:
 
     def __post_init__(self) -> None:
         for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"):
-            object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
+            object.__setattr__(self, name, _ints(name, getattr(self, name)))
+        for name in ("page_size", "num_pages"):
+            object.__setattr__(self, name, _int(name, getattr(self, name), 0, INT32_MAX))
         _validate_layout(self)
 
     @property
@@ -143,6 +162,45 @@ class Layout:
         return cls(tuple(qo_indptr), tuple(kv_indptr), tuple(kv_indices), tuple(last), page_size, num_pages)
 
 
+def _int(name: str, value: Any, low: int, high: int, why: str = "int32") -> int:
+    """``value`` as an int (numpy ints too; never a bool, float or str) within ``low..high``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise CaseError(f"{name}: expected int, got {type(value).__name__} {_brief(value)}")
+    value = int(value)
+    if value < low:
+        raise CaseError(f"{name} must be >= {low}, got {_brief(value)}")
+    if value > high:
+        raise CaseError(f"{name} must be <= {high} ({why}), got {_brief(value)}")
+    return value
+
+
+def _brief(value: Any) -> str:
+    """``value`` for a message: a 400-digit int is shown by its first digits and its length."""
+    text = repr(value)
+    return text if len(text) <= 30 else f"{text[:12]}... ({len(text)} characters)"
+
+
+def _ints(name: str, values: Any) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise CaseError(f"{name}: expected a list of int, got {type(values).__name__} {_brief(values)}")
+    return tuple(_int(f"{name}[{i}]", x, -INT32_MAX - 1, INT32_MAX) for i, x in enumerate(values))
+
+
+def _real(name: str, value: Any, low: float, high: float) -> float:
+    """``value`` as a finite float within ``low..high`` (an int is accepted, a bool or str is not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CaseError(f"{name}: expected a number, got {type(value).__name__} {_brief(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise CaseError(f"{name} must be finite, got {_brief(value)}")
+    if not low <= number <= high:
+        raise CaseError(f"{name} must be in [{low:g}, {high:g}], got {_brief(value)}")
+    return number
+
+
 def _validate_indptr(name: str, indptr: tuple[int, ...]) -> None:
     if len(indptr) < 2:
         raise CaseError(f"{name} must have batch_size + 1 >= 2 entries, got {len(indptr)}")
@@ -192,8 +250,7 @@ class Heads:
 
     def __post_init__(self) -> None:
         for name in ("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo"):
-            if getattr(self, name) < 1:
-                raise CaseError(f"{name} must be >= 1, got {getattr(self, name)}")
+            object.__setattr__(self, name, _int(name, getattr(self, name), 1, INT32_MAX))
         if self.num_qo_heads % self.num_kv_heads:
             raise CaseError(
                 f"num_qo_heads={self.num_qo_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
@@ -221,22 +278,30 @@ class Options:
 
     def __post_init__(self) -> None:
         for name in ("alibi_slopes", "sinks"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, tuple(float(x) for x in getattr(self, name)))
+            values = getattr(self, name)
+            if values is not None:
+                if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+                    raise CaseError(f"{name}: expected a list of numbers, got {type(values).__name__} {_brief(values)}")
+                checked = (_real(f"{name}[{h}]", x, -PER_HEAD_LIMIT, PER_HEAD_LIMIT) for h, x in enumerate(values))
+                object.__setattr__(self, name, tuple(checked))
+        if not isinstance(self.causal, bool):
+            raise CaseError(f"causal: expected bool, got {type(self.causal).__name__} {_brief(self.causal)}")
         if self.q_dtype not in Q_DTYPES:
-            raise CaseError(f"q_dtype must be one of {Q_DTYPES}, got {self.q_dtype!r}")
+            raise CaseError(f"q_dtype must be one of {Q_DTYPES}, got {_brief(self.q_dtype)}")
         if self.kv_dtype not in KV_DTYPES:
-            raise CaseError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
-        if self.window_left < -1:
+            raise CaseError(f"kv_dtype must be one of {KV_DTYPES}, got {_brief(self.kv_dtype)}")
+        if _int("window_left", self.window_left, -INT32_MAX - 1, INT32_MAX) < -1:
             raise CaseError(f"window_left must be -1 (off) or >= 0, got {self.window_left}")
-        if not (self.logits_soft_cap >= 0 and math.isfinite(self.logits_soft_cap)):
-            raise CaseError(f"logits_soft_cap must be finite and >= 0, got {self.logits_soft_cap}")
-        if self.sm_scale is not None and not (math.isfinite(self.sm_scale) and self.sm_scale > 0):
-            raise CaseError(f"sm_scale must be finite and > 0, got {self.sm_scale}")
+        # the checks keep the number as given (an int stays an int), so case_id does not change
+        cap = _real("logits_soft_cap", self.logits_soft_cap, 0.0, SOFT_CAP_RANGE[1])
+        if 0 < cap < SOFT_CAP_RANGE[0]:
+            low, high = SOFT_CAP_RANGE
+            raise CaseError(f"logits_soft_cap must be 0 (off) or in [{low:g}, {high:g}], got {self.logits_soft_cap}")
+        if self.sm_scale is not None:
+            _real("sm_scale", self.sm_scale, *SCALE_RANGE)
         for name in ("k_scale", "v_scale"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise CaseError(f"{name} must be finite and > 0, got {value}")
+            _real(name, value, *SCALE_RANGE)
             if value != 1.0 and self.kv_dtype not in FP8_DTYPES:
                 raise CaseError(f"{name}={value} needs an fp8 kv_dtype, got {self.kv_dtype}")
 
@@ -262,12 +327,17 @@ class Case:
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", _int("seed", self.seed, 0, SEED_LIMIT - 1, "a 64-bit generator seed"))
         if self.distribution not in DISTRIBUTIONS:
-            raise CaseError(f"distribution must be one of {DISTRIBUTIONS}, got {self.distribution!r}")
+            raise CaseError(f"distribution must be one of {DISTRIBUTIONS}, got {_brief(self.distribution)}")
+        if self.tensors_file is not None and not isinstance(self.tensors_file, str):
+            raise CaseError(f"tensors_file: expected str or null, got {type(self.tensors_file).__name__}")
         for name in ("alibi_slopes", "sinks"):
             values = getattr(self.options, name)
             if values is not None and len(values) != self.heads.num_qo_heads:
-                raise CaseError(f"{name} has {len(values)} entries, expected num_qo_heads={self.heads.num_qo_heads}")
+                raise CaseError(
+                    f"options.{name} has {len(values)} entries, expected num_qo_heads={self.heads.num_qo_heads}"
+                )
 
     @property
     def sm_scale(self) -> float:
@@ -308,29 +378,31 @@ class Case:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Case:
+        return cls._from_json(data, "case JSON")
+
+    @classmethod
+    def _from_json(cls, data: Any, where: str) -> Case:
+        """The case in ``data``: types checked strictly (``_CaseFile``), values by the dataclasses;
+        every error names ``where`` and the field."""
+        if not isinstance(data, dict):
+            raise CaseError(f"{where}: a case is a JSON object, got {type(data).__name__}")
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise CaseError(f"unknown case schema_version {version!r}; this version reads {SCHEMA_VERSION}")
-        known = {"schema_version", "case_id", "layout", "heads", "options", "seed", "distribution", "tensors_file", "meta"}
-        unknown = set(data) - known
-        if unknown:
-            raise CaseError(f"unknown case fields {sorted(unknown)}")
+        if version != SCHEMA_VERSION or isinstance(version, bool):
+            raise CaseError(f"{where}: unknown case schema_version {_brief(version)}; this version reads {SCHEMA_VERSION}")
+        raw = convert(data, _CaseFile, where=where, error=CaseError)
+        parts: dict[str, Any] = {}
+        for name, kind in (("layout", Layout), ("heads", Heads), ("options", Options)):
+            try:
+                parts[name] = kind(**_given(getattr(raw, name)))
+            except CaseError as exc:
+                raise CaseError(f"{where}: {name}.{exc}") from None
         try:
-            case = cls(
-                layout=Layout(**data["layout"]),
-                heads=Heads(**data["heads"]),
-                options=Options(**data.get("options", {})),
-                seed=int(data.get("seed", 0)),
-                distribution=data.get("distribution", "normal"),
-                tensors_file=data.get("tensors_file"),
-                meta=dict(data.get("meta", {})),
-            )
-        except KeyError as exc:
-            raise CaseError(f"case file is missing field {exc}") from None
-        except TypeError as exc:
-            raise CaseError(f"malformed case file: {exc}") from None
-        if "case_id" in data and data["case_id"] != case.case_id and case.tensors_file is None:
-            raise CaseError(f"case_id {data['case_id']} does not match the case's content ({case.case_id})")
+            top = {k: v for k, v in _given(raw).items() if k in ("seed", "distribution", "tensors_file", "meta")}
+            case = cls(**parts, **top)
+        except CaseError as exc:
+            raise CaseError(f"{where}: {exc}") from None
+        if raw.case_id is not msgspec.UNSET and raw.case_id != case.case_id and case.tensors_file is None:
+            raise CaseError(f"{where}: case_id {raw.case_id} does not match the case's content ({case.case_id})")
         return case
 
     def save(self, path: str | Path) -> Path:
@@ -343,17 +415,105 @@ class Case:
 
     @classmethod
     def load(cls, path: str | Path) -> Case:
+        """Read a case file; an npz sidecar is read and checked too (``oracle.tensors.load_tensors``),
+        so a bad sidecar is refused here, naming its file and array, not when a kernel runs."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise CaseError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise CaseError(f"{path}: a case file holds a JSON object")
-        case = cls.from_json(data)
+        data = read_json(path, CaseError)
+        case = cls._from_json(data, str(path))
         if case.tensors_file is not None:
+            from oracle.tensors import load_tensors  # local: oracle.tensors imports this module
+
             case = case.replace(tensors_file=str((path.parent / case.tensors_file).resolve()))
+            load_tensors(case, case.tensors_file)
         return case
+
+
+def read_json(path: Path, error: type[Exception]) -> Any:
+    """The JSON in ``path``; an unreadable file, bad JSON or a key given twice is ``error(message)``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: not valid JSON (not UTF-8 text)") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not valid JSON ({exc})") from None
+    except _DuplicateKey as exc:
+        raise error(f"{path}: not valid JSON (key {exc} given twice)") from None
+    except RecursionError:
+        raise error(f"{path}: not valid JSON (nested too deeply)") from None
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(repr(key))
+        seen.add(key)
+    return dict(pairs)
+
+
+# --- the file schema: types only (no defaults: an absent field takes the dataclass's) ----------
+
+_Number = int | float  # a float field keeps an int as given, so the case_id of an existing file stays
+
+
+class _LayoutFile(msgspec.Struct, forbid_unknown_fields=True):
+    qo_indptr: list[int]
+    kv_indptr: list[int]
+    kv_indices: list[int]
+    kv_last_page_len: list[int]
+    page_size: int
+    num_pages: int
+
+
+class _HeadsFile(msgspec.Struct, forbid_unknown_fields=True):
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_vo: int
+
+
+_Unset = msgspec.UnsetType
+UNSET = msgspec.UNSET
+
+
+class _OptionsFile(msgspec.Struct, forbid_unknown_fields=True):
+    causal: bool | _Unset = UNSET
+    sm_scale: _Number | None | _Unset = UNSET
+    window_left: int | _Unset = UNSET
+    logits_soft_cap: _Number | _Unset = UNSET
+    alibi_slopes: list[_Number] | None | _Unset = UNSET
+    sinks: list[_Number] | None | _Unset = UNSET
+    q_dtype: str | _Unset = UNSET
+    kv_dtype: str | _Unset = UNSET
+    k_scale: _Number | _Unset = UNSET
+    v_scale: _Number | _Unset = UNSET
+
+
+class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
+    schema_version: int
+    layout: _LayoutFile
+    heads: _HeadsFile
+    options: _OptionsFile | _Unset = UNSET
+    seed: int | _Unset = UNSET
+    distribution: str | _Unset = UNSET
+    tensors_file: str | None | _Unset = UNSET
+    meta: dict[str, Any] | _Unset = UNSET
+    case_id: str | _Unset = UNSET
+
+
+def _given(struct: msgspec.Struct | _Unset) -> dict[str, Any]:
+    """The fields the file gave (for the dataclass constructor, whose defaults fill the rest)."""
+    if struct is UNSET:
+        return {}
+    return {k: v for k, v in msgspec.structs.asdict(struct).items() if v is not UNSET}
 
 
 def _case_body(case: Case) -> dict[str, Any]:

@@ -8,6 +8,8 @@ relabeling changes nothing but addresses. Every slot the layout does not referen
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,28 +199,92 @@ def save_tensors(tensors: Tensors, path: str | Path) -> Path:
     return path
 
 
+_SIDECAR_ARRAYS = ("q", "k_cache", "v_cache")
+_NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)  # what a bad archive raises
+
+
 def load_tensors(case: Case, path: str | Path) -> Tensors:
-    """Read an npz sidecar and check it against the case's shapes and dtypes."""
+    """Read an npz sidecar and check it against the case: the arrays it must hold and no other,
+    their shapes and dtypes (never unpickled), and a finite value in every element the case
+    references (each q row, each K/V slot of a token; unreferenced slots may hold anything).
+    Every problem is a ``CaseError`` that names the file and the array."""
+    path = Path(path)
+    if not path.is_file():
+        raise CaseError(f"{path}: tensors file not found (the case's tensors_file)")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            loaded = {}
-            for name in ("q", "k_cache", "v_cache"):
-                dtype = torch_dtype(str(data[f"{name}__dtype"]))
-                loaded[name] = torch.from_numpy(data[f"{name}__bits"].copy()).view(dtype)
-    except (OSError, KeyError, ValueError, AttributeError) as exc:
-        raise CaseError(f"{path}: malformed tensors file ({exc})") from None
+        archive = np.load(path, allow_pickle=False)
+    except _NPZ_ERRORS as exc:
+        raise CaseError(f"{path}: not a readable npz archive ({type(exc).__name__}: {exc})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise CaseError(f"{path}: holds one array, not an npz archive of {', '.join(_SIDECAR_ARRAYS)}")
+    with archive:
+        _check_array_names(path, set(archive.files))
+        loaded = {name: _read_array(case, path, archive, name) for name in _SIDECAR_ARRAYS}
+    tensors = Tensors(**loaded)
+    _check_referenced_finite(case, path, tensors)
+    check_signal(case, tensors)
+    return tensors
+
+
+def _expected_arrays(case: Case) -> dict[str, tuple[tuple[int, ...], str]]:
     layout, heads, opts = case.layout, case.heads, case.options
-    expected = {
+    return {
         "q": ((layout.total_q, heads.num_qo_heads, heads.head_dim_qk), opts.q_dtype),
         "k_cache": ((layout.num_pages, layout.page_size, heads.num_kv_heads, heads.head_dim_qk), opts.kv_dtype),
         "v_cache": ((layout.num_pages, layout.page_size, heads.num_kv_heads, heads.head_dim_vo), opts.kv_dtype),
     }
-    for name, (shape, dtype) in expected.items():
-        t = loaded[name]
-        if tuple(t.shape) != shape or t.dtype != torch_dtype(dtype):
+
+
+def _check_array_names(path: Path, names: set[str]) -> None:
+    wanted = {f"{name}__{part}" for name in _SIDECAR_ARRAYS for part in ("bits", "dtype")}
+    missing, unknown = sorted(wanted - names), sorted(names - wanted)
+    if missing or unknown:
+        problems = ([f"missing arrays {missing}"] if missing else []) + ([f"unknown arrays {unknown}"] if unknown else [])
+        raise CaseError(f"{path}: {'; '.join(problems)} (a sidecar holds exactly {sorted(wanted)})")
+
+
+def _read_array(case: Case, path: Path, archive: np.lib.npyio.NpzFile, name: str) -> torch.Tensor:
+    """Array ``name`` (``NAME__bits`` viewed as ``NAME__dtype``), checked against the case."""
+    shape, dtype_name = _expected_arrays(case)[name]
+    try:
+        dtype_array = archive[f"{name}__dtype"]
+    except _NPZ_ERRORS as exc:
+        raise CaseError(f"{path}: array {name}__dtype is unreadable ({type(exc).__name__}: {exc})") from None
+    if dtype_array.shape != () or dtype_array.dtype.kind != "U":
+        raise CaseError(f"{path}: array {name}__dtype must be one string, got {dtype_array.dtype} of shape {dtype_array.shape}")
+    if str(dtype_array) != dtype_name:
+        raise CaseError(f"{path}: {name} is {str(dtype_array)[:40]!r}, the case needs {dtype_name}")
+    try:
+        bits = archive[f"{name}__bits"]
+    except _NPZ_ERRORS as exc:
+        raise CaseError(f"{path}: array {name}__bits is unreadable ({type(exc).__name__}: {exc})") from None
+    dtype = torch_dtype(dtype_name)
+    raw = np.dtype(str(_BITS[dtype.itemsize]).removeprefix("torch."))
+    if bits.dtype != raw:
+        raise CaseError(f"{path}: array {name}__bits is {bits.dtype}, the raw bits of {dtype_name} are {raw}")
+    if bits.shape != shape:
+        raise CaseError(f"{path}: {name} is {bits.shape} {dtype_name}, the case needs {shape} {dtype_name}")
+    return torch.from_numpy(np.ascontiguousarray(bits).copy()).view(dtype)
+
+
+def _check_referenced_finite(case: Case, path: Path, tensors: Tensors) -> None:
+    """A NaN or inf where the case reads would make a correct kernel fail; elsewhere it is poison."""
+    bad_rows = (~torch.isfinite(tensors.q.float())).flatten(1).any(1).nonzero().flatten()
+    if len(bad_rows):
+        row = int(bad_rows[0])
+        raise CaseError(f"{path}: q row {row} holds a NaN or inf ({len(bad_rows)} such rows): every query row is read")
+    slots = torch.from_numpy(token_slots(case))
+    page_size = case.layout.page_size
+    for name in ("k_cache", "v_cache"):
+        pool = getattr(tensors, name)
+        values = pool.reshape(-1, *pool.shape[2:])[slots].float()
+        bad = (~torch.isfinite(values)).flatten(1).any(1).nonzero().flatten()
+        if len(bad):
+            token = int(bad[0])
+            request = next(b for b in range(case.layout.batch_size) if token < sum(case.layout.kv_lens[: b + 1]))
+            position = token - sum(case.layout.kv_lens[:request])
+            page, slot = divmod(int(slots[token]), page_size)
             raise CaseError(
-                f"{path}: {name} is {tuple(t.shape)} {t.dtype}, the case needs {shape} torch.{dtype}"
+                f"{path}: {name}[page {page}, slot {slot}] (request {request}, key {position}) holds a NaN or inf "
+                f"({len(bad)} such slots): a slot the case reads must be finite"
             )
-    tensors = Tensors(**loaded)
-    check_signal(case, tensors)
-    return tensors

@@ -80,7 +80,7 @@ def test_malformed_predicates_are_refused(tmp_path, matches, message) -> None:
 
 @pytest.mark.parametrize(
     "change, message",
-    [({"backend": ["b"]}, "unknown fields \\['backend'\\]"), ({"backends": []}, "non-empty list"), ({"versions": {"x": 1}}, "version strings")],
+    [({"backend": ["b"]}, r"entry 0: backend: unknown field \(known: case, backends"), ({"backends": []}, "non-empty list"), ({"versions": {"x": 1}}, "version strings")],
 )
 def test_malformed_entry_fields_are_refused(tmp_path, change, message) -> None:
     with pytest.raises(CaseError, match=message):

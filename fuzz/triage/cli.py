@@ -104,7 +104,10 @@ def golden() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def golden_add(finding: Path, name: str | None, reason: str | None, issue: str | None, status: str,
                backends: tuple[str, ...], golden_dir: Path, as_json: bool) -> None:
-    """Promote FINDING (a finding folder or its case.json) into the golden corpus with a ledger entry."""
+    """Promote FINDING (a finding folder or its case.json) into the golden corpus with a ledger entry.
+
+    The case is run first on each --backend available here (not for a quarantine entry): one that
+    passes it, or an unknown backend name, is refused (exit 2)."""
     from fuzz.triage.golden import GoldenError, promote
 
     try:
@@ -113,6 +116,9 @@ def golden_add(finding: Path, name: str | None, reason: str | None, issue: str |
     except GoldenError as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:
-        click.echo(json.dumps({"case": str(done.case_path), "tensors": str(done.tensors_path), "entry": done.entry}, indent=1))
+        click.echo(json.dumps({"case": str(done.case_path), "tensors": str(done.tensors_path), "entry": done.entry,
+                               "verdicts": done.verdicts}, indent=1))
     else:
+        for backend, verdict in done.verdicts.items():
+            click.echo(f"  {backend}: {verdict}", err=True)
         click.echo(f"added {done.case_path} (+ {done.tensors_path.name}) and a {done.entry['status']} entry in {done.ledger_path}")

@@ -3,11 +3,12 @@ and a ledger entry (reason and issue URL required), keeping ``ledger.json``'s fo
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,7 @@ class Promoted:
     tensors_path: Path
     ledger_path: Path
     entry: dict[str, Any]
+    verdicts: dict[str, str] = field(default_factory=dict)  # backend -> status here, or why it was not run
 
 
 def slug(text: str) -> str:
@@ -52,6 +54,57 @@ def _finding_case(finding: Path) -> tuple[Case, Path]:
     except CaseError as exc:
         raise GoldenError(f"{path}: the case does not load: {exc}") from None
     return case, path
+
+
+def _backends(names: tuple[str, ...]) -> list[Any]:
+    """The entry's backends (registered names or MODULE:FUNCTION kernels); an unknown name is refused."""
+    from backends import discover
+    from backends.user import UserKernel
+
+    known, found = discover(), []
+    for name in names:
+        if ":" in name:
+            try:
+                found.append(UserKernel.from_spec(name))
+            except (ImportError, ValueError) as exc:
+                raise GoldenError(f"--backend {name!r}: no such kernel ({exc})") from None
+        elif name in known:
+            found.append(known[name]())
+        else:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean {' or '.join(close)}?" if close else " (pa-oracle env lists the backends)"
+            raise GoldenError(f"--backend {name!r} is no known backend{hint}")
+    return found
+
+
+def _verdicts(case: Case, backends: list[Any], status: str) -> dict[str, str]:
+    """Run the case on each of the entry's backends that is available here and refuse it if one
+    passes: the case would be no finding, or the golden suite would report an unexpected pass.
+    Quarantined cases are never launched (they crash), here neither."""
+    from fuzz.runner import check_case
+
+    verdicts: dict[str, str] = {}
+    for backend in backends:
+        reason = backend.unavailable_reason()
+        if status == "quarantine":
+            verdicts[backend.name] = "not run (quarantine entries are never launched)"
+        elif reason:
+            verdicts[backend.name] = f"not run (unavailable here: {reason})"
+        else:
+            verdicts[backend.name] = check_case(backend, case).status
+    ran = {name: verdict for name, verdict in verdicts.items() if not verdict.startswith("not run")}
+    passing = [name for name, verdict in ran.items() if verdict == "pass"]
+    failing = [name for name, verdict in ran.items() if verdict in ("fail", "crash")]
+    if ran and not failing:
+        how = (f"passes on every backend it was run on ({', '.join(passing)})" if len(passing) == len(ran)
+               else f"fails on no backend it was run on ({', '.join(f'{n}: {v}' for n, v in ran.items())})")
+        raise GoldenError(f"the case {how}: it is not a finding (a tolerated entry must fail where it applies)")
+    if passing:
+        raise GoldenError(
+            f"the case passes on {', '.join(passing)} (fails on {', '.join(failing)}): a tolerated entry must fail on "
+            "every backend it names; drop the passing ones from --backend"
+        )
+    return verdicts
 
 
 def promote(
@@ -82,6 +135,12 @@ def promote(
     for path in (target_json, target_npz):
         if path.exists():
             raise GoldenError(f"{path} already exists: choose another --name (golden add never overwrites)")
+    if ledger_path.exists():
+        try:
+            load_ledger(ledger_path)  # the entry is appended to a ledger that loads
+        except CaseError as exc:
+            raise GoldenError(f"the ledger does not load: {exc}") from None
+    verdicts = _verdicts(case, _backends(backends), status)
     data = json.loads(ledger_path.read_text()) if ledger_path.exists() else {"schema_version": 1, "entries": []}
     entry = {
         "case": name,
@@ -113,4 +172,4 @@ def promote(
         target_npz.unlink()
         raise GoldenError(f"the promoted case does not load back: {exc}") from None
     ledger_path.write_text(text)
-    return Promoted(target_json, target_npz, ledger_path, entry)
+    return Promoted(target_json, target_npz, ledger_path, entry, verdicts)

@@ -1,0 +1,138 @@
+"""Strict reading of the JSON files users hand the tool (case, ledger, campaign state): msgspec
+checks types without coercion (no bool for int, no float for int, no str for a list), and its
+errors become one line that names the file and the field, e.g.
+``case.json: layout.qo_indptr[0]: expected int, got float 1.7``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+import msgspec.inspect
+
+T = TypeVar("T")
+
+_SEGMENT = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+_JSON_TYPE = {bool: "bool", int: "int", float: "float", str: "str", list: "array", dict: "object", type(None): "null"}
+_NAMES = {"array": "list", "object": "object", "null": "null"}
+
+
+def convert(data: Any, schema: type[T], *, where: str, error: type[Exception], field: str = "") -> T:
+    """``data`` (parsed JSON) as ``schema``, strictly; ``error(message)`` names ``where`` and the
+    field (``field`` is the name of ``data`` itself inside its file, e.g. ``backends.sdpa``)."""
+    try:
+        return msgspec.convert(data, schema, strict=True)
+    except msgspec.ValidationError as exc:
+        raise error(describe(exc, data, where, schema, field)) from None
+
+
+def describe(exc: msgspec.ValidationError, data: Any, where: str, schema: Any = None, field: str = "") -> str:
+    """One line for a msgspec error: ``WHERE: FIELD: what is wrong (the value)``."""
+    text, _, at = str(exc).partition(" - at `")
+    at = at.rstrip("`") if at else "$"
+    path, value = _resolve(data, at, _matcher(text))
+    path = field + ("." if field and path and not path.startswith("[") else "") + path
+    if m := re.fullmatch(r"Expected `(.+?)`, got `(.+?)`", text):
+        expected = " | ".join(_NAMES.get(t, t) for t in m[1].replace("int | float", "number").split(" | "))
+        message = f"expected {expected}, got {_NAMES.get(m[2], m[2])} {_show(value)}"
+    elif m := re.fullmatch(r"Object missing required field `(.+)`", text):
+        path, message = _join(path, m[1]), "missing (required)"
+    elif m := re.fullmatch(r"Object contains unknown field `(.+)`", text):
+        known = _known_fields(schema, at)
+        path, message = _join(path, m[1]), "unknown field" + (f" (known: {', '.join(known)})" if known else "")
+    elif m := re.fullmatch(r"Invalid enum value (.+)", text):
+        allowed = getattr(_struct_of(_type_at(schema, at)), "values", None)
+        message = f"invalid value {m[1]}" + (f" (one of {', '.join(map(repr, allowed))})" if allowed else "")
+    elif m := re.fullmatch(r"Expected `(.+?)` (.+)", text):  # a msgspec.Meta bound
+        message = f"expected {m[1]} {m[2]}, got {_show(value)}"
+    else:
+        message = text[:1].lower() + text[1:]
+    return f"{where}: {path}: {message}" if path else f"{where}: {message}"
+
+
+def _type_at(schema: Any, path: str) -> Any:
+    """msgspec's type info of what ``schema`` holds at msgspec ``path`` (None if unknown)."""
+    if schema is None:
+        return None
+    info: Any = msgspec.inspect.type_info(schema)
+    for m in _SEGMENT.finditer(path[1:]):
+        info = _struct_of(info)
+        if m[1] is not None:
+            info = next((f.type for f in getattr(info, "fields", ()) if f.encode_name == m[1]), None)
+        else:
+            info = getattr(info, "item_type", None) or getattr(info, "value_type", None)
+    return info
+
+
+def _known_fields(schema: Any, path: str) -> list[str]:
+    """The field names of the struct that ``schema`` has at msgspec ``path`` (empty if none)."""
+    return [f.encode_name for f in getattr(_struct_of(_type_at(schema, path)), "fields", ())]
+
+
+def _struct_of(info: Any) -> Any:
+    """The struct (or literal) among a union's members (``X | None | UNSET``), else ``info``."""
+    if isinstance(info, msgspec.inspect.UnionType):
+        kinds = (msgspec.inspect.StructType, msgspec.inspect.LiteralType)
+        return next((t for t in info.types if isinstance(t, kinds)), info)
+    return info
+
+
+_BOUNDS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<=": lambda v, b: v <= b, "<": lambda v, b: v < b}
+
+
+def _matcher(text: str) -> Callable[[Any], bool]:
+    """Whether a value is the one msgspec refused: of the type it got, or outside its bound."""
+    if m := re.search(r"got `(\w+)`", text):
+        return lambda value: _JSON_TYPE.get(type(value)) == m[1]
+    if m := re.fullmatch(r"Expected `\w+` (>=|>|<=|<) (\S+)", text):
+        ok, bound = _BOUNDS[m[1]], float(m[2])
+        return lambda value: isinstance(value, (int, float)) and not ok(value, bound)
+    return lambda value: True
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _resolve(data: Any, path: str, refused: Callable[[Any], bool]) -> tuple[str, Any]:
+    """(dotted field name, value) of a msgspec path like ``$.layout.qo_indptr[0]``; a dict key that
+    msgspec writes as ``[...]`` is found again as the first key whose value it ``refused``."""
+    names: list[str] = []
+    value = data
+    segments = list(_SEGMENT.finditer(path[1:]))
+    for i, m in enumerate(segments):
+        if m[1] is not None:
+            names.append(m[1] if not names else f".{m[1]}")
+            value = value.get(m[1]) if isinstance(value, dict) else None
+        elif m[2] == "...":
+            rest = "".join(s[0] for s in segments[i + 1 :])
+            key = _first_key(value, rest, refused)
+            names.append(key if not names else f".{key}")
+            value = value.get(key) if isinstance(value, dict) else None
+        else:
+            names.append(f"[{m[2]}]")
+            index = int(m[2])
+            value = value[index] if isinstance(value, list) and index < len(value) else None
+    return "".join(names), value
+
+
+def _first_key(mapping: Any, rest: str, refused: Callable[[Any], bool]) -> str:
+    if not isinstance(mapping, dict):
+        return "[...]"
+    for key, item in mapping.items():
+        _, inner = _resolve(item, "$" + rest, refused)
+        if refused(inner):
+            return str(key)
+    return "[...]"
+
+
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
