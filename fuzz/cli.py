@@ -18,7 +18,7 @@ from backends.base import Backend, get_backend
 from backends.user import UserKernel
 from fuzz.campaign import run_campaign
 from fuzz.coverage import coverage_table
-from fuzz.exits import EPILOG, ExitCodeGroup, campaign_exit_code, remember_out_dir
+from fuzz.exits import EPILOG, TOOL_FAILED, ExitCodeGroup, campaign_exit_code, remember_out_dir
 from fuzz.ledger import GOLDEN, load_ledger
 from fuzz.outdir import campaign_lock, kept_campaign, refuse_replacing
 from fuzz.runner import check_case
@@ -174,6 +174,8 @@ def fuzz(
     if workers > 1 and shard_text:
         raise click.UsageError("--workers runs every shard itself; give --shard only without --workers")
     shard = _parse_shard(shard_text)
+    if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
+        chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
     started, worker_codes = time.monotonic(), []
     with campaign_lock(out_dir, shard):  # the --workers parent holds --out, each worker its shard
         if merge_only:
@@ -191,7 +193,8 @@ def fuzz(
                 refuse_replacing([] if overwrite else kept_campaign(out_dir, path, workers), out_dir)
             state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
             config = state.config
-            chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
+            if resume:
+                chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
             config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
             config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
             results = run_campaign(
@@ -215,8 +218,9 @@ def fuzz(
     out_of_time = time_budget is not None and time.monotonic() - started >= time_budget
     may_be_empty = merge_only or out_of_time or (workers == 1 and shard.share(examples) == 0)
     code, problems = campaign_exit_code(results, may_be_empty=may_be_empty, worker_codes=worker_codes)
+    kept = "; the states are kept (--resume continues them)" if worker_codes and code == TOOL_FAILED else ""
     for line in problems:
-        click.echo(f"pa-oracle: {line}" + ("; the states are kept (--resume continues them)" if worker_codes else ""), err=True)
+        click.echo(f"pa-oracle: {line}{kept}", err=True)
     ctx.exit(code)
 
 

@@ -154,8 +154,15 @@ def test_the_other_commands_refuse_bad_counts_with_exit_2(tmp_path) -> None:
 
 
 def test_worker_exit_2_propagates_to_the_parent(tmp_path) -> None:
-    result = cli("fuzz", "-b", "no-such-backend", "--workers", "2", "-n", "2", "--out", str(tmp_path))
-    assert_clean(result, BAD_INPUT, "exited with 2 (bad input)")
+    result = cli("fuzz", "-b", "sdpa-math", "--workers", "2", "--resume", "-n", "2", "--out", str(tmp_path))
+    assert_clean(result, BAD_INPUT, "shard 0/2 exited with 2 (bad input)")  # the workers said why on stderr
+
+
+def test_bad_input_is_refused_before_anything_is_written_under_out(tmp_path) -> None:
+    for workers in ("1", "2"):
+        result = cli("fuzz", "-b", "no-such-backend", "--workers", workers, "--out", str(tmp_path / "out"))
+        assert_clean(result, BAD_INPUT, "no-such-backend")
+        assert not (tmp_path / "out").exists()
 
 
 # --- 3: the tool failed --------------------------------------------------------------------------

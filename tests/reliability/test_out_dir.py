@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--max-batch", "2", "--max-kv-len", "12"]
 GQA_BUG = "fuzz.quality.planted:wrong_gqa_map"
 SLOW = "tests.reliability.test_out_dir:slow_correct"
-KEPT_BY_A_RUN = {"campaign.json", "summary.json", ".pa-oracle.lock", ".pa-oracle.lock.owner"}  # state a new run rewrites
+LOCK = {".pa-oracle.lock", ".pa-oracle.lock.owner"}  # who holds --out: rewritten by every run
+KEPT_BY_A_RUN = {"campaign.json", "summary.json", *LOCK}  # the state a new run rewrites
 
 
 def slow_correct(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal,  # type: ignore[no-untyped-def]
@@ -93,11 +94,11 @@ def found(tmp_path) -> Path:
 
 
 def test_a_fresh_run_into_a_kept_campaign_is_refused_and_changes_nothing(found) -> None:
-    before = tree(found)
+    before = tree(found, LOCK)
     result = cli("fuzz", "-k", GQA_BUG, "-n", "30", *TINY, "--out", str(found))
     assert result.exit_code == BAD_INPUT, result.output
     assert f"{found} holds a campaign (campaign.json): --resume continues it, --overwrite starts" in result.output
-    assert tree(found) == before
+    assert tree(found, LOCK) == before
 
 
 def test_overwrite_starts_anew_but_keeps_every_finding_folder_and_user_file(found) -> None:
