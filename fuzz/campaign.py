@@ -12,9 +12,9 @@ so the campaign surfaces new findings. After every chunk the state (``fuzz.state
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,6 +26,7 @@ from backends.base import Backend
 from backends.user import UserKernel
 from fuzz.coverage import declared
 from fuzz.ledger import Entry, known_finding
+from fuzz.outdir import FindingNotSaved, holds_case, publish_folder, rescue
 from fuzz.runner import Outcome, check_case
 from fuzz.shard import Shard
 from fuzz.state import BackendResult, CampaignState, FindingRecord
@@ -234,13 +235,11 @@ def _safe(name: str) -> str:
 def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
     """Write case.json (+ tensors.npz sidecar) and report.md for a finding; return its folder.
 
-    The files are written into a temp folder that is then renamed, so the folder is complete or
-    absent; if another process saved the same case first, its folder is kept."""
+    The folder is published whole (``fuzz.outdir.publish_folder``): an existing folder is never
+    replaced or deleted (the same finding found again is left as it was; a different one with
+    the same case id goes beside it, ``CASE_ID-2``). Raises ``FindingNotSaved`` when it cannot be
+    written, after rescuing the case.json to a temp folder if possible."""
     case = outcome.case
-    folder = Path(out_dir) / _safe(backend.name) / case.case_id
-    tmp = folder.with_name(f".{case.case_id}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_tensors(make_tensors(case, "cpu"), tmp / "tensors.npz")
     meta = {
         "found_by": "pa-oracle fuzz",
         "backend": backend.name,
@@ -251,18 +250,21 @@ def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec:
         "date": datetime.date.today().isoformat(),
         "generated_from": {"seed": case.seed, "distribution": case.distribution},
     }
-    case.replace(tensors_file="tensors.npz", meta=meta).save(tmp / "case.json")
-    repro = repro_command(str(folder / "case.json"), backend.name, kernel_spec)
-    report = format_report(case, backend.name, outcome.verdict or _crash_verdict(outcome), repro)
-    if outcome.status == "crash":
-        report += f"\n## Crash\n\n```\n{outcome.message}\n```\n"
-    (tmp / "report.md").write_text(report)
-    if folder.exists():  # the same case found again (a rerun): the new files replace the old
-        old = folder.with_name(f".{case.case_id}.{os.getpid()}.old")
-        folder.rename(old)
-        shutil.rmtree(old)
+    saved = case.replace(tensors_file="tensors.npz", meta=meta)
+    parent = Path(out_dir) / _safe(backend.name)
+
+    def write(tmp: Path, final: Path) -> None:
+        save_tensors(make_tensors(case, "cpu"), tmp / "tensors.npz")
+        saved.save(tmp / "case.json")
+        repro = repro_command(str(final / "case.json"), backend.name, kernel_spec)
+        report = format_report(case, backend.name, outcome.verdict or _crash_verdict(outcome), repro)
+        if outcome.status == "crash":
+            report += f"\n## Crash\n\n```\n{outcome.message}\n```\n"
+        (tmp / "report.md").write_text(report)
+
     try:
-        tmp.rename(folder)
-    except OSError:  # another shard renamed the same case in between: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+        return publish_folder(parent, case.case_id, write, already_saved=lambda folder: holds_case(folder / "case.json", saved))
+    except OSError as exc:
+        finding = f"{backend.name} {outcome.status}: {meta['message']}; case {case.summary()}"
+        rescued = rescue("case.json", json.dumps(saved.replace(tensors_file=None).to_json(), indent=1) + "\n")
+        raise FindingNotSaved(parent, finding, exc, rescued) from exc

@@ -7,6 +7,7 @@ npz sidecar), a report and a repro command.
 from __future__ import annotations
 
 import datetime
+import json
 import re
 import shlex
 import time
@@ -21,6 +22,7 @@ from backends.base import Backend
 from fuzz.checks import Check, CheckOutcome
 from fuzz.cuda_graphs import GRAPH_CHECK
 from fuzz.metamorphic import RELATIONS
+from fuzz.outdir import FindingNotSaved, holds_case, publish_folder, rescue
 from fuzz.plans import PLAN_CHECKS
 from fuzz.strategies import Limits, cases
 from oracle.case import Case
@@ -126,9 +128,10 @@ def repro_command(case_path: Path, check: str, backend: str, kernel: str | None)
 def save_check_finding(
     outcome: CheckOutcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None
 ) -> tuple[Path, str]:
-    """Write every case of ``outcome`` (case.json + tensors.npz per label) and report.md."""
+    """Write every case of ``outcome`` (case.json + tensors.npz per label) and report.md, published
+    whole under a free name like fuzz findings (``fuzz.outdir.publish_folder``: nothing is replaced)."""
     original = outcome.cases[0][1]
-    folder = Path(out_dir) / re.sub(r"[^A-Za-z0-9_.-]+", "_", backend.name) / f"{outcome.check}-{original.case_id}"
+    parent = Path(out_dir) / re.sub(r"[^A-Za-z0-9_.-]+", "_", backend.name)
     meta = {
         "found_by": f"pa-oracle metamorphic --check {outcome.check}",
         "backend": backend.name,
@@ -138,11 +141,30 @@ def save_check_finding(
         "versions": backend.versions(),
         "date": datetime.date.today().isoformat(),
     }
-    for label, case, tensors in outcome.cases:
-        save_tensors(tensors if tensors is not None else make_tensors(case, "cpu"), folder / label / "tensors.npz")
-        case.replace(tensors_file="tensors.npz", meta={**meta, "role": label}).save(folder / label / "case.json")
-    repro = repro_command(folder / "original" / "case.json", outcome.check, backend.name, kernel_spec)
-    (folder / "report.md").write_text(format_check_report(outcome, repro))
+    repro = ""  # set by same() or write(): the repro names the folder the finding ends up in
+    labelled = [(label, case.replace(tensors_file="tensors.npz", meta={**meta, "role": label})) for label, case, _ in outcome.cases]
+
+    def same(folder: Path) -> bool:
+        nonlocal repro
+        if all(holds_case(folder / label / "case.json", case) for label, case in labelled):
+            repro = repro_command(folder / "original" / "case.json", outcome.check, backend.name, kernel_spec)
+            return True
+        return False
+
+    def write(tmp: Path, final: Path) -> None:
+        nonlocal repro
+        for (label, case, tensors), (_, saved) in zip(outcome.cases, labelled):
+            save_tensors(tensors if tensors is not None else make_tensors(case, "cpu"), tmp / label / "tensors.npz")
+            saved.save(tmp / label / "case.json")
+        repro = repro_command(final / "original" / "case.json", outcome.check, backend.name, kernel_spec)
+        (tmp / "report.md").write_text(format_check_report(outcome, repro))
+
+    try:
+        folder = publish_folder(parent, f"{outcome.check}-{original.case_id}", write, already_saved=same)
+    except OSError as exc:
+        case_json = labelled[0][1].replace(tensors_file=None).to_json()
+        finding = f"{backend.name} {outcome.check} {outcome.status}: {meta['message']}; case {original.summary()}"
+        raise FindingNotSaved(parent, finding, exc, rescue("case.json", json.dumps(case_json, indent=1) + "\n")) from exc
     return folder, repro
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,9 @@ from backends.base import Backend, get_backend
 from backends.user import UserKernel
 from fuzz.campaign import run_campaign
 from fuzz.coverage import coverage_table
+from fuzz.exits import EPILOG, TOOL_FAILED, ExitCodeGroup, campaign_exit_code, remember_out_dir
 from fuzz.ledger import GOLDEN, load_ledger
+from fuzz.outdir import campaign_lock, kept_campaign, refuse_replacing
 from fuzz.runner import check_case
 from fuzz.shard import Shard
 from fuzz.state import (
@@ -65,6 +69,8 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
             raise click.UsageError(f"--only takes FIELD=VALUES with FIELD one of {sorted(fields)}; got {item!r}")
         current = getattr(caps, name)
         if name in _INT_FIELDS:
+            if not raw.isdigit():
+                raise click.UsageError(f"--only {name} takes a non-negative integer, got {raw!r}")
             changes[name] = int(raw)
         elif isinstance(current, bool):
             if raw.lower() not in ("true", "false"):
@@ -79,6 +85,8 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
                 raise click.UsageError(f"--only {name}={raw} is outside {backend.name}'s declared {declared}")
             changes[name] = values
     backend.capabilities = caps.replace(**changes)  # type: ignore[misc]
+    if "devices" in changes and backend.device is None:  # else it would run on a device it was told not to use
+        raise click.UsageError(f"--only devices={','.join(changes['devices'])}: {backend.name} {backend.unavailable_reason()}")
     return backend
 
 
@@ -96,7 +104,29 @@ def _select(backend_names: tuple[str, ...], kernels: tuple[str, ...]) -> list[Ba
     return chosen
 
 
-@click.group()
+class Seconds(click.FloatRange):
+    """A positive, finite number of seconds (FloatRange lets nan and inf through)."""
+
+    name = "seconds"
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
+
+    def _describe_range(self) -> str:
+        return "x>0, finite"
+
+
+EXAMPLES = click.IntRange(min=1)
+MAX_BATCH, MAX_KV_LEN = 4096, 1 << 20  # bounds on --max-batch / --max-kv-len: far above what a campaign can run
+
+
+@click.group(cls=ExitCodeGroup, epilog=EPILOG)
 @click.version_option(package_name="paged-attention-oracle")
 def main() -> None:
     """Differential testing of paged-attention kernels against a float64 oracle."""
@@ -105,16 +135,18 @@ def main() -> None:
 @main.command()
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
-@click.option("--examples", "-n", default=200, show_default=True, help="Examples per backend.")
+@click.option("--examples", "-n", type=EXAMPLES, default=200, show_default=True, help="Examples per backend.")
 @click.option("--seed", default=0, show_default=True, help="Base seed: the same seed draws the same cases.")
-@click.option("--time-budget", type=float, default=None, help="Seconds for the whole run, shared by the backends.")
+@click.option("--time-budget", type=Seconds(), default=None, help="Seconds for the whole run, shared by the backends.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
-@click.option("--max-batch", default=Limits.max_batch, show_default=True)
-@click.option("--max-kv-len", default=Limits.max_kv_len, show_default=True)
+@click.option("--max-batch", type=click.IntRange(1, MAX_BATCH), default=Limits.max_batch, show_default=True)
+@click.option("--max-kv-len", type=click.IntRange(1, MAX_KV_LEN), default=Limits.max_kv_len, show_default=True)
 @click.option("--isolate/--no-isolate", default=None, help="Run cases in a restartable worker process (default: on for CUDA backends).")
-@click.option("--case-timeout", type=float, default=300.0, show_default=True, help="Seconds before an isolated case counts as a hang.")
+@click.option("--case-timeout", type=Seconds(), default=300.0, show_default=True, help="Seconds before an isolated case counts as a hang.")
 @click.option("--only", multiple=True, help="Narrow what is drawn: FIELD=VALUES of Capabilities, e.g. head_dims=64,128.")
 @click.option("--resume", is_flag=True, help="Continue the campaign kept in --out at its next chunk (after a kill, or for a larger --examples).")
+@click.option("--overwrite", is_flag=True,
+              help="Start a new campaign in an --out that holds one (its state is replaced; finding folders and other files are kept).")
 @click.option("--rerun-findings", is_flag=True, help="With --resume: fuzz again the backends that stopped at a finding.")
 @click.option("--skip-known/--no-skip-known", default=True, show_default=True, help="Skip drawn cases that a ledger entry's 'matches' predicate covers.")
 @click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger (default: golden/ledger.json).")
@@ -126,33 +158,43 @@ def main() -> None:
 def fuzz(
     ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int,
     time_budget: float | None, out_dir: Path, max_batch: int, max_kv_len: int, isolate: bool | None, case_timeout: float,
-    only: tuple[str, ...], resume: bool, rerun_findings: bool, skip_known: bool, ledger_file: Path | None, workers: int,
-    shard_text: str | None, merge_only: bool, as_json: bool,
+    only: tuple[str, ...], resume: bool, overwrite: bool, rerun_findings: bool, skip_known: bool, ledger_file: Path | None,
+    workers: int, shard_text: str | None, merge_only: bool, as_json: bool,
 ) -> None:
     """Fuzz kernels against the oracle; exit 1 on any finding.
 
     The campaign's state is kept in --out (campaign.json, rewritten after every chunk of 25
-    examples), so --resume continues it after a kill. --workers N runs N shards side by side and
-    merges them; --shard I/N runs one shard (a job-array task), --merge merges their states."""
-    failed: list[str] = []
-    try:
+    examples), so --resume continues it after a kill. One campaign at a time per --out (a lock
+    file); a campaign never replaces or deletes a finding folder. --workers N runs N shards side
+    by side and merges them; --shard I/N runs one shard (a job-array task), --merge merges their
+    states."""
+    remember_out_dir(ctx, out_dir)
+    if resume and overwrite:
+        raise click.UsageError("--resume continues the campaign in --out and --overwrite starts a new one: give one of them")
+    if workers > 1 and shard_text:
+        raise click.UsageError("--workers runs every shard itself; give --shard only without --workers")
+    shard = _parse_shard(shard_text)
+    if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
+        chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
+    started, worker_codes = time.monotonic(), []
+    with campaign_lock(out_dir, shard):  # the --workers parent holds --out, each worker its shard
         if merge_only:
             states = load_shards(out_dir)
             if missing_shards(states):
                 click.echo(f"no state yet for shards {', '.join(missing_shards(states))}: merging the others", err=True)
             results = merge_results([list(s.results.values()) for s in states])
         elif workers > 1:
-            results, failed = _fuzz_with_workers(ctx, out_dir, workers, resume, shard_text)
+            results, worker_codes = _fuzz_with_workers(ctx, out_dir, workers, resume, overwrite)
         else:
-            shard = _parse_shard(shard_text)
             path = state_path(out_dir, shard)
             asked = {"seed": seed, "max_batch": max_batch, "max_kv_len": max_kv_len, "only": list(only),
                      "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard)}
+            if not resume:
+                refuse_replacing([] if overwrite else kept_campaign(out_dir, path, workers), out_dir)
             state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
-            if not resume and path.exists():
-                click.echo(f"replacing the campaign state in {path} (--resume continues it instead)", err=True)
             config = state.config
-            chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
+            if resume:
+                chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
             config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
             config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
             results = run_campaign(
@@ -162,10 +204,8 @@ def fuzz(
                 rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
                 progress=lambda line: click.echo(line, err=True),
             )
-    except (CampaignStateError, CaseError) as exc:
-        raise click.UsageError(str(exc)) from None  # exit 2: a worker's exit 1 means a finding
-    summary = [_result_json(r) for r in results]
-    write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
+        summary = [_result_json(r) for r in results]
+        write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
@@ -175,10 +215,13 @@ def fuzz(
                 click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}\n")
         click.echo("\n".join(r.line() for r in results))
         click.echo("\n".join(coverage_table([(r.backend, r.coverage, r.declared) for r in results])))
-    if failed:
-        raise click.ClickException(f"workers failed: {'; '.join(failed)}; their states are kept (--resume continues them)")
-    if any(r.findings for r in results):
-        sys.exit(1)
+    out_of_time = time_budget is not None and time.monotonic() - started >= time_budget
+    may_be_empty = merge_only or out_of_time or (workers == 1 and shard.share(examples) == 0)
+    code, problems = campaign_exit_code(results, may_be_empty=may_be_empty, worker_codes=worker_codes)
+    kept = "; the states are kept (--resume continues them)" if worker_codes and code == TOOL_FAILED else ""
+    for line in problems:
+        click.echo(f"pa-oracle: {line}{kept}", err=True)
+    ctx.exit(code)
 
 
 def _parse_shard(text: str | None) -> Shard:
@@ -205,24 +248,28 @@ def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any]) -> CampaignS
 
 
 def _fuzz_with_workers(
-    ctx: click.Context, out_dir: Path, workers: int, resume: bool, shard_text: str | None
-) -> tuple[list[BackendResult], list[str]]:
-    """Run shards 0..workers-1 as worker processes; (merged results, the workers that failed)."""
+    ctx: click.Context, out_dir: Path, workers: int, resume: bool, overwrite: bool
+) -> tuple[list[BackendResult], list[int]]:
+    """Run shards 0..workers-1 as worker processes; (merged results, the workers' exit codes)."""
     from fuzz.workers import run_workers, visible_gpus
 
-    if shard_text:
-        raise click.UsageError("--workers runs every shard itself; give --shard only without --workers")
-    shards = Path(out_dir) / "shards"
+    kept = kept_campaign(out_dir, state_path(out_dir, Shard()), workers)
     if not resume:
-        for stale in shards.glob("campaign-*-of-*.json"):
+        refuse_replacing([] if overwrite else kept, out_dir)
+        for stale in kept:  # --overwrite: the shard states are replaced (finding folders are kept)
             stale.unlink()
     gpus = visible_gpus()
     click.echo(f"{workers} workers on " + (f"GPUs {', '.join(gpus)} (round-robin)" if gpus else "CPU"), err=True)
     codes = run_workers(_forwarded_args(ctx), workers, gpus)
-    failed = [f"shard {i}/{workers} exited with {c}" for i, c in enumerate(codes) if c not in (0, 1)]
-    states = load_shards(out_dir)
-    failed += [f"shard {shard} wrote no state" for shard in missing_shards(states)]
-    return merge_results([list(s.results.values()) for s in states]), failed
+    try:
+        states = load_shards(out_dir)
+    except CampaignStateError:
+        if all(c not in (0, 1) for c in codes):
+            return [], codes  # no worker got as far as a state: their codes say why
+        raise
+    for shard in missing_shards(states):
+        click.echo(f"pa-oracle: shard {shard} wrote no state", err=True)
+    return merge_results([list(s.results.values()) for s in states]), codes
 
 
 def _forwarded_args(ctx: click.Context) -> list[str]:
@@ -327,7 +374,7 @@ def env(as_json: bool) -> None:
 @main.command()
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
-@click.option("--examples", "-n", default=30, show_default=True)
+@click.option("--examples", "-n", type=EXAMPLES, default=30, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--only", multiple=True, help="Narrow what is drawn (as for fuzz).")
 @click.option("--json", "as_json", is_flag=True)
@@ -374,19 +421,21 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--check", "-c", "check_names", multiple=True,
               help="reorder, relabel, alone, merge, window, plan-reuse, stale-plan-pages, stale-plan-lengths, cuda-graph (repeatable). Default: all.")
-@click.option("--examples", "-n", default=30, show_default=True, help="Examples per backend and check.")
+@click.option("--examples", "-n", type=EXAMPLES, default=30, show_default=True, help="Examples per backend and check.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--only", multiple=True, help="Narrow what is drawn (as for fuzz).")
 @click.option("--case", "case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Run the checks on this case instead of drawing cases.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
 @click.option("--json", "as_json", is_flag=True)
+@click.pass_context
 def metamorphic(
-    backend_names: tuple[str, ...], kernels: tuple[str, ...], check_names: tuple[str, ...], examples: int, seed: int,
+    ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], check_names: tuple[str, ...], examples: int, seed: int,
     only: tuple[str, ...], case_file: Path | None, out_dir: Path, as_json: bool,
 ) -> None:
     """Checks beyond output values: metamorphic relations (kernel vs kernel), plan reuse and stale
-    plans, CUDA-graph replay. Exit 1 on any violation."""
+    plans, CUDA-graph replay. Exit 1 on any violation. One campaign at a time per --out (a lock
+    file); a violation found again never replaces its saved folder."""
     import difflib
 
     from fuzz.check_campaign import CHECKS, CheckResult, run_check, save_check_finding
@@ -397,32 +446,32 @@ def metamorphic(
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(CHECKS)})")
     checks = [CHECKS[name] for name in check_names or CHECKS]
-    try:
-        case = Case.load(case_file) if case_file else None
-    except CaseError as exc:
-        raise click.ClickException(str(exc)) from None
+    remember_out_dir(ctx, out_dir)
+    case = Case.load(case_file) if case_file else None  # a CaseError exits 2 (fuzz.exits)
+    backends = [narrow(b, only) for b in _select(backend_names, kernels)]
     results: list[CheckResult] = []
-    for backend in [narrow(b, only) for b in _select(backend_names, kernels)]:
-        spec = backend.name if isinstance(backend, UserKernel) else None
-        for check in checks:
-            if case is None:
-                result = run_check(backend, check, examples=examples, base_seed=seed, out_dir=out_dir, kernel_spec=spec)
-            else:
-                result = CheckResult(backend.name, check.name)
-                outcome = check(backend, case)
-                result.examples = 1
-                result.holds, result.skipped = outcome.status == "holds", outcome.status == "skipped"
-                result.exact = bool(outcome.exact) and outcome.status == "holds"
-                if outcome.status == "skipped":
-                    result.skip_reasons[outcome.message] += 1
-                if outcome.is_finding:
-                    result.finding = outcome
-                    result.finding_dir, result.repro = save_check_finding(outcome, backend, out_dir, spec)
-            results.append(result)
-            if not as_json:
-                click.echo(result.line())
-                if result.finding:
-                    click.echo(f"  report: {result.finding_dir / 'report.md'}\n  repro:  {result.repro}")
+    with campaign_lock(out_dir):
+        for backend in backends:
+            spec = backend.name if isinstance(backend, UserKernel) else None
+            for check in checks:
+                if case is None:
+                    result = run_check(backend, check, examples=examples, base_seed=seed, out_dir=out_dir, kernel_spec=spec)
+                else:
+                    result = CheckResult(backend.name, check.name)
+                    outcome = check(backend, case)
+                    result.examples = 1
+                    result.holds, result.skipped = outcome.status == "holds", outcome.status == "skipped"
+                    result.exact = bool(outcome.exact) and outcome.status == "holds"
+                    if outcome.status == "skipped":
+                        result.skip_reasons[outcome.message] += 1
+                    if outcome.is_finding:
+                        result.finding = outcome
+                        result.finding_dir, result.repro = save_check_finding(outcome, backend, out_dir, spec)
+                results.append(result)
+                if not as_json:
+                    click.echo(result.line())
+                    if result.finding:
+                        click.echo(f"  report: {result.finding_dir / 'report.md'}\n  repro:  {result.repro}")
     if as_json:
         click.echo(json.dumps([{
             "backend": r.backend, "check": r.check, "examples": r.examples, "held": r.holds, "bit_exact": r.exact,
@@ -437,8 +486,8 @@ def metamorphic(
 
 
 @main.command()
-@click.option("--examples", "-n", default=200, show_default=True, help="Budget per planted bug.")
-@click.option("--correct-examples", default=150, show_default=True, help="Examples per correct kernel.")
+@click.option("--examples", "-n", type=EXAMPLES, default=200, show_default=True, help="Budget per planted bug.")
+@click.option("--correct-examples", type=EXAMPLES, default=150, show_default=True, help="Examples per correct kernel.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def selftest(examples: int, correct_examples: int, seed: int, as_json: bool) -> None:

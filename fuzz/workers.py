@@ -7,6 +7,8 @@ seeds and case seeds, an equal share of ``--examples``), rather than each worker
 the backends: one backend then spreads over all GPUs, and no worker idles when there are fewer
 backends than workers. Findings land in the one ``--out`` folder (saved by atomic rename), each
 worker keeps its state in ``OUT/shards/campaign-i-of-N.json``, and the parent merges those.
+The parent holds the lock on ``--out`` (``fuzz.outdir``); each worker, run with ``--shard``,
+locks only its own shard state.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def worker_env(gpu: str | None, workers: int, base: dict[str, str]) -> dict[str,
 def run_workers(args: Sequence[str], workers: int, gpus: Sequence[str]) -> list[int]:
     """Run ``python -m fuzz fuzz ARGS --shard i/N`` for i in 0..N-1 side by side; their progress
     goes to stderr, their summaries are discarded (the shard states hold them). Returns the exit
-    codes (0: no finding, 1: a finding, anything else: the worker failed)."""
+    codes, as ``fuzz.exits`` defines them (0: no finding, 1: a finding, 2: bad input, 3 or
+    anything else, a signal included: the worker failed)."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i, gpu in enumerate(assign_gpus(workers, gpus)):

@@ -41,7 +41,7 @@ def test_bad_kernel_spec_is_a_usage_error() -> None:
 def test_replay_refuses_a_malformed_case(tmp_path) -> None:
     (tmp_path / "case.json").write_text(json.dumps({"schema_version": 7}))
     result = CliRunner().invoke(main, ["replay", str(tmp_path / "case.json"), "-b", "sdpa-math"])
-    assert result.exit_code == 1 and "unknown case schema_version 7" in result.output
+    assert result.exit_code == 2 and "unknown case schema_version 7" in result.output  # bad input, not a finding
 
 
 def test_only_narrows_what_is_drawn_and_refuses_to_widen(tmp_path) -> None:

@@ -89,4 +89,4 @@ def test_cli_triage_without_minimizing_on_a_passing_backend_exits_zero(last_page
 
 def test_cli_triage_refuses_a_folder_without_a_case(tmp_path) -> None:
     result = CliRunner().invoke(main, ["triage", str(tmp_path), "-b", "sdpa-math"])
-    assert result.exit_code == 1 and "no case.json" in result.output
+    assert result.exit_code == 2 and "no case.json" in result.output  # bad input (fuzz.exits), not a finding

@@ -1,0 +1,162 @@
+"""What ``pa-oracle``'s exit status means, decided in one place: 0 no finding, 1 a finding, 2 bad
+input or usage, 3 the tool itself failed (130: interrupted). ``ExitCodeGroup`` maps what escapes
+a command to those codes, so no command shows a traceback for bad input; ``campaign_exit_code``
+turns a campaign's results into one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+NO_FINDING, FINDING, BAD_INPUT, TOOL_FAILED, INTERRUPTED = 0, 1, 2, 3, 130
+
+EPILOG = """Exit status (every command):
+
+\b
+  0    no finding (a gate: passed)
+  1    a finding (a gate: failed)
+  2    bad input or usage: a case file, ledger, campaign state or option; --out in use by
+       another campaign, or holding one (without --resume or --overwrite)
+  3    the tool itself failed: I/O under --out (a finding that could not be saved), an
+       internal error (one line, plus the file that holds the trace), an oracle
+       disagreement, a backend that ran no example or stopped early
+  130  interrupted (the campaign state is kept: --resume continues it)
+"""
+
+OUT_DIR_KEY = "pa_oracle.out_dir"  # ctx.meta: where a command writes, so an internal error's trace goes there
+
+
+class BadInput(click.ClickException):
+    exit_code = BAD_INPUT
+
+
+class ToolFailed(click.ClickException):
+    exit_code = TOOL_FAILED
+
+
+def remember_out_dir(ctx: click.Context, out_dir: Path) -> None:
+    """Tell the group where this command writes (``ctx.meta`` is shared by the whole command line)."""
+    ctx.meta[OUT_DIR_KEY] = Path(out_dir)
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    from fuzz.outdir import OutDirConflict
+    from fuzz.state import CampaignStateError
+    from fuzz.triage.golden import GoldenError
+    from gates.gsm8k import GateInputError
+    from oracle.case import CaseError
+
+    return (CaseError, CampaignStateError, OutDirConflict, GoldenError, GateInputError)
+
+
+def write_trace(exc: BaseException, out_dir: Path | None) -> Path | None:
+    """The full traceback of ``exc`` in a file under ``out_dir`` (if it is a writable folder), else
+    in a temp file; its path, or None if neither could be written."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    text = (
+        f"pa-oracle {' '.join(sys.argv[1:])}\n{datetime.datetime.now().isoformat()}\n\n"
+        + "".join(traceback.format_exception(exc))
+    )
+    if out_dir is not None and Path(out_dir).is_dir():
+        path = Path(out_dir) / f"pa-oracle-error-{stamp}-{os.getpid()}.txt"
+        try:
+            path.write_text(text)
+            return path
+        except OSError:
+            pass  # e.g. the error is that --out cannot be written: use a temp file
+    try:
+        fd, name = tempfile.mkstemp(prefix=f"pa-oracle-error-{stamp}-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return Path(name)
+    except OSError:
+        return None
+
+
+def tool_failure(exc: BaseException, out_dir: Path | None) -> ToolFailed:
+    """One line for an error of the tool itself, naming the file that holds the full trace."""
+    from fuzz.outdir import FindingNotSaved
+    from fuzz.runner import OracleDisagreement
+
+    if isinstance(exc, FindingNotSaved):
+        return ToolFailed(str(exc))  # says where, what the finding was and where it was rescued
+    trace = write_trace(exc, out_dir)
+    where = f" (full trace: {trace})" if trace else ""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, OSError):
+        return ToolFailed(f"I/O error: {first}{where}")
+    if isinstance(exc, OracleDisagreement):
+        return ToolFailed(f"oracle disagreement (a bug in pa-oracle, not a finding): {first}{where}")
+    return ToolFailed(f"internal error: {type(exc).__name__}: {first}{where}")
+
+
+class ExitCodeGroup(click.Group):
+    """A click group whose every command exits with one of the codes above."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except click.ClickException as exc:
+            if exc.exit_code == FINDING:  # ClickException's default, but 1 means a finding: a refusal is bad input
+                exc.exit_code = BAD_INPUT
+            raise
+        except SystemExit as exc:
+            if exc.code in (FINDING, BAD_INPUT, TOOL_FAILED, INTERRUPTED):
+                raise
+            # the commands end with return or a code above: this came from inside, e.g. a kernel's sys.exit(0)
+            raise ToolFailed(f"the run was ended by sys.exit({exc.code!r}) from inside it (a kernel?): no verdict") from None
+        except KeyboardInterrupt:
+            failed = ToolFailed("interrupted (a campaign's state is kept after each chunk: --resume continues it)")
+            failed.exit_code = INTERRUPTED
+            raise failed from None
+        except Exception as exc:  # noqa: BLE001 - mapped to a code here, once for every command
+            if isinstance(exc, _bad_input_errors()):
+                raise BadInput(str(exc)) from None
+            raise tool_failure(exc, ctx.meta.get(OUT_DIR_KEY)) from None
+
+
+COMPLETE_STATUSES = ("pending", "running", "done", "finding")
+
+
+def why_incomplete(result: Any, *, may_be_empty: bool) -> str | None:
+    """Why a ``BackendResult`` is no verdict (exit 3), or None: it stopped for another reason than
+    its example count, time budget or a finding (a status outside ``COMPLETE_STATUSES``), or it
+    ran no example although it should have (``may_be_empty``: the time budget ran out, or its
+    share of the examples is 0)."""
+    if result.status not in COMPLETE_STATUSES:
+        notes = f": {result.notes[-1]}" if result.notes else ""
+        return f"{result.backend} stopped early ({result.status}) after {result.examples} examples{notes}"
+    if result.examples == 0 and not result.findings and not may_be_empty:
+        return f"{result.backend} ran no example"
+    return None
+
+
+def campaign_exit_code(results: Iterable[Any], *, may_be_empty: bool = False,
+                       worker_codes: Sequence[int] = ()) -> tuple[int, list[str]]:
+    """(exit code, why) for a campaign's ``BackendResult``s and its workers' exit codes. A worker's
+    bad input (2; the others then have no results either) wins over a failure of the tool (3),
+    which wins over a finding (1): the run did not do what was asked; its findings are printed
+    and saved all the same."""
+    results = list(results)
+    shards = len(worker_codes)
+    bad = [f"shard {i}/{shards} exited with 2 (bad input)" for i, c in enumerate(worker_codes) if c == BAD_INPUT]
+    if bad:
+        return BAD_INPUT, bad
+    failed = [f"shard {i}/{shards} exited with {c}" for i, c in enumerate(worker_codes) if c not in (NO_FINDING, FINDING)]
+    failed += [why for r in results if (why := why_incomplete(r, may_be_empty=may_be_empty))]
+    if not results:
+        failed.append("no backend ran")
+    if failed:
+        return TOOL_FAILED, failed
+    return (FINDING if any(r.findings for r in results) else NO_FINDING), []

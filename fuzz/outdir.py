@@ -1,0 +1,169 @@
+"""Writing under a campaign's ``--out`` so that nothing there is ever lost: one campaign at a time
+(an OS file lock), no fresh campaign over a kept one unless asked, and finding folders published
+whole (filled in a temp folder beside them, synced, renamed to a name that was free): a campaign
+never replaces or deletes a folder, nor anything a user put in one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from fuzz.shard import Shard
+from oracle.case import Case
+
+LOCK_FILE = ".pa-oracle.lock"
+
+
+class OutDirConflict(Exception):
+    """``--out`` is held by another campaign, or holds one this run would replace: a usage
+    conflict (exit 2), since the same command works with another ``--out``, later, or with
+    ``--resume``/``--overwrite``."""
+
+
+class FindingNotSaved(Exception):
+    """A finding could not be written under ``--out`` (exit 3). The message says where, what the
+    finding was, and where its case was rescued, if anywhere."""
+
+    def __init__(self, where: Path, finding: str, cause: OSError, rescued: Path | None) -> None:
+        kept = f"its case.json was written to {rescued} instead" if rescued else "its case could not be written anywhere"
+        super().__init__(f"could not save a finding in {where}: {cause}\n  finding: {finding}\n  {kept}")
+        self.where, self.rescued = where, rescued
+
+
+def _lock_path(out_dir: Path, shard: Shard) -> Path:
+    if shard.count == 1:
+        return Path(out_dir) / LOCK_FILE
+    return Path(out_dir) / "shards" / f".pa-oracle-shard-{shard.index}-of-{shard.count}.lock"
+
+
+@contextlib.contextmanager
+def campaign_lock(out_dir: Path, shard: Shard = Shard()) -> Iterator[Path]:
+    """Hold ``out_dir`` for this process (a shard of a campaign holds only its own state there:
+    the ``--workers`` parent holds the folder, each worker its shard). Raises ``OutDirConflict``
+    if another process holds it. The lock is ``flock``: a killed campaign leaves no stale lock."""
+    path = _lock_path(out_dir, shard)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    owner = path.with_name(path.name + ".owner")
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        holder = owner.read_text().strip() if owner.is_file() else "another process"
+        what = f"shard {shard} of the campaign in {out_dir}" if shard.count > 1 else str(out_dir)
+        raise OutDirConflict(
+            f"{what} is in use by another campaign ({holder}; lock {path}): wait for it to end, or give another --out"
+        ) from None
+    try:
+        started = datetime.datetime.now().isoformat(timespec="seconds")
+        owner.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {started}\n")
+        yield path
+    finally:
+        lock.release()
+
+
+def kept_campaign(out_dir: Path, state_file: Path, workers: int) -> list[Path]:
+    """The campaign state files in ``out_dir`` that a fresh run would replace (``--workers``
+    replaces every shard state, any other run its own state file)."""
+    if workers > 1:
+        return sorted((Path(out_dir) / "shards").glob("campaign-*-of-*.json"))
+    return [state_file] if state_file.exists() else []
+
+
+def refuse_replacing(kept: list[Path], out_dir: Path) -> None:
+    if kept:
+        names = ", ".join(str(p.relative_to(out_dir)) for p in kept[:3]) + (" ..." if len(kept) > 3 else "")
+        raise OutDirConflict(
+            f"{out_dir} holds a campaign ({names}): --resume continues it, --overwrite starts a new one "
+            "in its place (finding folders and any other files are kept), or give another --out"
+        )
+
+
+def publish_folder(
+    parent: Path, name: str, write: Callable[[Path, Path], None], *, already_saved: Callable[[Path], bool] | None = None
+) -> Path:
+    """Create ``parent/name`` whole and return it: ``write(tmp, final)`` fills a temp folder in
+    ``parent`` (``final`` is where it will be, for the paths a report names), which is synced and
+    renamed to ``name``, or to ``name-2``, ``name-3``, ... where that is taken. A folder already
+    there is never replaced; one for which ``already_saved`` says yes is returned as it is.
+
+    A kill at any instant leaves every existing folder as it was, and at most a hidden
+    ``.NAME.*.tmp`` folder of the new one, which is never the only copy of a saved finding."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp: Path | None = None
+    try:
+        for attempt in range(1, 10_000):
+            final = parent / (name if attempt == 1 else f"{name}-{attempt}")
+            if final.exists() or final.is_symlink():
+                if already_saved is not None and final.is_dir() and already_saved(final):
+                    return final
+                continue
+            if tmp is None:
+                tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent))
+            write(tmp, final)
+            _sync_tree(tmp)
+            try:
+                os.rename(tmp, final)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    continue  # another process took the name in between: try the next one
+                raise
+            tmp = None
+            _fsync(parent)
+            return final
+        raise FileExistsError(errno.EEXIST, f"no free name for {name} in {parent}")
+    finally:
+        if tmp is not None:  # ours, unfinished, and not a copy of anything saved
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file and folder under ``folder`` (files first), so that the rename publishes
+    contents that are on disk."""
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for item in files + dirs:
+            _fsync(Path(root) / item)
+    _fsync(folder)
+
+
+def rescue(name: str, text: str) -> Path | None:
+    """Write ``text`` to a fresh temp folder (when ``--out`` cannot take a finding); its path, or None."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="pa-oracle-unsaved-finding-"))
+        (folder / name).write_text(text)
+        return folder / name
+    except OSError as exc:
+        print(f"pa-oracle: could not rescue the finding in a temp folder either: {exc}", file=sys.stderr)
+        return None
+
+
+def holds_case(path: Path, case: Case) -> bool:
+    """Whether the case file at ``path`` is ``case`` as saved (same case and meta, any date)."""
+    try:
+        kept = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    new = json.loads(json.dumps(case.to_json()))  # tuples as lists, as read back
+    if not isinstance(kept, dict) or not isinstance(kept.get("meta"), dict):
+        return False
+    return {**kept, "meta": {**kept["meta"], "date": None}} == {**new, "meta": {**new["meta"], "date": None}}
