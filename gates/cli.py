@@ -220,6 +220,11 @@ def _expected_for(g: Any, key: str, settings: Any, expected_file: Path | None, m
     return expected, expected_file
 
 
+def _gate_folder(out_dir: Path, saved: Any) -> Path:
+    shard = "" if saved.shard is None else f"-shard-{saved.shard.index}-of-{saved.shard.count}"
+    return out_dir / "gsm8k" / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{saved.backend}-vs-{saved.reference}{shard}")
+
+
 def _judge_and_report(
     saved: Any, *, expected: Any, expected_file: Path | None, margin: float | None, alpha: float, gated: tuple[str, ...],
     save_expected: Path | None, out_dir: Path, as_json: bool,
@@ -241,8 +246,7 @@ def _judge_and_report(
     except g.GateInputError as exc:
         raise click.ClickException(str(exc)) from None
     command = _command_line(click.get_current_context())
-    shard = "" if saved.shard is None else f"-shard-{saved.shard.index}-of-{saved.shard.count}"
-    folder = out_dir / "gsm8k" / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{saved.backend}-vs-{saved.reference}{shard}")
+    folder = _gate_folder(out_dir, saved)
     json_path, md_path = g.write_reports(folder, result, backend, reference, command=command)
     saved.save(folder)
     if as_json:
@@ -347,6 +351,9 @@ def gsm8k(
         run = saved.outcomes[label]
         accuracy = ", ".join(f"{f} {100 * run.accuracy(f):.1f}%" for f in sorted(run.correct))
         click.echo(f"      {label}: {accuracy} ({run.seconds:.0f} s)", err=True)
+        # saved after each run: a gate cut short keeps its reference run for --reference-run
+        runs_path = saved.save(_gate_folder(out_dir, saved))
+        click.echo(f"      saved to {runs_path}", err=True)
     _judge_and_report(saved, expected=expected, expected_file=expected_file, margin=margin, alpha=alpha, gated=gated,
                       save_expected=save_expected, out_dir=out_dir, as_json=as_json)
 

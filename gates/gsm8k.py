@@ -421,7 +421,7 @@ class SavedRuns:
     shard: Shard | None
     backend: str
     reference: str
-    outcomes: dict[str, RunOutcome]  # by label: the backend's and the reference's
+    outcomes: dict[str, RunOutcome]  # by label: the backend's and the reference's (only the latter, mid-gate)
     model_sha256: str = ""
     dtype: str = ""
     lm_eval_version: str = ""
@@ -488,6 +488,10 @@ def merge_saved(parts: list[SavedRuns]) -> SavedRuns:
     indices = sorted(p.shard.index for p in parts if p.shard is not None)
     if indices != list(range(1, count + 1)):
         raise GateInputError(f"need each of the shards 1/{count} .. {count}/{count} once, got {', '.join(f'{i}/{count}' for i in indices)}")
+    for part in parts:
+        missing = [label for label in (first.backend, first.reference) if label not in part.outcomes]
+        if missing:
+            raise GateInputError(f"shard {part.shard} has no run of {', '.join(missing)} (cut short?)")
     outcomes = {label: merge_outcomes([p.outcomes[label] for p in parts]) for label in (first.backend, first.reference)}
     return SavedRuns(first.model, first.settings, first.limit, None, first.backend, first.reference, outcomes,
                      first.model_sha256, first.dtype, first.lm_eval_version)
