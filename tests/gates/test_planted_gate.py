@@ -1,6 +1,5 @@
 """The planted bug the GSM8k gate must catch: correct except for the last key of long requests."""
 
-import pytest
 import torch
 
 from backends.base import get_backend
