@@ -169,7 +169,7 @@ def _command_line(ctx: click.Context) -> str:
     return shlex.join(words)
 
 
-GPU_BATCH, CPU_BATCH = 128, 8  # --batch-size auto: questions per generate() call
+GPU_BATCH, CPU_BATCH = 256, 8  # --batch-size auto: questions per generate() call (a batch runs until its longest answer stops)
 
 
 def _batch_size(text: str, device: str) -> int:
