@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from oracle.case import Case
-from oracle.tensors import Tensors
+from oracle.tensors import Tensors, upload
 
 
 @dataclass(frozen=True)
@@ -24,24 +25,57 @@ class Dense:
     kv_valid: torch.Tensor  # [B, max_kv]
 
 
+@dataclass(frozen=True)
+class _Gather:
+    """Where each real query row and key token of a layout sits in the dense tensors, on one device."""
+
+    query_batch: torch.Tensor  # [total_q]
+    query_column: torch.Tensor  # [total_q]
+    key_batch: torch.Tensor  # [total_kv]
+    key_column: torch.Tensor  # [total_kv]
+    key_slot: torch.Tensor  # [total_kv] flat pool slot (page * page_size + slot)
+    qo_lens: torch.Tensor  # [B]
+    kv_lens: torch.Tensor  # [B]
+
+
+_last_gather: tuple[object, torch.device, _Gather] | None = None  # a model's layers share one layout per forward
+
+
+def _gather(case: Case, device: torch.device) -> _Gather:
+    """The layout's index tensors, built on the host with numpy and uploaded in one copy that does
+    not wait (one upload per request would sync the stream per request: slow in a model's forward)."""
+    global _last_gather
+    lay = case.layout
+    if _last_gather is not None and _last_gather[0] is lay and _last_gather[1] == device:
+        return _last_gather[2]
+    qo_lens, kv_lens = np.asarray(lay.qo_lens, dtype=np.int64), np.asarray(lay.kv_lens, dtype=np.int64)
+    batch = np.arange(lay.batch_size, dtype=np.int64)
+    query_batch, key_batch = np.repeat(batch, qo_lens), np.repeat(batch, kv_lens)
+    query_column = np.arange(len(query_batch), dtype=np.int64) - np.repeat(np.cumsum(qo_lens) - qo_lens, qo_lens)
+    key_column = np.arange(len(key_batch), dtype=np.int64) - np.repeat(np.cumsum(kv_lens) - kv_lens, kv_lens)
+    page_entry = np.asarray(lay.kv_indptr[:-1], dtype=np.int64)[key_batch] + key_column // lay.page_size
+    key_slot = np.asarray(lay.kv_indices, dtype=np.int64)[page_entry] * lay.page_size + key_column % lay.page_size
+    host = [query_batch, query_column, key_batch, key_column, key_slot, qo_lens, kv_lens]
+    flat = upload(torch.from_numpy(np.concatenate(host)), device)
+    gather = _Gather(*flat.split([len(x) for x in host]))
+    _last_gather = (lay, device, gather)
+    return gather
+
+
 def to_dense(case: Case, tensors: Tensors) -> Dense:
     """Gather each request's pages into padded dense tensors (padding is zero, never poison)."""
     lay, device = case.layout, tensors.q.device
     batch = lay.batch_size
     max_q, max_kv = max(max(lay.qo_lens), 1), max(max(lay.kv_lens), 1)
     hq, hkv = case.heads.num_qo_heads, case.heads.num_kv_heads
+    g = _gather(case, device)
     q = tensors.q.new_zeros(batch, max_q, hq, case.heads.head_dim_qk)
     k = tensors.k_cache.new_zeros(batch, max_kv, hkv, case.heads.head_dim_qk)
     v = tensors.v_cache.new_zeros(batch, max_kv, hkv, case.heads.head_dim_vo)
-    for b in range(batch):
-        qo_len, kv_len = lay.qo_lens[b], lay.kv_lens[b]
-        q[b, :qo_len] = tensors.q[lay.qo_indptr[b] : lay.qo_indptr[b + 1]]
-        if kv_len:
-            pages = torch.tensor(lay.pages_of(b), device=device)
-            k[b, :kv_len] = tensors.k_cache[pages].flatten(0, 1)[:kv_len]
-            v[b, :kv_len] = tensors.v_cache[pages].flatten(0, 1)[:kv_len]
-    qo = torch.tensor(lay.qo_lens, device=device)
-    kv = torch.tensor(lay.kv_lens, device=device)
+    q[g.query_batch, g.query_column] = tensors.q[: lay.total_q]
+    k[g.key_batch, g.key_column] = tensors.k_cache.flatten(0, 1)[g.key_slot]
+    v[g.key_batch, g.key_column] = tensors.v_cache.flatten(0, 1)[g.key_slot]
+    qo, kv = g.qo_lens, g.kv_lens
     i = torch.arange(max_q, device=device)
     j = torch.arange(max_kv, device=device)
     return Dense(
@@ -77,5 +111,5 @@ def alibi_bias(case: Case, dense: Dense, dtype: torch.dtype) -> torch.Tensor:
 
 def from_dense(case: Case, out: torch.Tensor) -> torch.Tensor:
     """[B, Hq, max_q, Dvo] -> flat [total_q, Hq, Dvo] rows."""
-    rows = [out[b, :, :n].transpose(0, 1) for b, n in enumerate(case.layout.qo_lens)]
-    return torch.cat(rows) if rows else out.new_zeros(0, *out.shape[1:2], out.shape[-1])
+    g = _gather(case, out.device)
+    return out.transpose(1, 2)[g.query_batch, g.query_column]

@@ -169,37 +169,133 @@ def _command_line(ctx: click.Context) -> str:
     return shlex.join(words)
 
 
+GPU_BATCH, CPU_BATCH = 256, 8  # --batch-size auto: questions per generate() call (a batch runs until its longest answer stops)
+
+
+def _batch_size(text: str, device: str) -> int:
+    if text == "auto":
+        return GPU_BATCH if device.startswith("cuda") else CPU_BATCH
+    if not text.isdigit() or int(text) < 1:
+        raise click.BadParameter(f"takes a positive integer or auto, got {text!r}", param_hint="--batch-size")
+    return int(text)
+
+
+def _gsm8k_report_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that judge and report (shared by ``gsm8k`` and ``gsm8k-merge``)."""
+    options = [
+        click.option("--expected", "expected_file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+                     help="Golden expected accuracy (default: golden/gsm8k/<model>.json when it exists)."),
+        click.option("--margin", type=click.FloatRange(0, 1), default=None,
+                     help="Fail if the backend's Wilson lower bound < expected - margin (default: the smallest margin whose false-alarm rate is <= alpha)."),
+        click.option("--alpha", type=click.FloatRange(0, 0.5, min_open=True, max_open=True), default=0.05, show_default=True),
+        click.option("--filter", "gated", multiple=True, type=click.Choice(GSM8K_FILTERS), default=("flexible-extract",),
+                     show_default=True, help="lm-eval filter(s) that decide the verdict (both are reported)."),
+        click.option("--save-expected", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Write the reference run's accuracy to this golden file (whole runs only, not one shard)."),
+        click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("pa-gates"), show_default=True),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _gguf_path(model_path: str, gguf_file: str | None) -> Path | None:
+    """The GGUF file the model loads from (as ``gates.models.load_model`` finds it), if it is one."""
+    name = gguf_file or (model_path if model_path.endswith(".gguf") else None)
+    if name is None:
+        return None
+    for path in (Path(name), Path(model_path) / name):
+        if path.is_file():
+            return path
+    return None
+
+
+def _expected_for(g: Any, key: str, settings: Any, expected_file: Path | None, model_sha256: str) -> tuple[Any, Path | None]:
+    default_expected = g.EXPECTED_DIR / f"{key}.json"
+    expected_file = expected_file or (default_expected if default_expected.is_file() else None)
+    expected = g.load_expected(expected_file) if expected_file else None
+    if expected is not None:
+        g.check_expected(expected, model=key, settings=settings, model_sha256=model_sha256)
+    return expected, expected_file
+
+
+def _gate_folder(out_dir: Path, saved: Any) -> Path:
+    shard = "" if saved.shard is None else f"-shard-{saved.shard.index}-of-{saved.shard.count}"
+    return out_dir / "gsm8k" / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{saved.backend}-vs-{saved.reference}{shard}")
+
+
+def _judge_and_report(
+    saved: Any, *, expected: Any, expected_file: Path | None, margin: float | None, alpha: float, gated: tuple[str, ...],
+    save_expected: Path | None, out_dir: Path, as_json: bool,
+) -> None:
+    """Judge ``saved`` (a ``gates.gsm8k.SavedRuns``), write its reports and runs, print the verdict, exit 1 on FAIL."""
+    from gates import gsm8k as g
+
+    backend, reference = saved.outcomes[saved.backend], saved.outcomes[saved.reference]
+    if save_expected is not None:
+        record = g.expected_from_run(reference, model=saved.model, settings=saved.settings,
+                                     model_sha256=saved.model_sha256, dtype=saved.dtype)
+        g.save_expected(save_expected, record)
+        click.echo(f"expected accuracy written to {save_expected}", err=True)
+    try:
+        result = g.judge(
+            backend, reference, model=saved.model, settings=saved.settings, alpha=alpha, gated=gated,
+            expected=expected, expected_source=str(expected_file) if expected_file else None, margin=margin,
+        )
+    except g.GateInputError as exc:
+        raise click.ClickException(str(exc)) from None
+    command = _command_line(click.get_current_context())
+    folder = _gate_folder(out_dir, saved)
+    json_path, md_path = g.write_reports(folder, result, backend, reference, command=command)
+    saved.save(folder)
+    if as_json:
+        click.echo(json.dumps(g.result_json(result, backend, reference), indent=1))
+    else:
+        click.echo(f"GSM8k gate {'PASS' if result.passed else 'FAIL'}: {saved.backend} vs {saved.reference}"
+                   f"{'' if saved.shard is None else f' (shard {saved.shard})'}")
+        for line in result.failures:
+            click.echo(f"  {line}")
+        for name, verdict in result.verdicts.items():
+            click.echo(
+                f"  {name}: backend {100 * verdict.backend_accuracy:.1f}%, reference {100 * verdict.reference_accuracy:.1f}% "
+                f"(n={verdict.n}), lost {verdict.mcnemar.losses} / won {verdict.mcnemar.wins}, "
+                f"McNemar p(worse) = {verdict.mcnemar.p_backend_worse:.3g}"
+            )
+        click.echo(f"  report: {md_path} (+ {json_path.name}, {g.RUNS_FILE})")
+    if not result.passed:
+        sys.exit(1)
+
+
 @gate.command()
 @model_options
-@click.option("--backend", "-b", required=True, help="Backend under test: a registry name, oracle, control, MODULE:FUNCTION, or hf:IMPL.")
-@click.option("--reference", "-r", required=True, help="Reference, same forms as --backend (e.g. oracle).")
+@click.option("--backend", "-b", required=True, help="Backend under test: a registry name, oracle, control, MODULE:NAME, or hf:IMPL.")
+@click.option("--reference", "-r", default="hf:sdpa", show_default=True,
+              help="Reference, same forms as --backend. The default is transformers' own SDPA (fast); "
+                   "oracle (float64) works too but is the logit gate's reference, too slow for 1319 questions.")
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=None, help="The first N test questions (default: all 1319).")
+@click.option("--shard", "shard_text", default=None,
+              help="I/N: only the questions whose doc id is I-1 mod N (same prompts as unsharded); merge with gate gsm8k-merge.")
 @click.option("--num-fewshot", type=click.IntRange(min=0), default=5, show_default=True)
 @click.option("--max-gen-toks", type=click.IntRange(min=1), default=256, show_default=True, help="Generation budget per question.")
 @click.option("--data", "gsm8k_data", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Folder with test.jsonl and train.jsonl (offline); default: lm-eval's hub dataset openai/gsm8k.")
-@click.option("--expected", "expected_file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Golden expected accuracy (default: golden/gsm8k/<model>.json when it exists).")
-@click.option("--margin", type=click.FloatRange(0, 1), default=None,
-              help="Fail if the backend's Wilson lower bound < expected - margin (default: the smallest margin whose false-alarm rate is <= alpha).")
-@click.option("--alpha", type=click.FloatRange(0, 0.5, min_open=True, max_open=True), default=0.05, show_default=True)
-@click.option("--filter", "gated", multiple=True, type=click.Choice(GSM8K_FILTERS), default=("flexible-extract",),
-              show_default=True, help="lm-eval filter(s) that decide the verdict (both are reported).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--batch-size", "batch_text", default="auto", show_default=True,
+              help=f"Questions per generate() call; auto: {GPU_BATCH} on CUDA, {CPU_BATCH} on CPU.")
 @click.option("--page-size", type=int, default=None, help="KV page size (default: 16, or the backend's smallest above it).")
 @click.option("--seed", default=0, show_default=True, help="Seeds the random page tables.")
-@click.option("--save-expected", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the reference run's accuracy to this golden file.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("pa-gates"), show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--reference-run", type=click.Path(exists=True, path_type=Path), default=None,
+              help="runs.json (or its folder) of an earlier gate on the same model, task, limit and shard: reuse its reference run instead of running the reference again.")
+@_gsm8k_report_options
 def gsm8k(
     model_path: str, gguf_file: str | None, dtype: str, device: str | None, backend: str, reference: str,
-    limit: int | None, num_fewshot: int, max_gen_toks: int, gsm8k_data: Path | None, expected_file: Path | None,
-    margin: float | None, alpha: float, gated: tuple[str, ...], batch_size: int, page_size: int | None, seed: int,
-    save_expected: Path | None, out_dir: Path, as_json: bool,
+    limit: int | None, shard_text: str | None, num_fewshot: int, max_gen_toks: int, gsm8k_data: Path | None,
+    batch_text: str, page_size: int | None, seed: int, reference_run: Path | None, expected_file: Path | None,
+    margin: float | None, alpha: float, gated: tuple[str, ...], save_expected: Path | None, out_dir: Path, as_json: bool,
 ) -> None:
     """lm-eval GSM8k with the backend and with the reference; exit 1 if McNemar finds the backend
     worse or its accuracy falls below the golden expected one."""
+    import importlib.metadata
     import importlib.util
 
     from gates import gsm8k as g
@@ -210,54 +306,73 @@ def gsm8k(
     if backend == reference:
         raise click.UsageError(f"--backend and --reference must differ (both {backend})")
     try:
+        shard = g.Shard.parse(shard_text) if shard_text else None
+        if shard is not None and save_expected is not None:
+            raise g.GateInputError("--save-expected needs the whole run: save it from gate gsm8k-merge")
         settings = g.TaskSettings(num_fewshot=num_fewshot, max_gen_toks=max_gen_toks)
         key = g.model_key(model_path, gguf_file)
-        default_expected = g.EXPECTED_DIR / f"{key}.json"
-        expected_file = expected_file or (default_expected if default_expected.is_file() else None)
-        expected = g.load_expected(expected_file) if expected_file else None
-        if expected is not None:
-            g.check_expected(expected, model=key, settings=settings)
-        runs = {label: attn_implementation_for(label, page_size=page_size, seed=seed) for label in (reference, backend)}
+        gguf_path = _gguf_path(model_path, gguf_file)
+        model_sha256 = g.file_sha256(gguf_path) if gguf_path is not None else ""
+        expected, expected_file = _expected_for(g, key, settings, expected_file, model_sha256)
+        reused = g.SavedRuns.load(reference_run) if reference_run is not None else None
+        if reused is not None and reused.reference != reference:
+            raise g.GateInputError(f"--reference-run {reference_run} ran reference {reused.reference}, this gate {reference}")
+        to_run = [reference] if reused is None else []
+        runs = {label: attn_implementation_for(label, page_size=page_size, seed=seed) for label in [*to_run, backend]}
     except (g.GateInputError, SwapError, KeyError, ValueError, ImportError) as exc:
         raise click.UsageError(str(exc).strip("'\"")) from None
     loaded = load_for_gate(model_path, gguf_file, dtype, device)
-    outcomes = {}
-    for step, (label, implementation) in enumerate(runs.items(), 1):
-        click.echo(f"[{step}/2] gsm8k {settings.num_fewshot}-shot, {limit or 'all'} questions, attention: {label}", err=True)
+    weights = next(loaded.model.parameters())
+    model_dtype = str(weights.dtype).removeprefix("torch.")
+    batch_size = _batch_size(batch_text, str(weights.device))
+    saved = g.SavedRuns(key, settings, limit, shard, backend, reference, {}, model_sha256, model_dtype,
+                        importlib.metadata.version("lm-eval"))
+    if reused is not None:
         try:
-            outcomes[label] = g.run_gsm8k(
+            saved.same_task(reused, what=f"--reference-run {reference_run}")
+            if reused.shard != shard:
+                raise g.GateInputError(f"--reference-run {reference_run} ran shard {reused.shard}, this gate {shard}")
+        except g.GateInputError as exc:
+            raise click.UsageError(str(exc)) from None
+        saved.outcomes[reference] = reused.outcomes[reference]
+        click.echo(f"reference {reference}: reused from {reference_run}", err=True)
+    for step, (label, implementation) in enumerate(runs.items(), 1):
+        click.echo(
+            f"[{step}/{len(runs)}] gsm8k {settings.num_fewshot}-shot, {limit or 'all'} questions"
+            f"{'' if shard is None else f', shard {shard}'}, batch {batch_size}, attention: {label}", err=True,
+        )
+        try:
+            saved.outcomes[label] = g.run_gsm8k(
                 loaded.model, loaded.tokenizer, attn_implementation=implementation, label=label, settings=settings,
-                limit=limit, data_dir=gsm8k_data, batch_size=batch_size,
+                limit=limit, data_dir=gsm8k_data, batch_size=batch_size, shard=shard,
             )
         except (g.GateInputError, SwapError) as exc:
             raise click.ClickException(f"{label}: {exc}") from None
-        accuracy = ", ".join(f"{f} {100 * outcomes[label].accuracy(f):.1f}%" for f in sorted(outcomes[label].correct))
-        click.echo(f"      {label}: {accuracy} ({outcomes[label].seconds:.0f} s)", err=True)
-    if save_expected is not None:
-        g.save_expected(save_expected, g.expected_from_run(outcomes[reference], model=key, settings=settings))
-        click.echo(f"expected accuracy written to {save_expected}", err=True)
+        run = saved.outcomes[label]
+        accuracy = ", ".join(f"{f} {100 * run.accuracy(f):.1f}%" for f in sorted(run.correct))
+        click.echo(f"      {label}: {accuracy} ({run.seconds:.0f} s)", err=True)
+        # saved after each run: a gate cut short keeps its reference run for --reference-run
+        runs_path = saved.save(_gate_folder(out_dir, saved))
+        click.echo(f"      saved to {runs_path}", err=True)
+    _judge_and_report(saved, expected=expected, expected_file=expected_file, margin=margin, alpha=alpha, gated=gated,
+                      save_expected=save_expected, out_dir=out_dir, as_json=as_json)
+
+
+@gate.command("gsm8k-merge")
+@click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@_gsm8k_report_options
+def gsm8k_merge(
+    folders: tuple[Path, ...], expected_file: Path | None, margin: float | None, alpha: float, gated: tuple[str, ...],
+    save_expected: Path | None, out_dir: Path, as_json: bool,
+) -> None:
+    """Merge the shards of a GSM8k gate (their report folders or runs.json files, each of
+    --shard 1/N .. N/N once) into one verdict, as if it had run unsharded; exit 1 if it fails."""
+    from gates import gsm8k as g
+
     try:
-        result = g.judge(
-            outcomes[backend], outcomes[reference], model=key, settings=settings, alpha=alpha, gated=gated,
-            expected=expected, expected_source=str(expected_file) if expected_file else None, margin=margin,
-        )
+        saved = g.merge_saved([g.SavedRuns.load(folder) for folder in folders])
+        expected, expected_file = _expected_for(g, saved.model, saved.settings, expected_file, saved.model_sha256)
     except g.GateInputError as exc:
-        raise click.ClickException(str(exc)) from None
-    command = _command_line(click.get_current_context())
-    folder = out_dir / "gsm8k" / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{backend}-vs-{reference}")
-    json_path, md_path = g.write_reports(folder, result, outcomes[backend], outcomes[reference], command=command)
-    if as_json:
-        click.echo(json.dumps(g.result_json(result, outcomes[backend], outcomes[reference]), indent=1))
-    else:
-        click.echo(f"GSM8k gate {'PASS' if result.passed else 'FAIL'}: {backend} vs {reference}")
-        for line in result.failures:
-            click.echo(f"  {line}")
-        for name, verdict in result.verdicts.items():
-            click.echo(
-                f"  {name}: backend {100 * verdict.backend_accuracy:.1f}%, reference {100 * verdict.reference_accuracy:.1f}% "
-                f"(n={verdict.n}), lost {verdict.mcnemar.losses} / won {verdict.mcnemar.wins}, "
-                f"McNemar p(worse) = {verdict.mcnemar.p_backend_worse:.3g}"
-            )
-        click.echo(f"  report: {md_path} (+ {json_path.name})")
-    if not result.passed:
-        sys.exit(1)
+        raise click.UsageError(str(exc)) from None
+    _judge_and_report(saved, expected=expected, expected_file=expected_file, margin=margin, alpha=alpha, gated=gated,
+                      save_expected=save_expected, out_dir=out_dir, as_json=as_json)

@@ -52,6 +52,33 @@ class TaskSettings:
             raise GateInputError(f"need num_fewshot >= 0 and max_gen_toks >= 1, got {self}")
 
 
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (1-based, ``--shard 2/4``): the questions whose doc id is
+    ``index - 1`` modulo ``count``. Every question keeps the prompt (few-shot examples) it has in an
+    unsharded run, so shards merge into the unsharded run's questions."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.index <= self.count:
+            raise GateInputError(f"shard {self.index}/{self.count}: need 1 <= I <= N")
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if not match:
+            raise GateInputError(f"--shard takes I/N (e.g. 1/4), got {text!r}")
+        return cls(int(match[1]), int(match[2]))
+
+    def holds(self, doc_id: int) -> bool:
+        return doc_id % self.count == self.index - 1
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
 # ---------------------------------------------------------------- the lm-eval task
 def stock_task_yaml() -> Path:
     import lm_eval
@@ -113,6 +140,55 @@ class RunOutcome:
         outcomes = self.correct[filter_name]
         return sum(outcomes.values()) / len(outcomes)
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "seconds": round(self.seconds, 3),
+            "questions": [
+                {
+                    **asdict(q), "response": self.responses.get(i, ""),
+                    "correct": {f: self.correct[f][i] for f in self.correct if i in self.correct[f]},
+                    "extracted": {f: self.extracted[f][i] for f in self.extracted if i in self.extracted[f]},
+                }
+                for i, q in sorted(self.questions.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunOutcome:
+        try:
+            correct: dict[str, dict[int, bool]] = {}
+            extracted: dict[str, dict[int, str]] = {}
+            responses, questions = {}, {}
+            for record in data["questions"]:
+                q = Question(int(record["doc_id"]), str(record["question"]), str(record["target"]), str(record["prompt_hash"]))
+                questions[q.doc_id], responses[q.doc_id] = q, str(record["response"])
+                for f, ok in record["correct"].items():
+                    correct.setdefault(f, {})[q.doc_id] = bool(ok)
+                for f, text in record["extracted"].items():
+                    extracted.setdefault(f, {})[q.doc_id] = str(text)
+            return cls(str(data["label"]), correct, responses, extracted, questions, float(data["seconds"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GateInputError(f"a saved run lacks a field or has a malformed one ({exc!r})") from None
+
+
+def merge_outcomes(parts: list[RunOutcome]) -> RunOutcome:
+    """One run from runs over disjoint questions (shards) of one attention; wall times add up."""
+    labels = {p.label for p in parts}
+    if len(labels) != 1:
+        raise GateInputError(f"cannot merge runs of different attentions: {sorted(labels)}")
+    merged = RunOutcome(parts[0].label, {}, {}, {}, {}, sum(p.seconds for p in parts))
+    for part in parts:
+        twice = sorted(set(merged.questions) & set(part.questions))
+        if twice:
+            raise GateInputError(f"{part.label}: doc ids {twice[:10]} appear in more than one shard")
+        merged.questions.update(part.questions)
+        merged.responses.update(part.responses)
+        for f, outcomes in part.correct.items():
+            merged.correct.setdefault(f, {}).update(outcomes)
+        for f, texts in part.extracted.items():
+            merged.extracted.setdefault(f, {}).update(texts)
+    return merged
+
 
 def outcome_from_samples(label: str, samples: list[dict[str, Any]], *, seconds: float = 0.0) -> RunOutcome:
     """Per-question correctness from lm-eval's logged samples (``log_samples=True``): one entry per
@@ -160,8 +236,11 @@ def run_gsm8k(
     limit: int | None,
     data_dir: Path | None,
     batch_size: int = 1,
+    shard: Shard | None = None,
 ) -> RunOutcome:
-    """lm-eval's gsm8k on ``model`` switched to ``attn_implementation``; greedy, as the task says."""
+    """lm-eval's gsm8k on ``model`` switched to ``attn_implementation``; greedy, as the task says.
+    With ``shard``, only that shard's questions are generated (the others get an empty answer and
+    are dropped from the outcome), after lm-eval has built every prompt as in an unsharded run."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
@@ -176,8 +255,11 @@ def run_gsm8k(
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pa-gsm8k-") as workdir, _without_env_dump():
         manager = task_manager(data_dir, Path(workdir))
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        if shard is not None:
+            _generate_only(lm, shard)
         results = lm_eval.simple_evaluate(
-            model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size),
+            model=lm,
             tasks=[settings.task],
             task_manager=manager,
             num_fewshot=settings.num_fewshot,
@@ -188,12 +270,32 @@ def run_gsm8k(
         )
     if swap is not None and swap.calls == calls_before:
         raise GateInputError(f"{label}: the model never called the swapped attention ({attn_implementation})")
-    outcome = outcome_from_samples(label, results["samples"][settings.task], seconds=time.monotonic() - start)
-    for filter_name in outcome.correct:  # our tally must be lm-eval's own score
+    samples = results["samples"][settings.task]
+    outcome = outcome_from_samples(label, samples, seconds=time.monotonic() - start)
+    for filter_name in outcome.correct:  # our tally (over every logged question) must be lm-eval's own score
         reported = results["results"][settings.task].get(f"exact_match,{filter_name}")
         if reported is not None and abs(float(reported) - outcome.accuracy(filter_name)) > 1e-9:
             raise GateInputError(f"{label}: {filter_name} per-question mean {outcome.accuracy(filter_name)} != lm-eval's {reported}")
+    if shard is not None:
+        outcome = outcome_from_samples(label, [x for x in samples if shard.holds(int(x["doc_id"]))], seconds=outcome.seconds)
     return outcome
+
+
+def _generate_only(lm: Any, shard: Shard) -> None:
+    """Make ``lm`` generate only for ``shard``'s questions; the others get "" (scored wrong, then
+    dropped). Filtering here rather than through lm-eval's ``samples`` keeps each question's prompt:
+    lm-eval draws the few-shot examples from one random stream in doc order."""
+    generate = lm.generate_until
+
+    def generate_until(requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        chosen = [i for i, request in enumerate(requests) if shard.holds(int(request.doc_id))]
+        answers = generate([requests[i] for i in chosen], disable_tqdm=disable_tqdm) if chosen else []
+        out = [""] * len(requests)
+        for i, answer in zip(chosen, answers, strict=True):
+            out[i] = answer
+        return out
+
+    lm.generate_until = generate_until
 
 
 @contextlib.contextmanager
@@ -221,6 +323,9 @@ class Expected:
     date: str
     lm_eval_version: str
     reference: str = ""  # the attention implementation that measured it
+    model_sha256: str = ""  # of the GGUF file ("" for a model folder)
+    dtype: str = ""  # the dtype the model ran in
+    seconds: float = 0.0  # the reference run's wall time
     schema_version: int = SCHEMA_VERSION
 
 
@@ -247,6 +352,8 @@ def load_expected(path: Path) -> Expected:
             model=str(data["model"]), task=TaskSettings(**data["task"]), n=int(data["n"]),
             accuracy={str(k): float(v) for k, v in data["accuracy"].items()}, date=str(data["date"]),
             lm_eval_version=str(data["lm_eval_version"]), reference=str(data.get("reference", "")),
+            model_sha256=str(data.get("model_sha256", "")), dtype=str(data.get("dtype", "")),
+            seconds=float(data.get("seconds", 0.0)),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise GateInputError(f"expected file {path}: missing or malformed field ({exc!r}); fields: {', '.join(Expected.__dataclass_fields__)}") from None
@@ -263,22 +370,131 @@ def save_expected(path: Path, expected: Expected) -> Path:
     return path
 
 
-def check_expected(expected: Expected, *, model: str, settings: TaskSettings) -> None:
-    """An expected accuracy applies only to the same model and task settings."""
+def check_expected(expected: Expected, *, model: str, settings: TaskSettings, model_sha256: str = "") -> None:
+    """An expected accuracy applies only to the same model (and model file, where both know its hash)
+    and task settings."""
     if expected.task != settings:
         raise GateInputError(f"expected accuracy was measured with {expected.task}, this run uses {settings}")
     if expected.model != model:
         raise GateInputError(f"expected accuracy is for model {expected.model!r}, this run is {model!r}")
+    if expected.model_sha256 and model_sha256 and expected.model_sha256 != model_sha256:
+        raise GateInputError(
+            f"expected accuracy is for a model file with sha256 {expected.model_sha256[:16]}..., this one is {model_sha256[:16]}..."
+        )
 
 
-def expected_from_run(outcome: RunOutcome, *, model: str, settings: TaskSettings) -> Expected:
+def expected_from_run(
+    outcome: RunOutcome, *, model: str, settings: TaskSettings, model_sha256: str = "", dtype: str = ""
+) -> Expected:
     from importlib.metadata import version
 
     return Expected(
         model=model, task=settings, n=len(outcome.questions),
         accuracy={f: round(outcome.accuracy(f), 6) for f in outcome.correct}, date=datetime.date.today().isoformat(),
-        lm_eval_version=version("lm-eval"), reference=outcome.label,
+        lm_eval_version=version("lm-eval"), reference=outcome.label, model_sha256=model_sha256, dtype=dtype,
+        seconds=round(outcome.seconds, 1),
     )
+
+
+def file_sha256(path: str | Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- saved runs (shards, a reused reference)
+RUNS_FILE = "runs.json"
+
+
+@dataclass
+class SavedRuns:
+    """What one gate invocation ran (``runs.json`` beside its report): enough to merge shards into
+    one verdict, or to reuse its reference run against another backend."""
+
+    model: str
+    settings: TaskSettings
+    limit: int | None
+    shard: Shard | None
+    backend: str
+    reference: str
+    outcomes: dict[str, RunOutcome]  # by label: the backend's and the reference's (only the latter, mid-gate)
+    model_sha256: str = ""
+    dtype: str = ""
+    lm_eval_version: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION, "model": self.model, "model_sha256": self.model_sha256, "dtype": self.dtype,
+            "task": asdict(self.settings), "limit": self.limit, "shard": None if self.shard is None else str(self.shard),
+            "lm_eval_version": self.lm_eval_version, "backend": self.backend, "reference": self.reference,
+            "runs": {label: run.to_json() for label, run in self.outcomes.items()},
+        }
+
+    def save(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / RUNS_FILE
+        path.write_text(json.dumps(self.to_json()) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> SavedRuns:
+        path = Path(path)
+        path = path / RUNS_FILE if path.is_dir() else path
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise GateInputError(f"saved runs {path}: {exc}") from None
+        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+            raise GateInputError(f"saved runs {path}: not a {RUNS_FILE} of schema_version {SCHEMA_VERSION}")
+        try:
+            return cls(
+                model=str(data["model"]), settings=TaskSettings(**data["task"]), limit=data["limit"],
+                shard=None if data["shard"] is None else Shard.parse(data["shard"]), backend=str(data["backend"]),
+                reference=str(data["reference"]),
+                outcomes={label: RunOutcome.from_json(run) for label, run in data["runs"].items()},
+                model_sha256=str(data.get("model_sha256", "")), dtype=str(data.get("dtype", "")),
+                lm_eval_version=str(data.get("lm_eval_version", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GateInputError(f"saved runs {path}: missing or malformed field ({exc!r})") from None
+
+    def same_task(self, other: SavedRuns, *, what: str) -> None:
+        """Raise unless ``other`` ran the same model (file), task settings, limit and dtype."""
+        mine = (self.model, self.model_sha256, self.settings, self.limit, self.dtype)
+        theirs = (other.model, other.model_sha256, other.settings, other.limit, other.dtype)
+        if mine != theirs:
+            raise GateInputError(
+                f"{what}: (model, sha256, task, limit, dtype) {theirs} differ from {mine}"
+            )
+
+
+def merge_saved(parts: list[SavedRuns]) -> SavedRuns:
+    """The shards ``1/N`` .. ``N/N`` of one gate as one unsharded gate (each shard once)."""
+    if not parts:
+        raise GateInputError("nothing to merge")
+    first = parts[0]
+    for part in parts[1:]:
+        first.same_task(part, what=f"shard {part.shard}")
+        if (part.backend, part.reference) != (first.backend, first.reference):
+            raise GateInputError(f"shard {part.shard} ran {part.backend} vs {part.reference}, shard {first.shard} {first.backend} vs {first.reference}")
+    counts = {None if p.shard is None else p.shard.count for p in parts}
+    if None in counts or len(counts) != 1:
+        raise GateInputError(f"merge takes the shards of one --shard I/N split, got {sorted(str(p.shard) for p in parts)}")
+    count = counts.pop()
+    indices = sorted(p.shard.index for p in parts if p.shard is not None)
+    if indices != list(range(1, count + 1)):
+        raise GateInputError(f"need each of the shards 1/{count} .. {count}/{count} once, got {', '.join(f'{i}/{count}' for i in indices)}")
+    for part in parts:
+        missing = [label for label in (first.backend, first.reference) if label not in part.outcomes]
+        if missing:
+            raise GateInputError(f"shard {part.shard} has no run of {', '.join(missing)} (cut short?)")
+    outcomes = {label: merge_outcomes([p.outcomes[label] for p in parts]) for label in (first.backend, first.reference)}
+    return SavedRuns(first.model, first.settings, first.limit, None, first.backend, first.reference, outcomes,
+                     first.model_sha256, first.dtype, first.lm_eval_version)
 
 
 # ---------------------------------------------------------------- the verdict
@@ -416,6 +632,7 @@ def result_json(result: GateResult, backend: RunOutcome, reference: RunOutcome) 
             "mcnemar_p_backend_worse": v.mcnemar.p_backend_worse, "detectable_drop_80pct": _finite(v.detectable_drop),
             "expected": v.expected, "margin": v.margin, "backend_lower_bound": v.backend_lower_bound,
             "gated": v.filter in result.gated, "failures": list(v.failures),
+            "lost_doc_ids": result.losses.get(v.filter, []), "won_doc_ids": result.wins.get(v.filter, []),
         }
 
     return {
@@ -423,6 +640,9 @@ def result_json(result: GateResult, backend: RunOutcome, reference: RunOutcome) 
         "backend": result.backend, "reference": result.reference, "task": asdict(result.settings), "alpha": result.alpha,
         "expected_file": result.expected_source, "identical_responses": result.identical_responses,
         "seconds": {backend.label: round(backend.seconds, 1), reference.label: round(reference.seconds, 1)},
+        "accuracy": {
+            run.label: {f: run.accuracy(f) for f in result.verdicts if f in run.correct} for run in (backend, reference)
+        },
         "filters": {name: filter_json(v) for name, v in result.verdicts.items()},
         "questions": [
             {
@@ -440,6 +660,12 @@ def result_json(result: GateResult, backend: RunOutcome, reference: RunOutcome) 
 
 def _finite(x: float) -> float | None:
     return None if x == float("inf") else x
+
+
+def _ids(ids: list[int], shown: int = 40) -> str:
+    if not ids:
+        return "none"
+    return ", ".join(map(str, ids[:shown])) + (f", ... ({len(ids)} in all)" if len(ids) > shown else "")
 
 
 def _pct(x: float | None) -> str:
@@ -478,6 +704,10 @@ def result_markdown(result: GateResult, backend: RunOutcome, reference: RunOutco
             f"| {_pct(v.reference_accuracy)} ({_pct(lo_r)}-{_pct(hi_r)}) | {v.mcnemar.losses} / {v.mcnemar.wins} "
             f"| {v.mcnemar.p_backend_worse:.3g} / {v.mcnemar.p_two_sided:.3g} | {detects} | {_pct(floor)} | {_pct(v.backend_lower_bound)} |"
         )
+    lines.append("")
+    for v in result.verdicts.values():
+        lost, won = result.losses.get(v.filter, []), result.wins.get(v.filter, [])
+        lines.append(f"- {v.filter}: lost doc ids {_ids(lost)}; won doc ids {_ids(won)}")
     lines += [
         "",
         (

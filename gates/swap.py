@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from backends.base import Backend, Capabilities, KernelOutput, get_backend
-from backends.user import UserKernel
+from backends.user import UserKernel, load_kernel
 from oracle.case import Case, Heads, Layout, Options
 from oracle.reference import plain_attention, reference
 from oracle.tensors import POISON, Tensors, token_slots, upload
@@ -71,7 +71,8 @@ _BUILT_IN = {OracleBackend.name: OracleBackend, ControlBackend.name: ControlBack
 
 
 def resolve_backend(spec: str | Backend | Callable[..., Any]) -> Backend:
-    """A backend from a registry name, ``"oracle"``, ``"control"``, a user kernel ``MODULE:FUNCTION`` or function,
+    """A backend from a registry name, ``"oracle"``, ``"control"``, ``MODULE:NAME`` (a user kernel function or
+    a ``Backend`` class or instance, e.g. ``fuzz.quality.planted:drops_last_key_past_1024``), a function,
     or a ``Backend`` instance; raises ``SwapError`` if it cannot run on this machine."""
     if isinstance(spec, Backend):
         backend = spec
@@ -80,7 +81,13 @@ def resolve_backend(spec: str | Backend | Callable[..., Any]) -> Backend:
     elif spec in _BUILT_IN:
         backend = _BUILT_IN[spec]()
     elif ":" in spec:
-        backend = UserKernel.from_spec(spec)
+        loaded = load_kernel(spec)  # a Backend (class or instance) or a user kernel function
+        if isinstance(loaded, type) and issubclass(loaded, Backend):
+            backend = loaded()
+        elif isinstance(loaded, Backend):
+            backend = loaded
+        else:
+            backend = UserKernel(loaded, name=spec)
     else:
         backend = get_backend(spec)
     reason = backend.unavailable_reason()

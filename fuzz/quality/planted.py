@@ -10,8 +10,16 @@ Every kernel is ``_paged_attention(..., bug=NAME)``: a plain per-request float32
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from backends._dense import Dense
+from backends.sdpa import SdpaMath
+from oracle.case import Case
+from oracle.tensors import upload
 
 BUGS = {
     "wrong_gqa_map": "qo head h reads kv head h % num_kv_heads instead of h // group (flashinfer#1148)",
@@ -163,3 +171,49 @@ correct_split_kv = _planted("", split=True)
 correct_split_kv.__name__ = correct_split_kv.__qualname__ = "correct_split_kv"
 
 PLANTED = tuple(BUGS)
+
+
+# ---------------------------------------------------------------- a subtle bug for the model-level gates
+class DropsLastKeyOfLongRequests(SdpaMath):
+    """A correct dense SDPA backend (CUDA's memory-efficient kernel, CPU's math one) with one planted
+    mistake: in a request with more than ``min_kv_len`` keys, no query attends its last key (the last
+    slot of the last page), as a kernel whose last-page bound is off by one only past some length
+    would. Only that request's last query can see that key (causal), so in a prefill just the last row
+    changes, and in a decode step the new token misses its own key: subtle enough that a model keeps
+    answering, but its generations drift on long prompts (GSM8k 5-shot prompts are ~610-1600 tokens,
+    median ~980 with Qwen2.5's tokenizer). Seen on CPU (Qwen2.5-Coder-0.5B, float32, 8 questions, the
+    512-key variant, which fires on every question): all 8 greedy generations left the reference's
+    within a few characters and stayed fluent. Not in ``BUGS``: the selftest's cases are too short for it."""
+
+    min_kv_len: ClassVar[int] = 1024
+    name = "planted-drops-last-key-past-1024"
+    description = "sdpa, but requests longer than min_kv_len keys drop their last key"
+    capabilities = SdpaMath.capabilities.replace(devices=("cpu", "cuda"))
+
+    def _mask(self, case: Case, dense: Dense) -> torch.Tensor:
+        keep = super()._mask(case, dense)
+        long = [b for b, n in enumerate(case.layout.kv_lens) if n > self.min_kv_len]
+        if long:  # host lists: the layout is on the host, so no device sync
+            batch = upload(torch.tensor(long), keep.device)
+            last = upload(torch.tensor([case.layout.kv_lens[b] - 1 for b in long]), keep.device)
+            keep = keep.clone()
+            keep[batch, :, :, last] = False if keep.dtype == torch.bool else float("-inf")
+        return keep
+
+    def _sdpa(self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        kernel = SDPBackend.EFFICIENT_ATTENTION if q.is_cuda else SDPBackend.MATH
+        if q.is_cuda:  # the efficient kernel takes no enable_gqa (as sdpa-efficient)
+            k, v = (x.repeat_interleave(case.heads.group_size, dim=1) for x in (k, v))
+        with sdpa_kernel(kernel):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.sm_scale, enable_gqa=not q.is_cuda)
+
+
+class DropsLastKeyPast512(DropsLastKeyOfLongRequests):
+    """The same bug firing earlier: every GSM8k 5-shot request (a stronger bug)."""
+
+    min_kv_len = 512
+    name = "planted-drops-last-key-past-512"
+
+
+drops_last_key_past_1024 = DropsLastKeyOfLongRequests
+drops_last_key_past_512 = DropsLastKeyPast512

@@ -192,10 +192,13 @@ def _fake_runs(monkeypatch, outcomes: dict[str, list[bool]]):
     import gates.gsm8k
     from gates.models import LoadedModel
 
-    monkeypatch.setattr(gates.cli, "load_for_gate", lambda *args: LoadedModel(None, None, "fake"))
+    import torch
 
-    def fake_run(model, tokenizer, *, attn_implementation, label, settings, limit, data_dir, batch_size):
-        return outcome_from_samples(label, logged_samples({f: outcomes[label] for f in FILTERS}))
+    monkeypatch.setattr(gates.cli, "load_for_gate", lambda *args: LoadedModel(torch.nn.Linear(1, 1), None, "fake"))
+
+    def fake_run(model, tokenizer, *, attn_implementation, label, settings, limit, data_dir, batch_size, shard=None):
+        samples = logged_samples({f: outcomes[label] for f in FILTERS})
+        return outcome_from_samples(label, [x for x in samples if shard is None or shard.holds(x["doc_id"])])
 
     monkeypatch.setattr(gates.gsm8k, "run_gsm8k", fake_run)
 
