@@ -24,6 +24,11 @@ class Unsupported(Exception):
     """Raised by an adapter for a case its kernel does not handle: a skip, never a finding."""
 
 
+class ContractViolation(TypeError):
+    """Raised by an adapter when the kernel broke its calling contract (e.g. returned something
+    that is not ``out`` or ``(out, lse)``): a failing verdict, never a skip or a crash."""
+
+
 class KernelOutput(NamedTuple):
     out: torch.Tensor  # [total_q, Hq, Dvo] in the case's q dtype
     lse: torch.Tensor | None  # [total_q, Hq], natural log, or None if the kernel returns none
@@ -181,6 +186,15 @@ class Backend:
 
     def run(self, plan: Any, tensors: Tensors) -> KernelOutput:
         raise NotImplementedError
+
+    def plan_inputs(self, plan: Any) -> dict[str, torch.Tensor]:
+        """The tensors ``plan`` holds that the kernel reads (index tensors, block tables, ...):
+        the judge checksums them with q and the caches, so a kernel that writes one fails. The
+        default takes every tensor of a dict plan; an adapter whose plan holds them elsewhere
+        overrides this."""
+        if not isinstance(plan, dict):
+            return {}
+        return {f"plan[{key!r}]": value for key, value in plan.items() if isinstance(value, torch.Tensor)}
 
     def merge_states(
         self, out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor

@@ -21,12 +21,12 @@ import importlib
 import inspect
 import os
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import torch
 
-from backends.base import Backend, Capabilities, KernelOutput
+from backends.base import Backend, Capabilities, ContractViolation, KernelOutput
 from oracle.case import FP8_DTYPES, Case
 from oracle.tensors import Tensors
 
@@ -111,25 +111,39 @@ class UserKernel(Backend):
         module = sys.modules.get(self.fn.__module__)
         return {**super().versions(), "kernel": self.name, "module_file": str(getattr(module, "__file__", "?"))}
 
-    def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
-        case, device = plan, tensors.q.device
+    def plan(self, case: Case, device: str | torch.device | None = None) -> UserPlan:
+        """The case and the tensors the function is given besides q and the caches (int32 index
+        tensors, ALiBi slopes and sinks), made once so the judge can checksum them."""
+        device = device or self.device or "cpu"
         lay, opts = case.layout, case.options
         index = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+        inputs = {name: index(getattr(lay, name)) for name in _LAYOUT_KWARGS}
+        for name in ("alibi_slopes", "sinks"):
+            values = getattr(opts, name)
+            if values is not None:
+                inputs[name] = torch.tensor(values, dtype=torch.float32, device=device)
+        return UserPlan(case, inputs)
+
+    def plan_inputs(self, plan: Any) -> dict[str, torch.Tensor]:
+        return dict(plan.inputs) if isinstance(plan, UserPlan) else {}
+
+    def run(self, plan: UserPlan | Case, tensors: Tensors) -> KernelOutput:
+        device = tensors.q.device
+        if isinstance(plan, Case) or any(t.device != device for t in plan.inputs.values()):
+            plan = self.plan(plan if isinstance(plan, Case) else plan.case, device)
+        case = plan.case
+        opts = case.options
         kwargs: dict[str, Any] = {
-            "qo_indptr": index(lay.qo_indptr),
-            "kv_indptr": index(lay.kv_indptr),
-            "kv_indices": index(lay.kv_indices),
-            "kv_last_page_len": index(lay.kv_last_page_len),
+            **{name: plan.inputs[name] for name in _LAYOUT_KWARGS},
             "causal": opts.causal,
             "sm_scale": case.sm_scale,
             "window_left": opts.window_left,
             "logits_soft_cap": opts.logits_soft_cap,
             "k_scale": opts.k_scale,
             "v_scale": opts.v_scale,
+            "alibi_slopes": plan.inputs.get("alibi_slopes"),
+            "sinks": plan.inputs.get("sinks"),
         }
-        for name in ("alibi_slopes", "sinks"):
-            values = getattr(opts, name)
-            kwargs[name] = None if values is None else torch.tensor(values, dtype=torch.float32, device=device)
         if not self._takes_all:
             kwargs = {k: v for k, v in kwargs.items() if k in self._params}
         result = self.fn(tensors.q, tensors.k_cache, tensors.v_cache, **kwargs)
@@ -137,4 +151,11 @@ class UserKernel(Backend):
             return KernelOutput(result, None)
         if isinstance(result, (tuple, list)) and len(result) == 2:
             return KernelOutput(result[0], result[1])
-        raise TypeError(f"{self.name} returned {type(result).__name__}; expected out or (out, lse)")
+        shown = f"a {type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list)) else type(result).__name__
+        raise ContractViolation(f"{self.name} returned {shown}; expected out or (out, lse)")
+
+
+@dataclass(frozen=True)
+class UserPlan:
+    case: Case
+    inputs: dict[str, torch.Tensor]  # by keyword: the index tensors, alibi_slopes and sinks if set

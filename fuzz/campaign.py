@@ -26,8 +26,9 @@ from backends.base import Backend
 from backends.user import UserKernel
 from fuzz.coverage import declared
 from fuzz.ledger import Entry, known_finding
+from fuzz.isolation import CASE_TIMEOUT
 from fuzz.outdir import FindingNotSaved, holds_case, publish_folder, rescue
-from fuzz.runner import Outcome, check_case
+from fuzz.runner import OracleDisagreement, Outcome, check_case
 from fuzz.shard import Shard
 from fuzz.state import BackendResult, CampaignState, FindingRecord
 from fuzz.strategies import Limits, cases
@@ -45,6 +46,12 @@ class _Finding(Exception):
     pass
 
 
+class _Stop(BaseException):
+    """Ends a Hypothesis run at once, without shrinking (Hypothesis passes BaseExceptions other than
+    SystemExit and GeneratorExit through): out of time, a hang (each shrink step would cost a whole
+    timeout) or an outcome the oracle could not judge."""
+
+
 def fuzz_backend(
     backend: Backend,
     *,
@@ -56,6 +63,8 @@ def fuzz_backend(
     out_dir: Path | None = None,
     kernel_spec: str | None = None,
     progress: Callable[[BackendResult], None] | None = None,
+    isolate: bool | None = None,
+    case_timeout: float = CASE_TIMEOUT,
     isolate_timeout: float | None = None,
     shard: Shard = Shard(),
     ledger: list[Entry] | None = None,
@@ -67,25 +76,45 @@ def fuzz_backend(
 
     ``resume`` continues an earlier result at its next chunk; ``checkpoint`` is called with the
     result after every chunk. With ``ledger``, drawn cases that an entry covers are skipped. With
-    ``isolate_timeout`` every case runs in a worker process (``fuzz.isolation``): a crash of the
-    process or a case taking longer than that many seconds is a finding, and the worker restarts.
+    ``isolate`` (default: ``fuzz.isolation.isolated_by_default``) every case runs in a worker
+    process: a crash of the process or a case running longer than ``case_timeout`` seconds is a
+    finding, and the worker restarts; a case still running at ``deadline`` (but within its
+    timeout) is out of time, not a finding. ``isolate_timeout`` is the older spelling of
+    ``isolate=True, case_timeout=...``.
+
+    The result's status is "done", "finding", "running" (the deadline came first), or
+    "incomplete" with the reason in ``notes``: no example judged, a flaky failure that left no
+    finding, the strategy drew nothing new, or an internal error. ``result.is_complete`` says
+    whether the run can be trusted as it is.
     """
+    from fuzz.isolation import IsolatedBackend, OutOfTime, check_timeout, isolatable, isolated_by_default
+
+    if isolate_timeout is not None:
+        isolate, case_timeout = True, isolate_timeout
+    check_timeout(case_timeout)
     result = resume if resume is not None else BackendResult(backend.name)
     result.declared = declared(backend.capabilities, limits)
     result.finding = result.finding_dir = result.repro = None  # this run's finding only
     seen = set(result.seen)
     versions = backend.versions() if ledger else {}
     isolated = None
-    if isolate_timeout is not None:
-        from fuzz.isolation import IsolatedBackend
-
-        isolated = IsolatedBackend(backend, kernel_spec or backend.name, timeout=isolate_timeout)
+    if isolated_by_default(backend) if isolate is None else isolate:
+        spec = kernel_spec or isolatable(backend)
+        if spec is None:
+            result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
+        else:
+            isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance)
     strategy = cases(backend.capabilities, limits)
     failing: list[Outcome] = []
+    stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
 
     def prop(case: Case) -> None:
         searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
-        if searching and deadline is not None and time.monotonic() > deadline:
+        out_of_time = deadline is not None and time.monotonic() > deadline
+        if out_of_time and not searching:
+            stopped.append("out of time while shrinking")
+            raise _Stop  # the finding so far is kept: a budget bounds shrinking too
+        if out_of_time:
             reject()  # out of time: Hypothesis has no graceful stop, so the rest are discarded
         case = case.replace(seed=shard.case_seed(case.seed))
         if searching:
@@ -97,46 +126,93 @@ def fuzz_backend(
             if searching:
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
-        outcome = isolated.check(case) if isolated else check_case(backend, case, tolerance)
+        if isolated is not None:
+            try:
+                outcome = isolated.check(case, None if deadline is None else deadline - time.monotonic())
+            except OutOfTime as exc:
+                stopped.append(str(exc))
+                if searching:
+                    result.seen.pop()  # not judged: a resume draws it again
+                raise _Stop from None
+        else:
+            outcome = check_case(backend, case, tolerance)
+        if outcome.status == "error":
+            if not searching:
+                reject()  # a shrink candidate the oracle cannot judge is no smaller failure
+            stopped.append(f"the oracle could not judge case {case.case_id} ({case.summary()}): {outcome.message}")
+            raise _Stop
         if searching:
             _count(result, outcome)
         if outcome.is_finding:
             failing.append(outcome)
+            if outcome.message.startswith("hang:"):
+                raise _Stop  # shrinking a hang costs a whole timeout per step
             raise _Finding(outcome.message)
 
-    while result.examples < examples and (deadline is None or time.monotonic() < deadline):
-        n = min(CHUNK, examples - result.examples)
-        test = settings(
-            max_examples=n, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
-            phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-        )(seed(shard.chunk_seed(base_seed, result.chunks_done))(given(strategy)(prop)))
-        before, chunk_start = result.examples, time.monotonic()
-        try:
-            test()
-        except Unsatisfiable:
-            pass  # every example of the chunk was rejected (out of time, or all drawn before)
-        except (_Finding, Flaky) as exc:
-            if isinstance(exc, Flaky):
+    try:
+        while result.examples < examples and (deadline is None or time.monotonic() < deadline):
+            n = min(CHUNK, examples - result.examples)
+            test = settings(
+                max_examples=n, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
+                phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
+            )(seed(shard.chunk_seed(base_seed, result.chunks_done))(given(strategy)(prop)))
+            before, chunk_start = result.examples, time.monotonic()
+            broke: str | None = None
+            try:
+                test()
+            except Unsatisfiable:
+                pass  # every example of the chunk was rejected (out of time, or all drawn before)
+            except _Finding:
+                pass
+            except _Stop:
+                broke = stopped[-1] if stopped and not failing else None
+            except Flaky as exc:
                 result.notes.append("the failure did not reproduce on replay (flaky kernel): " + str(exc)[:200])
-        result.chunks_done += 1
-        result.seconds += time.monotonic() - chunk_start
-        out_of_time = deadline is not None and time.monotonic() > deadline
-        if failing:
-            result.status = "finding"
-            _record_finding(result, failing[-1], backend, out_dir, kernel_spec)
-        elif result.examples == before and not out_of_time:
-            result.status = "exhausted"  # the strategy drew nothing new
-        else:
-            result.status = "done" if result.examples >= examples else "running"
-        if checkpoint:
+                broke = None if failing else "Hypothesis reported a flaky test without a finding"
+            except Exception as exc:  # noqa: BLE001 - an internal error: the backend stops, the campaign goes on
+                if isinstance(exc, OracleDisagreement):
+                    raise
+                broke = f"internal error: {type(exc).__name__}: {exc}"
+            result.chunks_done += 1
+            result.seconds += time.monotonic() - chunk_start
+            out_of_time = deadline is not None and time.monotonic() > deadline
+            if failing:
+                result.status = "finding"
+                _record_finding(result, failing[-1], backend, out_dir, kernel_spec)
+            elif broke is not None and not broke.startswith("the time budget ran out"):
+                result.status = "incomplete"
+                result.notes.append(broke)
+            elif result.examples == before and not out_of_time and broke is None:
+                result.status = "incomplete"  # the strategy drew nothing new
+                result.notes.append(f"the strategy drew no new case in chunk {result.chunks_done} (exhausted)")
+            else:
+                result.status = "done" if result.examples >= examples else "running"
+            if checkpoint:
+                checkpoint(result)
+            if progress:
+                progress(result)
+            if result.status in ("finding", "incomplete"):
+                break
+        if _judged_nothing(result) and checkpoint:
             checkpoint(result)
-        if progress:
-            progress(result)
-        if result.status in ("finding", "exhausted"):
-            break
-    if isolated is not None:
-        isolated.close()
+    finally:
+        if isolated is not None:
+            isolated.close()
     return result
+
+
+def _judged_nothing(result: BackendResult) -> bool:
+    """Mark a backend that judged no example (none ran, or each was unsupported) incomplete, never
+    ok; True if it did."""
+    if result.status in ("finding", "incomplete") or result.findings:
+        return False
+    if result.examples and result.examples > result.unsupported:
+        return False
+    why = "no example ran" if result.examples == 0 else f"all {result.examples} examples were unsupported"
+    result.status = "incomplete"
+    if why not in result.notes:
+        result.notes.append(why)
+    return True
 
 
 def _count(result: BackendResult, outcome: Outcome) -> None:
@@ -177,14 +253,19 @@ def run_campaign(
     ledger: list[Entry] | None = None,
     rerun_findings: bool = False,
     isolate: bool | None = None,
-    case_timeout: float = 300.0,
+    case_timeout: float = CASE_TIMEOUT,
     out_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[BackendResult]:
     """Fuzz ``backends`` one after another on ``shard``, continuing ``state`` and saving it to
     ``state_file`` after every chunk. ``examples`` is the campaign's total per backend (this shard
-    runs its share); the time budget is shared by the backends that still have work. A backend that
-    stopped at a finding is fuzzed again only with ``rerun_findings``; an exhausted one never."""
+    runs its share); the time budget is shared by the backends that still have work and bounds a
+    hanging case too. A backend that stopped at a finding is fuzzed again only with
+    ``rerun_findings``. ``isolate`` None: ``fuzz.isolation.isolated_by_default`` per backend.
+    ValueError for a ``case_timeout`` that is not a finite number > 0."""
+    from fuzz.isolation import check_timeout
+
+    check_timeout(case_timeout)
     target = shard.share(examples)
     for backend in backends:
         state.results.setdefault(backend.name, BackendResult(backend.name, declared=declared(backend.capabilities, limits)))
@@ -214,11 +295,10 @@ def run_campaign(
             pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
             where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
             progress(f"{label}fuzzing {backend.name} on {where} ...")
-        isolated = backend.device == "cuda" if isolate is None else isolate
         fuzz_backend(
             backend, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline, limits=limits,
             out_dir=out_dir, kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
-            progress=report, isolate_timeout=case_timeout if isolated else None, shard=shard, ledger=ledger,
+            progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
             resume=state.results[backend.name], checkpoint=checkpoint,
         )
     return [state.results[b.name] for b in backends]

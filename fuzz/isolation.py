@@ -1,21 +1,51 @@
 """Run cases in a worker process, so a kernel that crashes the process (illegal memory access,
-segfault, a poisoned CUDA context) or hangs becomes a finding and the campaign goes on.
+segfault, ``os._exit``, a poisoned CUDA context) or hangs becomes a finding and the campaign goes on.
 
 The worker is restarted after a death or a timeout; the case that caused it is reported with
-``status="crash"`` and the reason (exit code or "no answer after N s").
+``status="crash"`` and the reason ("worker process died (signal SIGSEGV)", or "hang: no answer
+after N s"). Timeouts: the worker's start (importing torch and the kernel library) has its own
+allowance, the first case after a start gets ``first_case_factor`` times the case timeout (first
+calls compile: Triton, FlashInfer JIT), every later case the case timeout. A check may be given a
+shorter limit (what is left of the time budget); a case cut off by that limit alone is
+``OutOfTime``, not a hang. The worker ignores SIGINT: the user's Ctrl-C stops the parent, and any
+KeyboardInterrupt inside the worker is the kernel's own.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
-import queue
+import signal
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
-from fuzz.runner import Outcome, check_case
+from fuzz.runner import OracleDisagreement, Outcome, check_case
 from oracle.case import Case
+from oracle.tolerance import Tolerance
 
-_STARTUP_SECONDS = 300  # importing torch and the kernel library; not part of a case's timeout
+STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
+CASE_TIMEOUT = 300.0  # the default per-case limit
+FIRST_CASE_FACTOR = 3.0  # the first case after a (re)start may compile kernels first
+
+
+class BadTimeout(ValueError):
+    """A case timeout that is not a finite number of seconds > 0 (bad input: exit 2)."""
+
+
+class OutOfTime(Exception):
+    """The time budget ran out while a case ran (within its case timeout): not a finding."""
+
+
+def check_timeout(seconds: float) -> float:
+    """``seconds`` if it is a usable case timeout (finite, > 0); ``BadTimeout`` otherwise (0 would
+    make every case a false hang)."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise BadTimeout(f"the case timeout must be a finite number of seconds > 0, got {seconds!r}")
+    return float(seconds)
 
 
 def _load_backend(spec: str) -> Any:
@@ -25,7 +55,17 @@ def _load_backend(spec: str) -> Any:
     return UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
 
 
-def _serve(spec: str, capabilities: Any, conn: Connection) -> None:
+def _to_cpu(outcome: Outcome) -> Outcome:
+    """Every tensor the outcome carries on the host, so that it pickles without CUDA."""
+    if outcome.verdict is not None:
+        for name, value in vars(outcome.verdict).items():
+            if hasattr(value, "cpu"):
+                setattr(outcome.verdict, name, value.cpu())
+    return outcome
+
+
+def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     backend = _load_backend(spec)
     backend.capabilities = capabilities
     conn.send("ready")
@@ -33,10 +73,11 @@ def _serve(spec: str, capabilities: Any, conn: Connection) -> None:
         case_json = conn.recv()
         if case_json is None:
             return
-        outcome = check_case(backend, Case.from_json(case_json))
-        if outcome.verdict is not None:
-            outcome.verdict.error = outcome.verdict.error.cpu() if outcome.verdict.error is not None else None
-        conn.send(outcome)
+        try:
+            reply: Any = ("outcome", _to_cpu(check_case(backend, Case.from_json(case_json), tolerance)))
+            conn.send(reply)
+        except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
+            conn.send(("raised", type(exc).__name__, str(exc), "".join(traceback.format_exception(exc, limit=-6))))
 
 
 class IsolatedBackend:
@@ -45,13 +86,21 @@ class IsolatedBackend:
     ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel.
     """
 
-    def __init__(self, backend: Any, spec: str, *, timeout: float = 300.0) -> None:
+    def __init__(
+        self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
+        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS,
+    ) -> None:
         self.backend = backend
         self.spec = spec
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
+        self.tolerance = tolerance
+        self.first_case_factor = first_case_factor
+        self.startup = startup
         self._ctx = mp.get_context("spawn")  # CUDA cannot be re-initialized in a forked child
         self._process: Any = None
         self._conn: Connection | None = None
+        self._fresh = True  # the next case is the first after a start
+        self.starts = 0
 
     @property
     def name(self) -> str:
@@ -59,36 +108,70 @@ class IsolatedBackend:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._process = self._ctx.Process(target=_serve, args=(self.spec, self.backend.capabilities, child), daemon=True)
+        args = (self.spec, self.backend.capabilities, self.tolerance, child)
+        self._process = self._ctx.Process(target=_serve, args=args, daemon=True)
         self._process.start()
+        child.close()  # the parent's copy: a dead worker then reads as EOF
         self._conn = parent
-        if not parent.poll(_STARTUP_SECONDS) or parent.recv() != "ready":
-            raise RuntimeError(f"the worker for {self.spec} did not start within {_STARTUP_SECONDS} s")
+        self.starts += 1
+        self._fresh = True
+        try:
+            ready = parent.poll(self.startup) and parent.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            code = self._process.exitcode
+            self.close()
+            raise RuntimeError(f"the worker for {self.spec} did not start within {self.startup:g} s (exit code {code})")
 
-    def _restart(self) -> None:
-        self.close()  # the next check starts a fresh worker
+    def case_limit(self) -> float:
+        """The timeout of the next case: longer for the first case after a start."""
+        return self.timeout * (self.first_case_factor if self._fresh else 1.0)
 
-    def check(self, case: Case) -> Outcome:
+    def check(self, case: Case, time_left: float | None = None) -> Outcome:
+        """Judge ``case`` in the worker within its case timeout, or ``time_left`` if shorter (then a
+        case still running is ``OutOfTime``)."""
         if self._process is None or not self._process.is_alive():
             self._start()
         assert self._conn is not None
-        self._conn.send(case.to_json())
+        limit = self.case_limit()
+        budget_cut = time_left is not None and time_left < limit
+        wait = max(time_left, 0.0) if budget_cut and time_left is not None else limit
+        start = time.monotonic()
         try:
-            if not self._conn.poll(self.timeout):
-                raise queue.Empty
-            return self._conn.recv()
-        except queue.Empty:
-            self._restart()
-            return Outcome(case, self.name, "crash", f"hang: no answer after {self.timeout:g} s (worker restarted)")
-        except (EOFError, ConnectionResetError, BrokenPipeError):
-            self._process.join(5)
-            code = self._process.exitcode
-            self._restart()
-            return Outcome(case, self.name, "crash", f"worker process died (exit code {code}) (worker restarted)")
+            self._conn.send(case.to_json())
+            answered = self._conn.poll(wait)
+            reply = self._conn.recv() if answered else None
+        except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
+            return self._died(case)
+        if reply is None:
+            self.close(graceful=False)  # the next check starts a fresh worker
+            if budget_cut:
+                raise OutOfTime(f"the time budget ran out after {time.monotonic() - start:.1f} s of case {case.case_id}")
+            return Outcome(case, self.name, "crash", f"hang: no answer after {limit:g} s (worker restarted)")
+        self._fresh = False
+        if reply[0] == "outcome":
+            return reply[1]
+        _, kind, message, tb = reply
+        if kind == "OracleDisagreement":
+            raise OracleDisagreement(message)
+        return Outcome(case, self.name, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}")
 
-    def close(self) -> None:
+    def _died(self, case: Case) -> Outcome:
+        self._process.join(5)
+        code = self._process.exitcode
+        self.close()
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            try:
+                how = f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"signal {-code}"
+        return Outcome(case, self.name, "crash", f"worker process died ({how}) (worker restarted)")
+
+    def close(self, graceful: bool = True) -> None:
         if self._process is not None:
-            if self._process.is_alive():
+            if graceful and self._process.is_alive():
                 try:
                     assert self._conn is not None
                     self._conn.send(None)
@@ -98,5 +181,46 @@ class IsolatedBackend:
             if self._process.is_alive():
                 self._process.kill()
                 self._process.join(5)
+        if self._conn is not None:
+            self._conn.close()
         self._process = None
         self._conn = None
+
+
+def isolatable(backend: Any) -> str | None:
+    """The spec a worker loads ``backend`` from, or None when it cannot (a user kernel that is not
+    importable by its name, e.g. a function defined inside another)."""
+    from backends.user import UserKernel, load_kernel
+
+    if not isinstance(backend, UserKernel):
+        return backend.name
+    try:
+        return backend.name if load_kernel(backend.name) is backend.fn else None
+    except Exception:  # noqa: BLE001 - not importable by its name
+        return None
+
+
+def isolated_by_default(backend: Any) -> bool:
+    """Crash isolation is the default for user kernels, backends of a native kernel library and
+    anything on CUDA; pure-torch CPU backends (they cannot segfault or hang) run in-process."""
+    from backends.user import UserKernel
+
+    return isinstance(backend, UserKernel) or backend.package is not None or backend.device == "cuda"
+
+
+@contextmanager
+def case_judge(
+    backend: Any, *, isolate: bool | None = None, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
+    first_case_factor: float = FIRST_CASE_FACTOR,
+) -> Iterator[Callable[[Case], Outcome]]:
+    """A function judging cases on ``backend``: in a worker process when ``isolate`` (default:
+    ``isolated_by_default``) and the backend can be loaded there, else in this process."""
+    spec = isolatable(backend) if (isolated_by_default(backend) if isolate is None else isolate) else None
+    if spec is None:
+        yield lambda case: check_case(backend, case, tolerance)
+        return
+    worker = IsolatedBackend(backend, spec, timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor)
+    try:
+        yield worker.check
+    finally:
+        worker.close()

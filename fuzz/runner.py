@@ -1,23 +1,37 @@
 """Run one case on one backend and judge it: tensors -> (oracle, control, kernel) -> verdict.
 
-A kernel that raises ``Unsupported`` or ``NotImplementedError`` skips the case; any other
-exception (or a crash signature in such a message) is a finding, never a skip.
+The judge cannot be bypassed. A kernel that raises ``Unsupported`` or ``NotImplementedError``
+skips the case; anything else it raises (any ``BaseException``: ``SystemExit``, ``GeneratorExit``,
+a ``KeyboardInterrupt`` of its own) is a crash finding, and an output that breaks the contract
+(not tensors, another device, a wrong count) or a write to any input (the index tensors included)
+is a failing verdict. Only the user's Ctrl-C passes through: a KeyboardInterrupt raised while a
+SIGINT arrived during the call (``_watch_sigint``); in an isolated worker SIGINT is ignored, so
+there every KeyboardInterrupt is the kernel's.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
-from backends.base import Backend, KernelOutput, Unsupported
+import torch
+
+from backends.base import Backend, ContractViolation, KernelOutput, Unsupported
 from oracle.case import Case
 from oracle.reference import plain_attention, reference
 from oracle.tensors import Tensors, make_tensors, torch_dtype
 from oracle.tolerance import Tolerance, Verdict, compare
 
-Status = Literal["pass", "fail", "crash", "unsupported"]
+# "error": the oracle itself could not judge a well-formed output (a tool failure, never a finding)
+Status = Literal["pass", "fail", "crash", "unsupported", "error"]
 _CRASH_SIGNS = ("illegal memory", "device-side assert", "cuda error", "segmentation", "out of bounds")
+CONTRACT = "kernel contract"  # the first words of every contract-violation failure
+T = TypeVar("T")
 
 
 @dataclass
@@ -67,23 +81,102 @@ def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Toleran
     return again
 
 
+def contract_problem(result: Any, device: torch.device) -> str | None:
+    """What is wrong with a kernel's return value before any value is compared, or None: it must be
+    ``(out, lse)`` with ``out`` a dense tensor and ``lse`` one or None, both on the inputs' device.
+    Shapes and dtypes are the verdict's to judge (``compare``)."""
+    if not isinstance(result, tuple) or len(result) != 2:
+        return f"returned {_describe(result)}; expected (out, lse)"
+    for name, value in zip(("out", "lse"), result):
+        if value is None and name == "lse":
+            continue
+        if not isinstance(value, torch.Tensor):
+            return f"{name} is {_describe(value)}; expected a torch.Tensor" + (" or None" if name == "lse" else "")
+        if value.layout != torch.strided:
+            return f"{name} has layout {value.layout}; expected a dense (strided) tensor"
+        if value.device != device:
+            return f"{name} is on {value.device}; the inputs are on {device}"
+    return None
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__module__}.{type(value).__qualname__}"
+
+
 def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> Outcome:
     """Run ``case`` on ``backend`` and compare with the float64 reference."""
     reason = backend.unsupported_reason(case)
     if reason:
         return Outcome(case, backend.name, "unsupported", reason)
     tensors = make_tensors(case, backend.device or "cpu")
-    before = tensors.fingerprint()
-    try:
-        result = backend.run(backend.plan(case), tensors)
-    except Exception as exc:  # noqa: BLE001 - classified below
-        if is_unsupported(exc):
-            return Outcome(case, backend.name, "unsupported", f"{type(exc).__name__}: {exc}")
-        tb = "".join(traceback.format_exception(exc, limit=-4))
-        return Outcome(case, backend.name, "crash", f"{type(exc).__name__}: {exc}\n{tb}")
-    verdict = judge(case, tensors, result, tolerance)
-    changed = [name for name, bits in tensors.fingerprint().items() if bits != before[name]]
+    plan, raised = _call_kernel(lambda: backend.plan(case))
+    if raised is None:
+        inputs = backend.plan_inputs(plan)
+        before = tensors.fingerprint(inputs)
+        result, raised = _call_kernel(lambda: backend.run(plan, tensors))
+    if raised is not None:
+        return _raised(backend, case, raised)
+    problem = contract_problem(result, tensors.q.device)
+    if problem is None:
+        try:
+            verdict = judge(case, tensors, KernelOutput(*result), tolerance)
+        except OracleDisagreement:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a well-formed output the oracle cannot judge: a tool failure
+            tb = "".join(traceback.format_exception(exc, limit=-4))
+            return Outcome(case, backend.name, "error", f"the oracle could not judge the output: {type(exc).__name__}: {exc}\n{tb}")
+    else:
+        verdict = Verdict(False, [f"{CONTRACT}: {problem}"])
+    changed = [name for name, bits in tensors.fingerprint(inputs).items() if bits != before[name]]
     if changed:
         verdict.passed = False
         verdict.failures.append(f"kernel modified its inputs: {', '.join(changed)}")
     return Outcome(case, backend.name, "pass" if verdict.passed else "fail", verdict.headline(), verdict)
+
+
+def _raised(backend: Backend, case: Case, exc: BaseException) -> Outcome:
+    if isinstance(exc, ContractViolation):
+        return Outcome(case, backend.name, "fail", f"FAIL: {CONTRACT}: {exc}", Verdict(False, [f"{CONTRACT}: {exc}"]))
+    if isinstance(exc, Exception) and is_unsupported(exc):
+        return Outcome(case, backend.name, "unsupported", f"{type(exc).__name__}: {exc}")
+    tb = "".join(traceback.format_exception(exc, limit=-4))
+    why = {SystemExit: " (the kernel called sys.exit)", KeyboardInterrupt: " (raised by the kernel, not a Ctrl-C)"}
+    note = next((text for kind, text in why.items() if isinstance(exc, kind)), "")
+    return Outcome(case, backend.name, "crash", f"{type(exc).__name__}: {exc}{note}\n{tb}")
+
+
+def _call_kernel(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    """(value, None) or (None, what the call raised); the user's Ctrl-C is re-raised."""
+    with _watch_sigint() as sigint:
+        try:
+            return call(), None
+        except BaseException as exc:  # noqa: BLE001 - everything a kernel raises is judged
+            if isinstance(exc, KeyboardInterrupt) and sigint["arrived"]:
+                raise
+            return None, exc
+
+
+@contextmanager
+def _watch_sigint() -> Iterator[dict[str, bool]]:
+    """Note whether a SIGINT (the user's Ctrl-C) arrives inside the block; its handler still runs.
+    Outside the main thread no signal can arrive, so nothing is installed."""
+    seen = {"arrived": False}
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None or previous is signal.SIG_IGN:
+        yield seen
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        seen["arrived"] = True
+        if callable(previous):
+            previous(signum, frame)
+        else:  # SIG_DFL: Python's default is to raise KeyboardInterrupt
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -26,7 +26,7 @@ from oracle.case import read_json
 from oracle.schema import convert
 
 SCHEMA_VERSION = 1
-Status = Literal["pending", "running", "done", "finding", "exhausted"]
+Status = Literal["pending", "running", "done", "finding", "exhausted", "incomplete"]
 _RUN_ONLY = ("finding", "finding_dir", "repro")
 
 
@@ -68,12 +68,21 @@ class BackendResult:
     repro: str | None = field(default=None, compare=False)
 
     @property
+    def is_complete(self) -> bool:
+        """It ran to its example count, its time budget or a finding; "incomplete" (reason in
+        ``notes``) and "exhausted" are not, nor is a run that judged no example."""
+        judged = self.examples > self.unsupported or bool(self.findings)
+        return self.status in ("done", "finding", "running") and judged
+
+    @property
     def coverage_fraction(self) -> float:
         return self.coverage.fraction(self.declared)
 
     def line(self) -> str:
         rate = self.examples / self.seconds if self.seconds else 0.0
         state = f"{len(self.findings)} FINDING(S)" if self.findings else "ok"
+        if not self.is_complete:
+            state = f"INCOMPLETE ({self.notes[-1][:160] if self.notes else self.status})" + (f", {state}" if self.findings else "")
         skipped = f", {self.skipped_known} skipped as known" if self.skipped_known else ""
         return (
             f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported"
@@ -245,5 +254,8 @@ def merge_results(per_shard: list[list[BackendResult]]) -> list[BackendResult]:
             m.notes += r.notes
     for name, m in merged.items():
         statuses = {r.status for results in per_shard for r in results if r.backend == name}
-        m.status = "finding" if m.findings else "done" if statuses <= {"done", "exhausted"} else "running"
+        m.status = (
+            "finding" if m.findings else "incomplete" if statuses & {"incomplete", "exhausted"}
+            else "done" if statuses <= {"done"} else "running"
+        )
     return list(merged.values())

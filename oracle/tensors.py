@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +41,11 @@ class Tensors:
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {"q": self.q, "k_cache": self.k_cache, "v_cache": self.v_cache}
 
-    def fingerprint(self) -> dict[str, tuple[int, int]]:
+    def fingerprint(self, extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, tuple[int, int]]:
         """Checksums of the raw bits, to check that a kernel left its inputs alone (NaN-safe;
-        computed where the tensors are, so a many-GiB pool is not copied to the host)."""
-        return {name: _checksum(t) for name, t in self.as_dict().items()}
+        computed where the tensors are, so a many-GiB pool is not copied to the host). ``extra``
+        adds the other tensors the kernel is given (index tensors, block tables), by name."""
+        return {name: _checksum(t) for name, t in {**self.as_dict(), **(extra or {})}.items()}
 
 
 def _raw_bits(t: torch.Tensor) -> torch.Tensor:
