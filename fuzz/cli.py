@@ -21,7 +21,6 @@ from fuzz.coverage import coverage_table
 from fuzz.exits import EPILOG, TOOL_FAILED, ExitCodeGroup, campaign_exit_code, remember_out_dir
 from fuzz.ledger import GOLDEN, load_ledger
 from fuzz.outdir import campaign_lock, kept_campaign, refuse_replacing
-from fuzz.runner import check_case
 from fuzz.shard import Shard
 from fuzz.state import (
     BackendResult,
@@ -315,7 +314,14 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
     if not backend_name and not kernel:
         raise click.UsageError("give --backend or --kernel (the case file names neither)")
     backend = _select((backend_name,) if backend_name else (), (kernel,) if kernel else ())[0]
-    outcome = check_case(backend, case)
+    from fuzz.isolation import BadTimeout, case_judge, default_case_timeout
+
+    try:
+        timeout = default_case_timeout()
+    except BadTimeout as exc:
+        raise click.UsageError(str(exc)) from None
+    with case_judge(backend, timeout=timeout) as check:  # isolated as fuzz runs it: a crash replays as "crash"
+        outcome = check(case)
     if as_json:
         payload = {"backend": backend.name, "status": outcome.status, "message": outcome.message}
         click.echo(json.dumps(payload, indent=1))
@@ -325,6 +331,8 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
         click.echo(f"{backend.name}: {outcome.status.upper()}: {outcome.message}")
     if outcome.is_finding:
         sys.exit(1)
+    if outcome.status == "error":
+        sys.exit(3)
 
 
 def _oracle_engines() -> dict[str, str]:

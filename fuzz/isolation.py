@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import signal
 import time
 import traceback
@@ -28,7 +29,7 @@ from oracle.case import Case
 from oracle.tolerance import Tolerance
 
 STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
-CASE_TIMEOUT = 300.0  # the default per-case limit
+CASE_TIMEOUT = 300.0  # the default per-case limit (fuzz --case-timeout)
 FIRST_CASE_FACTOR = 3.0  # the first case after a (re)start may compile kernels first
 
 
@@ -46,6 +47,17 @@ def check_timeout(seconds: float) -> float:
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds) or seconds <= 0:
         raise BadTimeout(f"the case timeout must be a finite number of seconds > 0, got {seconds!r}")
     return float(seconds)
+
+
+def default_case_timeout() -> float:
+    """The case timeout of replay and triage: ``PA_ORACLE_CASE_TIMEOUT`` seconds, else ``CASE_TIMEOUT``."""
+    raw = os.environ.get("PA_ORACLE_CASE_TIMEOUT")
+    if raw is None:
+        return CASE_TIMEOUT
+    try:
+        return check_timeout(float(raw))
+    except ValueError:
+        raise BadTimeout(f"PA_ORACLE_CASE_TIMEOUT={raw!r}: give a finite number of seconds > 0") from None
 
 
 def _load_backend(spec: str) -> Any:
@@ -70,11 +82,12 @@ def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection)
     backend.capabilities = capabilities
     conn.send("ready")
     while True:
-        case_json = conn.recv()
-        if case_json is None:
+        request = conn.recv()
+        if request is None:
             return
+        case_json, keep_output = request
         try:
-            reply: Any = ("outcome", _to_cpu(check_case(backend, Case.from_json(case_json), tolerance)))
+            reply: Any = ("outcome", _to_cpu(check_case(backend, Case.from_json(case_json), tolerance, keep_output)))
             conn.send(reply)
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
             conn.send(("raised", type(exc).__name__, str(exc), "".join(traceback.format_exception(exc, limit=-6))))
@@ -88,7 +101,7 @@ class IsolatedBackend:
 
     def __init__(
         self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
-        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS,
+        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
     ) -> None:
         self.backend = backend
         self.spec = spec
@@ -96,6 +109,7 @@ class IsolatedBackend:
         self.tolerance = tolerance
         self.first_case_factor = first_case_factor
         self.startup = startup
+        self.keep_output = keep_output  # outcomes carry the kernel's output (``check_case``)
         self._ctx = mp.get_context("spawn")  # CUDA cannot be re-initialized in a forked child
         self._process: Any = None
         self._conn: Connection | None = None
@@ -139,7 +153,7 @@ class IsolatedBackend:
         wait = max(time_left, 0.0) if budget_cut and time_left is not None else limit
         start = time.monotonic()
         try:
-            self._conn.send(case.to_json())
+            self._conn.send((case.to_json(), self.keep_output))
             answered = self._conn.poll(wait)
             reply = self._conn.recv() if answered else None
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
@@ -211,15 +225,18 @@ def isolated_by_default(backend: Any) -> bool:
 @contextmanager
 def case_judge(
     backend: Any, *, isolate: bool | None = None, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
-    first_case_factor: float = FIRST_CASE_FACTOR,
+    first_case_factor: float = FIRST_CASE_FACTOR, keep_output: bool = False,
 ) -> Iterator[Callable[[Case], Outcome]]:
-    """A function judging cases on ``backend``: in a worker process when ``isolate`` (default:
-    ``isolated_by_default``) and the backend can be loaded there, else in this process."""
+    """A function judging cases on ``backend`` (``check_case``): in a worker process when
+    ``isolate`` (default: ``isolated_by_default``) and the backend can be loaded there, else in
+    this process. Used by replay and triage, so a crash or hang finding replays as one."""
     spec = isolatable(backend) if (isolated_by_default(backend) if isolate is None else isolate) else None
     if spec is None:
-        yield lambda case: check_case(backend, case, tolerance)
+        yield lambda case: check_case(backend, case, tolerance, keep_output)
         return
-    worker = IsolatedBackend(backend, spec, timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor)
+    worker = IsolatedBackend(
+        backend, spec, timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, keep_output=keep_output
+    )
     try:
         yield worker.check
     finally:

@@ -16,7 +16,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import torch
@@ -41,6 +41,7 @@ class Outcome:
     status: Status
     message: str = ""
     verdict: Verdict | None = None
+    output: KernelOutput | None = field(default=None, repr=False)  # the kernel's own output, if asked to keep it
 
     @property
     def is_finding(self) -> bool:
@@ -105,8 +106,9 @@ def _describe(value: Any) -> str:
     return "None" if value is None else f"a {type(value).__module__}.{type(value).__qualname__}"
 
 
-def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> Outcome:
-    """Run ``case`` on ``backend`` and compare with the float64 reference."""
+def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(), keep_output: bool = False) -> Outcome:
+    """Run ``case`` on ``backend`` and compare with the float64 reference; with ``keep_output`` the
+    outcome of a well-formed output keeps it (detached, on the CPU) for triage's probes."""
     reason = backend.unsupported_reason(case)
     if reason:
         return Outcome(case, backend.name, "unsupported", reason)
@@ -133,7 +135,11 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance())
     if changed:
         verdict.passed = False
         verdict.failures.append(f"kernel modified its inputs: {', '.join(changed)}")
-    return Outcome(case, backend.name, "pass" if verdict.passed else "fail", verdict.headline(), verdict)
+    kept = None
+    if keep_output and problem is None:
+        out, lse = result
+        kept = KernelOutput(out.detach().cpu(), None if lse is None else lse.detach().cpu())
+    return Outcome(case, backend.name, "pass" if verdict.passed else "fail", verdict.headline(), verdict, kept)
 
 
 def _raised(backend: Backend, case: Case, exc: BaseException) -> Outcome:

@@ -51,7 +51,7 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
         click.echo(json.dumps(_summary(result, written), indent=1))
     else:
         for row in result.survey:
-            verdict = {"pass": "agrees", "fail": "DISAGREES", "crash": "CRASHES", "unsupported": "unsupported"}[row.status]
+            verdict = {"pass": "agrees", "fail": "DISAGREES", "crash": "CRASHES", "unsupported": "unsupported", "error": "ERROR"}[row.status]
             click.echo(f"{row.backend:32s} {verdict:12s} {row.message if row.status != 'pass' else ''}".rstrip())
         if missing:
             click.echo(f"({len(missing)} more backends are unavailable here: pa-oracle env says why)")

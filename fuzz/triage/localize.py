@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import torch
@@ -71,23 +73,23 @@ class Capture:
     split_count: int | None = None  # KV splits the backend declares (``num_kv_splits`` / ``num_splits``)
 
 
-def capture(backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> Capture:
-    """Judge ``case`` with ``check_case``, then run the kernel once more to keep its raw output."""
-    outcome = check_case(backend, case, tolerance)
+def capture(
+    backend: Backend, case: Case, tolerance: Tolerance = Tolerance(), check: Callable[[Case], Outcome] | None = None
+) -> Capture:
+    """Judge ``case`` and keep the kernel's raw output: ``check`` must keep outputs
+    (``check_case(..., keep_output=True)``, the default, or ``fuzz.isolation.case_judge(...,
+    keep_output=True)``); the kernel runs once, where ``check`` runs it."""
+    outcome = (check or partial(check_case, backend, tolerance=tolerance, keep_output=True))(case)
     if outcome.verdict is not None:  # the probes below work on the CPU, whatever device judged
         for name in ("error", "lse_error"):
             if getattr(outcome.verdict, name) is not None:
                 setattr(outcome.verdict, name, getattr(outcome.verdict, name).cpu())
     splits = getattr(backend, "num_kv_splits", None) or getattr(backend, "num_splits", None)
     result = Capture(case, backend.name, outcome, split_count=splits if isinstance(splits, int) and splits > 1 else None)
-    if outcome.verdict is None or outcome.verdict.error is None:
+    if outcome.verdict is None or outcome.verdict.error is None or outcome.output is None:
         return result
-    tensors = make_tensors(case, backend.device or "cpu")
-    try:
-        kernel = backend.run(backend.plan(case), tensors)
-    except Exception:  # noqa: BLE001  (the verdict stands; only the probes need the raw output)
-        return result
-    result.tensors = tensors.to("cpu")
+    kernel = outcome.output
+    result.tensors = make_tensors(case, "cpu")
     result.ref = reference(case, result.tensors)
     result.out = kernel.out.detach().to("cpu", torch.float64)
     if kernel.lse is not None and tuple(kernel.lse.shape) == tuple(result.ref.lse.shape):

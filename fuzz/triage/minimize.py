@@ -32,7 +32,7 @@ from fuzz.triage.workload import (
     set_options,
     shrink_head_dims,
 )
-from oracle.case import CaseError
+from oracle.case import Case, CaseError
 from oracle.tolerance import Tolerance
 
 Candidates = Iterator[tuple[str, Callable[[], Workload]]]  # description, builder
@@ -50,6 +50,7 @@ _FAILURE_KINDS = (
     ("out mean error", "out error"),
     ("lse max error", "lse error"),
     ("modified its inputs", "writes inputs"),
+    ("kernel contract", "contract"),
 )
 
 
@@ -72,8 +73,8 @@ class Signature:
 
 
 def signature(outcome: Outcome) -> Signature:
-    if outcome.status == "crash":
-        return Signature("crash", frozenset({outcome.message.split(":", 1)[0]}))
+    if outcome.status == "crash":  # the exception type, "hang", or "worker process died (signal SIGSEGV) ..."
+        return Signature("crash", frozenset({outcome.message.split(":", 1)[0].split(" (worker restarted)")[0]}))
     if outcome.status == "fail" and outcome.verdict is not None:
         kinds = set()
         for line in outcome.verdict.failures:
@@ -265,8 +266,12 @@ class _BudgetSpent(Exception):
 class _Tester:
     """Runs candidates on the backend, within a budget, caching by workload key."""
 
-    def __init__(self, backend: Backend, target: Signature, budget: int, folder: Path, tolerance: Tolerance) -> None:
+    def __init__(
+        self, backend: Backend, target: Signature, budget: int, folder: Path, tolerance: Tolerance,
+        check: Callable[[Case], Outcome] | None = None,
+    ) -> None:
         self.backend, self.target, self.budget, self.folder, self.tolerance = backend, target, budget, folder, tolerance
+        self.check = check or partial(check_case, backend, tolerance=tolerance)
         self.runs = 0
         self.seen: dict[str, Outcome | None] = {}
 
@@ -282,7 +287,7 @@ class _Tester:
             try:
                 case = work.materialize(self.folder)
                 self.runs += 1
-                result = check_case(self.backend, case, self.tolerance)
+                result = self.check(case)
             except CaseError:  # e.g. near-uniform data after slicing: not a case the oracle judges
                 self.runs -= 1
                 result = None
@@ -329,12 +334,15 @@ def minimize(
     budget: int = 200,
     tolerance: Tolerance = Tolerance(),
     progress: Callable[[str], None] | None = None,
+    check: Callable[[Case], Outcome] | None = None,
 ) -> Minimized:
     """Reduce ``work`` while it reproduces its failure on ``backend``, with at most ``budget``
-    kernel runs (the first run, of the original case, included)."""
+    kernel runs (the first run, of the original case, included). ``check`` judges a candidate
+    (default: ``check_case`` in this process; triage passes an isolated one, so a candidate that
+    crashes the worker the same way reproduces the crash instead of killing the triage)."""
     say = progress or (lambda _: None)
     with tempfile.TemporaryDirectory(prefix="pa-triage-") as tmp:
-        tester = _Tester(backend, Signature("pass", frozenset()), max(budget, 1), Path(tmp), tolerance)
+        tester = _Tester(backend, Signature("pass", frozenset()), max(budget, 1), Path(tmp), tolerance, check)
         first = tester.outcome(work)
         if first is None or not first.is_finding:
             status = "unsupported" if first is None else first.status

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from backends.base import Backend
 from backends.user import UserKernel
-from fuzz.runner import check_case
+from fuzz.isolation import case_judge, default_case_timeout
+from fuzz.runner import Outcome
 from fuzz.triage.localize import Localization, capture, localize
 from fuzz.triage.minimize import Minimized, minimize
 from fuzz.triage.workload import Workload
@@ -73,7 +74,8 @@ def survey(
     for backend in backends:
         if progress:
             progress(f"running {backend.name} ...")
-        outcome = check_case(backend, case, tolerance)
+        with case_judge(backend, timeout=default_case_timeout(), tolerance=tolerance) as check:
+            outcome = check(case)
         rows.append(SurveyRow(backend.name, outcome.status, outcome.message.splitlines()[0] if outcome.message else ""))
     return rows
 
@@ -105,9 +107,21 @@ def run_triage(
         return result
     backend = next(b for b in backends if b.name == result.focus)
     result.kernel_spec = backend.name if isinstance(backend, UserKernel) else None
+    judge = case_judge(backend, timeout=default_case_timeout(), tolerance=tolerance, keep_output=True)
+    with judge as check:  # one worker for minimization and localization
+        _minimize_and_localize(result, case, backend, out_dir, check, minimize_case, budget, tolerance, say)
+    return result
+
+
+def _minimize_and_localize(
+    result: Triage, case: Case, backend: Backend, out_dir: Path, check: Callable[[Case], Outcome],
+    minimize_case: bool, budget: int, tolerance: Tolerance, say: Callable[[str], None],
+) -> None:
     if minimize_case:
         say(f"minimizing for {backend.name} (budget {budget} kernel runs) ...")
-        result.minimized = minimize(backend, Workload.from_case(case), budget=budget, tolerance=tolerance, progress=say)
+        result.minimized = minimize(
+            backend, Workload.from_case(case), budget=budget, tolerance=tolerance, progress=say, check=check
+        )
         if result.minimized.reduced:
             meta = {
                 "found_by": "pa-oracle triage",
@@ -120,7 +134,6 @@ def run_triage(
             }
             result.minimized_path = result.minimized.work.save(Path(out_dir) / "minimized", meta)
             minimized_case = Case.load(result.minimized_path)
-            result.localized.append(("minimized case", localize(capture(backend, minimized_case, tolerance))))
+            result.localized.append(("minimized case", localize(capture(backend, minimized_case, tolerance, check))))
     say(f"localizing on {backend.name} ...")
-    result.localized.append(("original case", localize(capture(backend, case, tolerance))))
-    return result
+    result.localized.append(("original case", localize(capture(backend, case, tolerance, check))))
