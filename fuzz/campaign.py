@@ -26,7 +26,7 @@ from backends.base import Backend
 from backends.user import UserKernel
 from fuzz.coverage import declared
 from fuzz.ledger import Entry, known_finding
-from fuzz.isolation import CASE_TIMEOUT
+from fuzz.isolation import CASE_TIMEOUT, OUT_OF_TIME
 from fuzz.outdir import FindingNotSaved, holds_case, publish_folder, rescue
 from fuzz.runner import OracleDisagreement, Outcome, check_case
 from fuzz.shard import Shard
@@ -87,7 +87,7 @@ def fuzz_backend(
     finding, the strategy drew nothing new, or an internal error. ``result.is_complete`` says
     whether the run can be trusted as it is.
     """
-    from fuzz.isolation import IsolatedBackend, OutOfTime, check_timeout, isolatable, isolated_by_default
+    from fuzz.isolation import IsolatedBackend, OutOfTime, WorkerStartError, check_timeout, isolatable, isolated_by_default
 
     if isolate_timeout is not None:
         isolate, case_timeout = True, isolate_timeout
@@ -128,8 +128,8 @@ def fuzz_backend(
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
         if isolated is not None:
             try:
-                outcome = isolated.check(case, None if deadline is None else deadline - time.monotonic())
-            except OutOfTime as exc:
+                outcome = isolated.check(case, deadline)
+            except (OutOfTime, WorkerStartError) as exc:
                 stopped.append(str(exc))
                 if searching:
                     result.seen.pop()  # not judged: a resume draws it again
@@ -176,12 +176,13 @@ def fuzz_backend(
             result.chunks_done += 1
             result.seconds += time.monotonic() - chunk_start
             out_of_time = deadline is not None and time.monotonic() > deadline
+            if broke is not None:
+                result.notes.append(broke)
             if failing:
                 result.status = "finding"
                 _record_finding(result, failing[-1], backend, out_dir, kernel_spec)
-            elif broke is not None and not broke.startswith("the time budget ran out"):
+            elif broke is not None and not broke.startswith(OUT_OF_TIME):
                 result.status = "incomplete"
-                result.notes.append(broke)
             elif result.examples == before and not out_of_time and broke is None:
                 result.status = "incomplete"  # the strategy drew nothing new
                 result.notes.append(f"the strategy drew no new case in chunk {result.chunks_done} (exhausted)")

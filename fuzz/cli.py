@@ -140,8 +140,8 @@ def main() -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
 @click.option("--max-batch", type=click.IntRange(1, MAX_BATCH), default=Limits.max_batch, show_default=True)
 @click.option("--max-kv-len", type=click.IntRange(1, MAX_KV_LEN), default=Limits.max_kv_len, show_default=True)
-@click.option("--isolate/--no-isolate", default=None, help="Run cases in a restartable worker process (default: on for CUDA backends).")
-@click.option("--case-timeout", type=Seconds(), default=300.0, show_default=True, help="Seconds before an isolated case counts as a hang.")
+@click.option("--isolate/--no-isolate", default=None, help="Run cases in a restartable worker process (default: on for user kernels, native kernel libraries and CUDA).")
+@click.option("--case-timeout", type=Seconds(), default=300.0, show_default=True, help="Seconds before an isolated case counts as a hang (3x for the first case after a worker start).")
 @click.option("--only", multiple=True, help="Narrow what is drawn: FIELD=VALUES of Capabilities, e.g. head_dims=64,128.")
 @click.option("--resume", is_flag=True, help="Continue the campaign kept in --out at its next chunk (after a kill, or for a larger --examples).")
 @click.option("--overwrite", is_flag=True,

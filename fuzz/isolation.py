@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import time
 import traceback
@@ -31,10 +32,15 @@ from oracle.tolerance import Tolerance
 STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
 CASE_TIMEOUT = 300.0  # the default per-case limit (fuzz --case-timeout)
 FIRST_CASE_FACTOR = 3.0  # the first case after a (re)start may compile kernels first
+OUT_OF_TIME = "the time budget ran out"  # how an OutOfTime message starts
 
 
 class BadTimeout(ValueError):
     """A case timeout that is not a finite number of seconds > 0 (bad input: exit 2)."""
+
+
+class WorkerStartError(RuntimeError):
+    """The worker process did not start (the backend failed to load there, or took too long)."""
 
 
 class OutOfTime(Exception):
@@ -82,15 +88,20 @@ def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection)
     backend.capabilities = capabilities
     conn.send("ready")
     while True:
-        request = conn.recv()
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
         if request is None:
             return
         case_json, keep_output = request
         try:
             reply: Any = ("outcome", _to_cpu(check_case(backend, Case.from_json(case_json), tolerance, keep_output)))
-            conn.send(reply)
+            payload = pickle.dumps(reply)
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
-            conn.send(("raised", type(exc).__name__, str(exc), "".join(traceback.format_exception(exc, limit=-6))))
+            payload = pickle.dumps(("raised", type(exc).__name__, str(exc), "".join(traceback.format_exception(exc, limit=-6))))
+        # plain pickle: Connection.send would move every tensor to shared memory (torch's reducers), ~0.1 s a case
+        conn.send_bytes(payload)
 
 
 class IsolatedBackend:
@@ -120,7 +131,7 @@ class IsolatedBackend:
     def name(self) -> str:
         return self.backend.name
 
-    def _start(self) -> None:
+    def _start(self, deadline: float | None = None) -> None:
         parent, child = self._ctx.Pipe()
         args = (self.spec, self.backend.capabilities, self.tolerance, child)
         self._process = self._ctx.Process(target=_serve, args=args, daemon=True)
@@ -129,25 +140,29 @@ class IsolatedBackend:
         self._conn = parent
         self.starts += 1
         self._fresh = True
+        wait = self.startup if deadline is None else max(min(self.startup, deadline - time.monotonic()), 0.0)
         try:
-            ready = parent.poll(self.startup) and parent.recv() == "ready"
+            ready = parent.poll(wait) and parent.recv() == "ready"
         except (EOFError, OSError):
             ready = False
         if not ready:
             code = self._process.exitcode
-            self.close()
-            raise RuntimeError(f"the worker for {self.spec} did not start within {self.startup:g} s (exit code {code})")
+            self.close(graceful=False)
+            if wait < self.startup and code is None:
+                raise OutOfTime(f"{OUT_OF_TIME} while the worker for {self.spec} started")
+            raise WorkerStartError(f"the worker for {self.spec} did not start within {self.startup:g} s (exit code {code})")
 
     def case_limit(self) -> float:
         """The timeout of the next case: longer for the first case after a start."""
         return self.timeout * (self.first_case_factor if self._fresh else 1.0)
 
-    def check(self, case: Case, time_left: float | None = None) -> Outcome:
-        """Judge ``case`` in the worker within its case timeout, or ``time_left`` if shorter (then a
-        case still running is ``OutOfTime``)."""
+    def check(self, case: Case, deadline: float | None = None) -> Outcome:
+        """Judge ``case`` in the worker within its case timeout, or until the monotonic ``deadline``
+        if that comes first (then a case still running is ``OutOfTime``)."""
         if self._process is None or not self._process.is_alive():
-            self._start()
+            self._start(deadline)
         assert self._conn is not None
+        time_left = None if deadline is None else deadline - time.monotonic()
         limit = self.case_limit()
         budget_cut = time_left is not None and time_left < limit
         wait = max(time_left, 0.0) if budget_cut and time_left is not None else limit
@@ -155,13 +170,13 @@ class IsolatedBackend:
         try:
             self._conn.send((case.to_json(), self.keep_output))
             answered = self._conn.poll(wait)
-            reply = self._conn.recv() if answered else None
+            reply = pickle.loads(self._conn.recv_bytes()) if answered else None
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
             return self._died(case)
         if reply is None:
             self.close(graceful=False)  # the next check starts a fresh worker
             if budget_cut:
-                raise OutOfTime(f"the time budget ran out after {time.monotonic() - start:.1f} s of case {case.case_id}")
+                raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {case.case_id}")
             return Outcome(case, self.name, "crash", f"hang: no answer after {limit:g} s (worker restarted)")
         self._fresh = False
         if reply[0] == "outcome":
