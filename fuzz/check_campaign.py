@@ -11,12 +11,13 @@ import json
 import re
 import shlex
 import time
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
-from hypothesis.errors import Flaky
+from hypothesis.errors import Flaky, Unsatisfiable
 
 from backends.base import Backend
 from fuzz.checks import Check, CheckOutcome
@@ -24,6 +25,7 @@ from fuzz.cuda_graphs import GRAPH_CHECK
 from fuzz.metamorphic import RELATIONS
 from fuzz.outdir import FindingNotSaved, holds_case, publish_folder, rescue
 from fuzz.plans import PLAN_CHECKS
+from fuzz.runner import OracleDisagreement, call_kernel
 from fuzz.strategies import Limits, cases
 from oracle.case import Case
 from oracle.tensors import make_tensors, save_tensors
@@ -51,12 +53,19 @@ class CheckResult:
     repro: str | None = None
     skip_reasons: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    incomplete: str | None = None  # why the run stopped early or judged nothing: never "ok"
+
+    @property
+    def is_complete(self) -> bool:
+        return self.not_applicable is not None or self.incomplete is None
 
     def line(self) -> str:
         head = f"{self.backend} {self.check}"
         if self.not_applicable:
             return f"{head}: not applicable: {self.not_applicable}"
         state = f"VIOLATED ({self.finding.message.splitlines()[0][:160]})" if self.finding else "ok"
+        if self.incomplete:
+            state = f"INCOMPLETE ({self.incomplete[:160]})" + (f", {state}" if self.finding else "")
         skips = ""
         if self.skip_reasons:
             reason, count = self.skip_reasons.most_common(1)[0]
@@ -88,7 +97,12 @@ def run_check(
     start = time.monotonic()
 
     def prop(case: Case) -> None:
-        outcome = check(backend, case, tolerance)
+        outcome, raised = call_kernel(lambda: check(backend, case, tolerance))
+        if raised is not None:  # SystemExit, KeyboardInterrupt, GeneratorExit ... of the kernel: a crash
+            tb = "".join(traceback.format_exception(raised, limit=-4))
+            message = f"{type(raised).__name__}: {raised} (raised by the kernel)\n{tb}"
+            outcome = CheckOutcome(check.name, backend.name, "crash", message, [("original", case, None)])
+        assert outcome is not None
         if outcome.is_finding:
             failing.append(outcome)
             raise _Violation(outcome.message)
@@ -108,11 +122,22 @@ def run_check(
     )(seed(base_seed)(given(cases(caps, limits))(prop)))
     try:
         test()
+    except Unsatisfiable:
+        result.incomplete = "every drawn case was rejected"
     except (_Violation, Flaky) as exc:
         if isinstance(exc, Flaky):
             result.notes.append("the violation did not reproduce on replay (flaky kernel): " + str(exc)[:200])
-        result.examples += 1
-        result.finding = failing[-1]
+        if failing:
+            result.examples += 1
+            result.finding = failing[-1]
+        else:
+            result.incomplete = "Hypothesis reported a flaky test without a violation: " + str(exc)[:200]
+    except Exception as exc:  # noqa: BLE001 - an internal error: this check stops, the others go on
+        if isinstance(exc, OracleDisagreement):
+            raise
+        result.incomplete = f"internal error: {type(exc).__name__}: {exc}"
+    if result.incomplete is None and not result.finding and result.holds == 0:
+        result.incomplete = "no example was judged" if not result.examples else f"all {result.examples} examples were skipped"
     result.seconds = time.monotonic() - start
     if result.finding and out_dir is not None:
         result.finding_dir, result.repro = save_check_finding(result.finding, backend, out_dir, kernel_spec)

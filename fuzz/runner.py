@@ -113,11 +113,11 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
     if reason:
         return Outcome(case, backend.name, "unsupported", reason)
     tensors = make_tensors(case, backend.device or "cpu")
-    plan, raised = _call_kernel(lambda: backend.plan(case))
+    plan, raised = call_kernel(lambda: backend.plan(case))
     if raised is None:
         inputs = backend.plan_inputs(plan)
         before = tensors.fingerprint(inputs)
-        result, raised = _call_kernel(lambda: backend.run(plan, tensors))
+        result, raised = call_kernel(lambda: backend.run(plan, tensors))
     if raised is not None:
         return _raised(backend, case, raised)
     problem = contract_problem(result, tensors.q.device)
@@ -153,7 +153,7 @@ def _raised(backend: Backend, case: Case, exc: BaseException) -> Outcome:
     return Outcome(case, backend.name, "crash", f"{type(exc).__name__}: {exc}{note}\n{tb}")
 
 
-def _call_kernel(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+def call_kernel(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
     """(value, None) or (None, what the call raised); the user's Ctrl-C is re-raised."""
     with _watch_sigint() as sigint:
         try:

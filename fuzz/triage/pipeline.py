@@ -107,6 +107,10 @@ def run_triage(
         return result
     backend = next(b for b in backends if b.name == result.focus)
     result.kernel_spec = backend.name if isinstance(backend, UserKernel) else None
+    row = next(r for r in result.survey if r.backend == backend.name)
+    if minimize_case and row.message.startswith("hang:"):
+        say("not minimizing a hang: every candidate that hangs costs a whole case timeout")
+        minimize_case = False
     judge = case_judge(backend, timeout=default_case_timeout(), tolerance=tolerance, keep_output=True)
     with judge as check:  # one worker for minimization and localization
         _minimize_and_localize(result, case, backend, out_dir, check, minimize_case, budget, tolerance, say)

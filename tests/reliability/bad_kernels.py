@@ -148,3 +148,16 @@ def exits_hard(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last
 
 def hangs(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
     time.sleep(1e9)
+
+
+def slightly_off(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """1 % too large everywhere: fails the default tolerance, passes a very loose one."""
+    out, lse = _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+    return out * 1.01, lse
+
+
+def writes_alibi_slopes(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, alibi_slopes):
+    """Ignores ALiBi and writes its slopes: the write must be named among the failures."""
+    if alibi_slopes is not None:
+        alibi_slopes.add_(1)
+    return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
