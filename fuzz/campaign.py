@@ -107,6 +107,7 @@ def fuzz_backend(
     strategy = cases(backend.capabilities, limits)
     failing: list[Outcome] = []
     stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
+    internal: list[Exception] = []  # errors of the tool itself while judging a case
 
     def prop(case: Case) -> None:
         searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
@@ -126,16 +127,17 @@ def fuzz_backend(
             if searching:
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
-        if isolated is not None:
-            try:
-                outcome = isolated.check(case, deadline)
-            except (OutOfTime, WorkerStartError) as exc:
-                stopped.append(str(exc))
-                if searching:
-                    result.seen.pop()  # not judged: a resume draws it again
-                raise _Stop from None
-        else:
-            outcome = check_case(backend, case, tolerance)
+        try:
+            outcome = isolated.check(case, deadline) if isolated is not None else check_case(backend, case, tolerance)
+        except (OutOfTime, WorkerStartError) as exc:
+            stopped.append(str(exc))
+            if searching:
+                result.seen.pop()  # not judged: a resume draws it again
+            raise _Stop from None
+        except Exception as exc:  # noqa: BLE001 - the tool failed (not the kernel): Hypothesis must not shrink it
+            internal.append(exc)
+            stopped.append(f"internal error: {type(exc).__name__}: {exc}")
+            raise _Stop from None
         if outcome.status == "error":
             if not searching:
                 reject()  # a shrink candidate the oracle cannot judge is no smaller failure
@@ -165,13 +167,13 @@ def fuzz_backend(
             except _Finding:
                 pass
             except _Stop:
+                if internal and isinstance(internal[-1], OracleDisagreement):
+                    raise internal[-1] from None  # a bug of the oracle itself: the run fails (exit 3)
                 broke = stopped[-1] if stopped and not failing else None
             except Flaky as exc:
                 result.notes.append("the failure did not reproduce on replay (flaky kernel): " + str(exc)[:200])
                 broke = None if failing else "Hypothesis reported a flaky test without a finding"
             except Exception as exc:  # noqa: BLE001 - an internal error: the backend stops, the campaign goes on
-                if isinstance(exc, OracleDisagreement):
-                    raise
                 broke = f"internal error: {type(exc).__name__}: {exc}"
             result.chunks_done += 1
             result.seconds += time.monotonic() - chunk_start

@@ -25,7 +25,7 @@ from fuzz.cuda_graphs import GRAPH_CHECK
 from fuzz.metamorphic import RELATIONS
 from fuzz.outdir import FindingNotSaved, holds_case, publish_folder, rescue
 from fuzz.plans import PLAN_CHECKS
-from fuzz.runner import OracleDisagreement, call_kernel
+from fuzz.runner import OracleDisagreement, call_kernel, describe_exception
 from fuzz.strategies import Limits, cases
 from oracle.case import Case
 from oracle.tensors import make_tensors, save_tensors
@@ -100,7 +100,7 @@ def run_check(
         outcome, raised = call_kernel(lambda: check(backend, case, tolerance))
         if raised is not None:  # SystemExit, KeyboardInterrupt, GeneratorExit ... of the kernel: a crash
             tb = "".join(traceback.format_exception(raised, limit=-4))
-            message = f"{type(raised).__name__}: {raised} (raised by the kernel)\n{tb}"
+            message = f"{describe_exception(raised)} (raised by the kernel)\n{tb}"
             outcome = CheckOutcome(check.name, backend.name, "crash", message, [("original", case, None)])
         assert outcome is not None
         if outcome.is_finding:

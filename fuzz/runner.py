@@ -150,7 +150,12 @@ def _raised(backend: Backend, case: Case, exc: BaseException) -> Outcome:
     tb = "".join(traceback.format_exception(exc, limit=-4))
     why = {SystemExit: " (the kernel called sys.exit)", KeyboardInterrupt: " (raised by the kernel, not a Ctrl-C)"}
     note = next((text for kind, text in why.items() if isinstance(exc, kind)), "")
-    return Outcome(case, backend.name, "crash", f"{type(exc).__name__}: {exc}{note}\n{tb}")
+    return Outcome(case, backend.name, "crash", f"{describe_exception(exc)}{note}\n{tb}")
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message``, or ``Type`` alone when the message is empty (``KeyboardInterrupt()``)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def call_kernel(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:

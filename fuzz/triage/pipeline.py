@@ -70,13 +70,22 @@ def load_source(path: Path) -> tuple[Case, Path]:
 def survey(
     case: Case, backends: list[Backend], tolerance: Tolerance = Tolerance(), progress: Callable[[str], None] | None = None
 ) -> list[SurveyRow]:
+    return [row for row, _ in _survey(case, backends, tolerance, progress)]
+
+
+def _survey(
+    case: Case, backends: list[Backend], tolerance: Tolerance, progress: Callable[[str], None] | None
+) -> list[tuple[SurveyRow, Outcome]]:
+    """Each backend's row and outcome on ``case``, judged as fuzz judges it (isolated by default),
+    keeping the output: localization reuses the focus's outcome instead of running it again."""
     rows = []
     for backend in backends:
         if progress:
             progress(f"running {backend.name} ...")
-        with case_judge(backend, timeout=default_case_timeout(), tolerance=tolerance) as check:
+        with case_judge(backend, timeout=default_case_timeout(), tolerance=tolerance, keep_output=True) as check:
             outcome = check(case)
-        rows.append(SurveyRow(backend.name, outcome.status, outcome.message.splitlines()[0] if outcome.message else ""))
+        message = outcome.message.splitlines()[0] if outcome.message else ""
+        rows.append((SurveyRow(backend.name, outcome.status, message), outcome))
     return rows
 
 
@@ -101,19 +110,24 @@ def run_triage(
     progress: Callable[[str], None] | None = None,
 ) -> Triage:
     say = progress or (lambda _: None)
-    result = Triage(Path(source), case, survey(case, backends, tolerance, say))
+    surveyed = _survey(case, backends, tolerance, say)
+    result = Triage(Path(source), case, [row for row, _ in surveyed])
     result.focus = pick_focus(case, result.survey)
     if result.focus is None:
         return result
     backend = next(b for b in backends if b.name == result.focus)
     result.kernel_spec = backend.name if isinstance(backend, UserKernel) else None
-    row = next(r for r in result.survey if r.backend == backend.name)
-    if minimize_case and row.message.startswith("hang:"):
+    first = next(outcome for row, outcome in surveyed if row.backend == backend.name)
+    if minimize_case and first.message.startswith("hang:"):
         say("not minimizing a hang: every candidate that hangs costs a whole case timeout")
         minimize_case = False
     judge = case_judge(backend, timeout=default_case_timeout(), tolerance=tolerance, keep_output=True)
     with judge as check:  # one worker for minimization and localization
-        _minimize_and_localize(result, case, backend, out_dir, check, minimize_case, budget, tolerance, say)
+
+        def judged(candidate: Case) -> Outcome:
+            return first if candidate is case else check(candidate)  # the survey judged the original already
+
+        _minimize_and_localize(result, case, backend, out_dir, judged, minimize_case, budget, tolerance, say)
     return result
 
 

@@ -161,3 +161,17 @@ def writes_alibi_slopes(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices
     if alibi_slopes is not None:
         alibi_slopes.add_(1)
     return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+
+
+def always_refuses(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    raise NotImplementedError("this kernel supports nothing")
+
+
+def sleeps_two_seconds(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    time.sleep(2)
+    return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+
+
+def slow_correct(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    time.sleep(0.05)
+    return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
