@@ -214,6 +214,7 @@ class IsolatedBackend:
             self._conn.close()
         self._process = None
         self._conn = None
+        self._fresh = True  # the next case is a new worker's first
 
 
 def isolatable(backend: Any) -> str | None:

@@ -1,8 +1,27 @@
 from __future__ import annotations
 
+import math
+import time
+
+import pytest
+
+from backends.base import get_backend
 from backends.user import UserKernel
-from fuzz.isolation import IsolatedBackend
+from fuzz.isolation import (
+    BadTimeout,
+    IsolatedBackend,
+    OutOfTime,
+    case_judge,
+    check_timeout,
+    isolatable,
+    isolated_by_default,
+)
+from fuzz.runner import check_case
 from oracle.case import Case, Heads, Layout
+from oracle.tolerance import Tolerance
+
+CASE = Case(Layout.from_lengths([1, 2], [5, 3], 4), Heads(2, 1, 8, 8))
+LOOSE = Tolerance(max_ratio=1e9, mean_ratio=1e9, floor_factor=1e9)
 
 
 def test_a_segfault_is_a_finding_and_the_worker_restarts() -> None:
@@ -10,18 +29,78 @@ def test_a_segfault_is_a_finding_and_the_worker_restarts() -> None:
     worker = IsolatedBackend(UserKernel.from_spec(spec), spec, timeout=60)
     try:
         dies = worker.check(Case(Layout.from_lengths([1], [40], 4), Heads(1, 1, 8, 8)))
-        assert dies.status == "crash" and "died" in dies.message
+        assert dies.status == "crash" and dies.message == "worker process died (signal SIGSEGV) (worker restarted)"
         survives = worker.check(Case(Layout.from_lengths([1], [0], 4), Heads(1, 1, 8, 8)))
         assert survives.status == "pass", survives.message
+        assert worker.starts == 2
     finally:
         worker.close()
 
 
 def test_a_hang_is_a_finding_after_the_timeout() -> None:
     spec = "tests.quality.crashers:hangs"
-    worker = IsolatedBackend(UserKernel.from_spec(spec), spec, timeout=3)
+    worker = IsolatedBackend(UserKernel.from_spec(spec), spec, timeout=1, first_case_factor=1)
     try:
+        start = time.monotonic()
         outcome = worker.check(Case(Layout.from_lengths([1], [3], 4), Heads(1, 1, 8, 8)))
-        assert outcome.status == "crash" and "hang" in outcome.message
+        assert outcome.status == "crash" and outcome.message == "hang: no answer after 1 s (worker restarted)"
+        assert time.monotonic() - start < 10
     finally:
         worker.close()
+
+
+def test_the_first_case_after_a_start_gets_the_longer_allowance() -> None:
+    """A first call may compile: 2 s passes with timeout 1 x factor 3; the same 2 s later is a hang."""
+    spec = "tests.reliability.bad_kernels:sleeps_two_seconds"
+    worker = IsolatedBackend(UserKernel.from_spec(spec), spec, timeout=1, first_case_factor=3)
+    try:
+        assert worker.case_limit() == 3
+        assert worker.check(CASE).status == "pass"
+        assert worker.case_limit() == 1
+        later = worker.check(CASE)
+        assert later.status == "crash" and later.message.startswith("hang: no answer after 1 s")
+        assert worker.case_limit() == 3, "a restarted worker's first case gets the allowance again"
+    finally:
+        worker.close()
+
+
+def test_a_case_cut_off_by_the_deadline_is_out_of_time_not_a_hang() -> None:
+    spec = "tests.reliability.bad_kernels:hangs"
+    worker = IsolatedBackend(UserKernel.from_spec(spec), spec, timeout=100)
+    try:
+        worker._start()
+        with pytest.raises(OutOfTime, match="the time budget ran out after"):
+            worker.check(CASE, deadline=time.monotonic() + 1)
+    finally:
+        worker.close()
+
+
+def test_the_worker_judges_with_the_callers_tolerance_and_returns_tensors_on_the_host() -> None:
+    spec = "tests.reliability.bad_kernels:slightly_off"
+    kernel = UserKernel.from_spec(spec)
+    assert check_case(kernel, CASE).status == "fail" and check_case(kernel, CASE, LOOSE).status == "pass"
+    for tolerance, status in ((Tolerance(), "fail"), (LOOSE, "pass")):
+        with case_judge(kernel, tolerance=tolerance, keep_output=True) as check:
+            outcome = check(CASE)
+        assert outcome.status == status, outcome.message
+        assert outcome.verdict is not None and outcome.verdict.error is not None and outcome.verdict.error.device.type == "cpu"
+        assert outcome.output is not None and tuple(outcome.output.out.shape) == (3, 2, 8)
+
+
+def test_isolation_is_the_default_for_user_kernels_and_not_for_pure_torch_cpu_backends() -> None:
+    assert isolated_by_default(UserKernel.from_spec("tests.reliability.bad_kernels:correct"))
+    assert not isolated_by_default(get_backend("sdpa-math"))
+
+    def local(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):  # type: ignore[no-untyped-def]
+        raise AssertionError
+
+    assert isolatable(UserKernel(local)) is None, "a function a worker cannot import runs in-process"
+    assert isolatable(get_backend("sdpa-math")) == "sdpa-math"
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, math.nan, math.inf, True])
+def test_a_case_timeout_must_be_finite_and_positive(seconds: float) -> None:
+    with pytest.raises(BadTimeout, match="finite number of seconds > 0"):
+        check_timeout(seconds)
+    with pytest.raises(BadTimeout):
+        IsolatedBackend(get_backend("sdpa-math"), "sdpa-math", timeout=seconds)
