@@ -82,10 +82,10 @@ def fuzz_backend(
     timeout) is out of time, not a finding. ``isolate_timeout`` is the older spelling of
     ``isolate=True, case_timeout=...``.
 
-    The result's status is "done", "finding", "running" (the deadline came first), or
-    "incomplete" with the reason in ``notes``: no example judged, a flaky failure that left no
-    finding, the strategy drew nothing new, or an internal error. ``result.is_complete`` says
-    whether the run can be trusted as it is.
+    The result's status is "done", "finding", "running" (the deadline came first), "exhausted"
+    (the strategy drew nothing new) or "incomplete" with the reason in ``notes``: no example
+    judged, a flaky failure that left no finding, a worker that did not start, or an internal
+    error. ``result.is_complete`` says whether the run can be trusted as it is.
     """
     from fuzz.isolation import IsolatedBackend, OutOfTime, WorkerStartError, check_timeout, isolatable, isolated_by_default
 
@@ -186,15 +186,15 @@ def fuzz_backend(
             elif broke is not None and not broke.startswith(OUT_OF_TIME):
                 result.status = "incomplete"
             elif result.examples == before and not out_of_time and broke is None:
-                result.status = "incomplete"  # the strategy drew nothing new
-                result.notes.append(f"the strategy drew no new case in chunk {result.chunks_done} (exhausted)")
+                result.status = "exhausted"  # the strategy drew nothing new: not complete either
+                result.notes.append(f"the strategy drew no new case in chunk {result.chunks_done}")
             else:
                 result.status = "done" if result.examples >= examples else "running"
             if checkpoint:
                 checkpoint(result)
             if progress:
                 progress(result)
-            if result.status in ("finding", "incomplete"):
+            if result.status in ("finding", "incomplete", "exhausted"):
                 break
         if _judged_nothing(result) and checkpoint:
             checkpoint(result)
@@ -207,7 +207,7 @@ def fuzz_backend(
 def _judged_nothing(result: BackendResult) -> bool:
     """Mark a backend that judged no example (none ran, or each was unsupported) incomplete, never
     ok; True if it did."""
-    if result.status in ("finding", "incomplete") or result.findings:
+    if result.status in ("finding", "incomplete", "exhausted") or result.findings:
         return False
     if result.examples and result.examples > result.unsupported:
         return False

@@ -147,7 +147,7 @@ def test_the_time_budget_bounds_a_hanging_case_which_is_out_of_time_not_a_findin
 def test_a_case_timeout_that_would_make_every_case_a_hang_is_refused(tmp_path: Path, timeout: str) -> None:
     result = fuzz_cli(tmp_path, "correct", "--case-timeout", timeout)
     assert result.exit_code == 2, result.output
-    assert "the case timeout must be a finite number of seconds > 0" in result.output
+    assert "Invalid value for '--case-timeout'" in result.output and "finite" in result.output, result.output
     assert not (tmp_path / "summary.json").exists()
 
 
@@ -225,10 +225,11 @@ def test_a_real_ctrl_c_stops_the_campaign_keeps_its_state_and_is_no_finding(tmp_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     result = json.loads(state.read_text())["backends"][f"{MODULE}:slow_correct"]
-    assert proc.returncode != 0, output  # stopped, not "ok" (the exit code itself is the CLI's mapping)
+    assert proc.returncode == 130, output  # interrupted: neither ok nor a finding
+    assert "interrupted" in output and "--resume continues it" in output, output
     assert result["findings"] == [] and result["chunks_done"] >= 1 and result["examples"] == 25 * result["chunks_done"], (result, output)
     assert "FINDING" not in output and "crash" not in output.lower(), output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["campaign.json"], "no finding folder was written"
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()], "no finding folder was written"
 
 
 # --- the library paths -----------------------------------------------------------------------------
