@@ -187,14 +187,20 @@ class Backend:
     def run(self, plan: Any, tensors: Tensors) -> KernelOutput:
         raise NotImplementedError
 
+    # plan tensors a kernel may write by design: FA3's scheduler metadata holds the tile semaphore
+    plan_scratch: ClassVar[tuple[str, ...]] = ("scheduler_metadata",)
+
     def plan_inputs(self, plan: Any) -> dict[str, torch.Tensor]:
         """The tensors ``plan`` holds that the kernel reads (index tensors, block tables, ...):
         the judge checksums them with q and the caches, so a kernel that writes one fails. The
-        default takes every tensor of a dict plan; an adapter whose plan holds them elsewhere
-        overrides this."""
+        default takes every tensor of a dict plan but those named in ``plan_scratch``; an adapter
+        whose plan holds them elsewhere overrides this."""
         if not isinstance(plan, dict):
             return {}
-        return {f"plan[{key!r}]": value for key, value in plan.items() if isinstance(value, torch.Tensor)}
+        return {
+            f"plan[{key!r}]": value for key, value in plan.items()
+            if isinstance(value, torch.Tensor) and key not in self.plan_scratch
+        }
 
     def merge_states(
         self, out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor

@@ -81,7 +81,7 @@ def _verdicts(case: Case, backends: list[Any], status: str) -> dict[str, str]:
     """Run the case on each of the entry's backends that is available here and refuse it if one
     passes: the case would be no finding, or the golden suite would report an unexpected pass.
     Quarantined cases are never launched (they crash), here neither."""
-    from fuzz.runner import check_case
+    from fuzz.isolation import case_judge, default_case_timeout
 
     verdicts: dict[str, str] = {}
     for backend in backends:
@@ -91,7 +91,8 @@ def _verdicts(case: Case, backends: list[Any], status: str) -> dict[str, str]:
         elif reason:
             verdicts[backend.name] = f"not run (unavailable here: {reason})"
         else:
-            verdicts[backend.name] = check_case(backend, case).status
+            with case_judge(backend, timeout=default_case_timeout()) as check:  # isolated: a crash is a verdict
+                verdicts[backend.name] = check(case).status
     ran = {name: verdict for name, verdict in verdicts.items() if not verdict.startswith("not run")}
     passing = [name for name, verdict in ran.items() if verdict == "pass"]
     failing = [name for name, verdict in ran.items() if verdict in ("fail", "crash")]
