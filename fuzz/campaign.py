@@ -99,7 +99,7 @@ def fuzz_backend(
     versions = backend.versions() if ledger else {}
     isolated = None
     if isolated_by_default(backend) if isolate is None else isolate:
-        spec = kernel_spec or isolatable(backend)
+        spec = isolatable(backend)  # what a worker can load it from (kernel_spec is for repro commands)
         if spec is None:
             result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
         else:

@@ -104,3 +104,20 @@ def test_a_case_timeout_must_be_finite_and_positive(seconds: float) -> None:
         check_timeout(seconds)
     with pytest.raises(BadTimeout):
         IsolatedBackend(get_backend("sdpa-math"), "sdpa-math", timeout=seconds)
+
+
+def test_a_user_kernel_a_worker_cannot_import_runs_in_process_with_a_note(tmp_path) -> None:
+    from fuzz.campaign import fuzz_backend
+    from fuzz.quality.planted import correct_attention
+    from fuzz.strategies import Limits
+
+    def local(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal, sm_scale,  # type: ignore[no-untyped-def]
+              window_left, logits_soft_cap):
+        return correct_attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                                 kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale,
+                                 window_left=window_left, logits_soft_cap=logits_soft_cap)
+
+    kernel = UserKernel(local)
+    result = fuzz_backend(kernel, examples=3, limits=Limits(max_batch=2, max_kv_len=12), kernel_spec=kernel.name)
+    assert result.status == "done" and result.passed == 3, result.line()
+    assert result.notes == [f"{kernel.name} is not importable by its name: its cases ran in this process"]
