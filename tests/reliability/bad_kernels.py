@@ -35,7 +35,7 @@ def _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
 
 def returns_numpy(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
     out, _ = _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
-    return out.float().numpy(), None
+    return out.float().cpu().numpy(), None
 
 
 def returns_list(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
@@ -74,7 +74,7 @@ def returns_meta_tensor(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices
 
 def returns_numpy_lse(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
     out, lse = _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
-    return out, np.asarray(lse)
+    return out, np.asarray(lse.cpu())
 
 
 # --- exceptions ----------------------------------------------------------------------------------
