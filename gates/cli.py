@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from gates.data import DEFAULT_DATA
 from gates.gsm8k import FILTERS as GSM8K_FILTERS
 
 
@@ -62,8 +61,8 @@ def load_for_gate(model_path: str, gguf_file: str | None, dtype: str, device: st
 @click.option("--backend", "-b", required=True,
               help="Backend under test: a registry name, oracle, control, MODULE:FUNCTION, or hf:IMPL (stock transformers).")
 @click.option("--reference", "-r", default="oracle", show_default=True, help="Reference, same forms as --backend.")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA,
-              show_default=True, help="Folder with GSM8k {split}.jsonl (question/answer).")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder with GSM8k {split}.jsonl (question/answer), as the hub's openai/gsm8k ships them.")
 @click.option("--split", default="test", show_default=True)
 @click.option("--limit", "-n", default=64, show_default=True, help="Texts to score (the first N of the split).")
 @click.option("--batch-size", default=8, show_default=True)

@@ -8,9 +8,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_DATA = Path("/work/shared/data/gsm8k")
-
-
 @dataclass(frozen=True)
 class Problem:
     question: str
@@ -22,7 +19,7 @@ class Problem:
         return self.answer.rsplit("####", 1)[-1].strip().replace(",", "")
 
 
-def read_gsm8k(folder: str | Path = DEFAULT_DATA, *, split: str = "test", limit: int | None = None) -> list[Problem]:
+def read_gsm8k(folder: str | Path, *, split: str = "test", limit: int | None = None) -> list[Problem]:
     """The first ``limit`` problems (all if None) of ``folder/{split}.jsonl``, in file order."""
     path = Path(folder) / f"{split}.jsonl"
     if not path.is_file():

@@ -50,3 +50,9 @@ def test_bad_inputs_are_usage_errors(tiny_dir, gsm8k_dir, tmp_path) -> None:
     assert unknown.exit_code == 2 and "did you mean sdpa-math" in unknown.output
     no_data = _logits(tiny_dir, tmp_path, "--backend", "sdpa-math")
     assert no_data.exit_code == 2 and "test.jsonl" in no_data.output
+
+
+def test_logit_gate_data_has_no_default_folder(tiny_dir) -> None:
+    """No default may point at a folder of the developers' machine: --data is required."""
+    result = CliRunner().invoke(main, ["gate", "logits", "--model", str(tiny_dir), "--backend", "sdpa-math"])
+    assert result.exit_code == 2 and "Missing option '--data'" in result.output
