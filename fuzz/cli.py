@@ -129,6 +129,21 @@ MAX_BATCH, MAX_KV_LEN = 4096, 1 << 20  # bounds on --max-batch / --max-kv-len: f
 @click.version_option(package_name="paged-attention-oracle")
 def main() -> None:
     """Differential testing of paged-attention kernels against a float64 oracle."""
+    _keep_hypothesis_out_of_the_working_directory()
+
+
+def _keep_hypothesis_out_of_the_working_directory() -> None:
+    """Hypothesis caches what it learns (e.g. source constants) in ``./.hypothesis``; the CLI writes
+    nothing into the user's working directory but ``--out``, so the cache goes to the user's cache
+    folder (``HYPOTHESIS_STORAGE_DIRECTORY`` still decides where it is set)."""
+    import os
+
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    set_hypothesis_home_dir(cache / "paged-attention-oracle" / "hypothesis")
 
 
 @main.command()

@@ -55,3 +55,18 @@ def test_only_narrows_what_is_drawn_and_refuses_to_widen(tmp_path) -> None:
     assert result.exit_code == 2 and "widens" in result.output
     result = CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "--only", "nonsense=1"])
     assert result.exit_code == 2 and "FIELD=VALUES" in result.output
+
+
+def test_a_campaign_writes_nothing_into_the_working_directory_but_its_out(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("HYPOTHESIS_STORAGE_DIRECTORY", None)
+    run = subprocess.run([sys.executable, "-m", "fuzz", "fuzz", "-b", "sdpa-math", "-n", "3", "--out", "found"],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(p.name for p in work.iterdir()) == ["found"], "no .hypothesis/ (or anything else) beside --out"
