@@ -318,7 +318,7 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
 @click.option("--kernel", "-k", help="A user kernel as MODULE:FUNCTION.")
 @click.option("--json", "as_json", is_flag=True)
 def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_json: bool) -> None:
-    """Re-run a saved case on one backend and print the verdict; exit 1 if it fails."""
+    """Re-run a saved case on one backend and print the verdict; exit 1 if it fails, 3 if no verdict (unsupported, error)."""
     try:
         case = Case.load(case_file)
     except CaseError as exc:
@@ -344,10 +344,10 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
         click.echo(format_report(case, backend.name, outcome.verdict))
     else:
         click.echo(f"{backend.name}: {outcome.status.upper()}: {outcome.message}")
+    if outcome.status in ("error", "unsupported"):
+        sys.exit(3)  # no verdict: the tool could not judge, or the kernel declined the case
     if outcome.is_finding:
         sys.exit(1)
-    if outcome.status == "error":
-        sys.exit(3)
 
 
 def _oracle_engines() -> dict[str, str]:

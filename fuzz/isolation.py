@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
-from fuzz.runner import OracleDisagreement, Outcome, check_case
-from oracle.case import Case
+from fuzz.runner import OracleDisagreement, Outcome, check_case, exception_text
+from oracle.case import Case, CaseError
 from oracle.tolerance import Tolerance
 
 STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
@@ -99,7 +99,7 @@ def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection)
             reply: Any = ("outcome", _to_cpu(check_case(backend, Case.from_json(case_json), tolerance, keep_output)))
             payload = pickle.dumps(reply)
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
-            payload = pickle.dumps(("raised", type(exc).__name__, str(exc), "".join(traceback.format_exception(exc, limit=-6))))
+            payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "".join(traceback.format_exception(exc, limit=-6))))
         # plain pickle: Connection.send would move every tensor to shared memory (torch's reducers), ~0.1 s a case
         conn.send_bytes(payload)
 
@@ -184,6 +184,8 @@ class IsolatedBackend:
         _, kind, message, tb = reply
         if kind == "OracleDisagreement":
             raise OracleDisagreement(message)
+        if kind == "CaseError":
+            raise CaseError(message)  # the case cannot be judged at all: bad input, not a kernel's fault
         return Outcome(case, self.name, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}")
 
     def _died(self, case: Case) -> Outcome:

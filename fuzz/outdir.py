@@ -74,11 +74,15 @@ def campaign_lock(out_dir: Path, shard: Shard = Shard()) -> Iterator[Path]:
 
 
 def kept_campaign(out_dir: Path, state_file: Path, workers: int) -> list[Path]:
-    """The campaign state files in ``out_dir`` that a fresh run would replace (``--workers``
-    replaces every shard state, any other run its own state file)."""
-    if workers > 1:
-        return sorted((Path(out_dir) / "shards").glob("campaign-*-of-*.json"))
-    return [state_file] if state_file.exists() else []
+    """The files in ``out_dir`` that a fresh run would replace. One shard of a job array
+    (``--shard I/N``) replaces only its own state file; a whole campaign (plain or ``--workers``)
+    writes ``campaign.json`` or the shard states and ``summary.json``, so any of them there, a
+    plain campaign's, a ``--workers`` campaign's or a file of the user's, is kept."""
+    out = Path(out_dir)
+    if workers <= 1 and state_file.parent != out:
+        return [state_file] if state_file.exists() else []
+    whole = [path for path in (out / "campaign.json", out / "summary.json") if path.is_file()]
+    return whole + sorted((out / "shards").glob("campaign-*-of-*.json"))
 
 
 def refuse_replacing(kept: list[Path], out_dir: Path) -> None:

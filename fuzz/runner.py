@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from backends.base import Backend, ContractViolation, KernelOutput, Unsupported
-from oracle.case import Case
+from oracle.case import Case, CaseError
 from oracle.reference import plain_attention, reference
 from oracle.tensors import Tensors, make_tensors, torch_dtype
 from oracle.tolerance import Tolerance, Verdict, compare
@@ -48,9 +48,19 @@ class Outcome:
         return self.status in ("fail", "crash")
 
 
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, even for an exception whose ``__str__`` raises or returns a non-string (a kernel's
+    exception is the kernel's: describing it must not fail the judge)."""
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001 - whatever __str__ does, the exception is still reported
+        return f"<{type(exc).__name__} whose __str__ raised>"
+    return text if isinstance(text, str) else f"<{type(exc).__name__} whose __str__ returned {type(text).__name__}>"
+
+
 def is_unsupported(exc: BaseException) -> bool:
     """FlashInfer's rule: a crash is always a finding; only explicit refusals are skips."""
-    if any(sign in str(exc).lower() for sign in _CRASH_SIGNS):
+    if any(sign in exception_text(exc).lower() for sign in _CRASH_SIGNS):
         return False
     return isinstance(exc, (Unsupported, NotImplementedError))
 
@@ -93,11 +103,18 @@ def contract_problem(result: Any, device: torch.device) -> str | None:
             continue
         if not isinstance(value, torch.Tensor):
             return f"{name} is {_describe(value)}; expected a torch.Tensor" + (" or None" if name == "lse" else "")
-        if value.layout != torch.strided:
-            return f"{name} has layout {value.layout}; expected a dense (strided) tensor"
+        if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
+            return f"{name} is a tensor subclass {_describe(value)}; expected a plain torch.Tensor"
+        if value.is_nested or value.is_quantized or value.layout != torch.strided:
+            return f"{name} has layout {value.layout}{' (nested)' if value.is_nested else ''}{' (quantized)' if value.is_quantized else ''}; expected a dense (strided) tensor"
+        if value.dtype not in _OUTPUT_DTYPES:
+            return f"{name} has dtype {value.dtype}; expected one of float16, bfloat16, float32, float64"
         if value.device != device:
             return f"{name} is on {value.device}; the inputs are on {device}"
     return None
+
+
+_OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _describe(value: Any) -> str:
@@ -124,7 +141,7 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
     if problem is None:
         try:
             verdict = judge(case, tensors, KernelOutput(*result), tolerance)
-        except OracleDisagreement:
+        except (OracleDisagreement, CaseError):
             raise
         except Exception as exc:  # noqa: BLE001 - a well-formed output the oracle cannot judge: a tool failure
             tb = "".join(traceback.format_exception(exc, limit=-4))
@@ -144,10 +161,11 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
 
 def _raised(backend: Backend, case: Case, exc: BaseException) -> Outcome:
     if isinstance(exc, ContractViolation):
-        return Outcome(case, backend.name, "fail", f"FAIL: {CONTRACT}: {exc}", Verdict(False, [f"{CONTRACT}: {exc}"]))
+        text = exception_text(exc)
+        return Outcome(case, backend.name, "fail", f"FAIL: {CONTRACT}: {text}", Verdict(False, [f"{CONTRACT}: {text}"]))
     if isinstance(exc, Exception) and is_unsupported(exc):
-        return Outcome(case, backend.name, "unsupported", f"{type(exc).__name__}: {exc}")
-    tb = "".join(traceback.format_exception(exc, limit=-4))
+        return Outcome(case, backend.name, "unsupported", f"{type(exc).__name__}: {exception_text(exc)}")
+    tb = _traceback_text(exc)
     why = {SystemExit: " (the kernel called sys.exit)", KeyboardInterrupt: " (raised by the kernel, not a Ctrl-C)"}
     note = next((text for kind, text in why.items() if isinstance(exc, kind)), "")
     return Outcome(case, backend.name, "crash", f"{describe_exception(exc)}{note}\n{tb}")
@@ -155,7 +173,15 @@ def _raised(backend: Backend, case: Case, exc: BaseException) -> Outcome:
 
 def describe_exception(exc: BaseException) -> str:
     """``Type: message``, or ``Type`` alone when the message is empty (``KeyboardInterrupt()``)."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = exception_text(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _traceback_text(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(exc, limit=-4))
+    except BaseException:  # noqa: BLE001 - formatting calls the exception's __str__ again
+        return f"{type(exc).__name__} (no traceback: formatting it raised)\n"
 
 
 def call_kernel(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:

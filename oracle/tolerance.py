@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from oracle.case import Case
+from oracle.case import Case, CaseError
 from oracle.reference import Reference, half_ulp
 
 
@@ -102,6 +102,13 @@ def _stats(
     err = torch.where(torch.isnan(err), float("inf"), err)
     ctrl = torch.stack([(c.to(torch.float64) - ref).abs() for c in controls]).amax(0)
     e, c = err[mask], ctrl[mask]
+    if not bool(torch.isfinite(c).all()):
+        # the plain computation in the kernel's dtype overflows where the reference is finite: no
+        # limit can be derived, and a NaN limit would pass anything (every comparison is False)
+        raise CaseError(
+            f"{name}: the case's values overflow {dtype}: the plain {dtype} computation is not finite on "
+            f"{int((~torch.isfinite(c)).sum())} elements where the float64 reference is, so no kernel can be judged on it"
+        )
     floor, mean_floor = _rounding_floors(ref, dtype, tol.floor_factor, logit_noise)
     ctrl_max = float(c.max()) if c.numel() else 0.0
     ctrl_mean = float(c.mean()) if c.numel() else 0.0

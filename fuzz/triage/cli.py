@@ -64,6 +64,8 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
         click.echo(f"\nreport: {written['markdown']}  {written['html']}")
         if result.repro:
             click.echo(f"repro:  {result.repro}")
+    if any(row.status == "error" for row in result.survey) or all(row.status == "unsupported" for row in result.survey):
+        sys.exit(3)  # a backend the tool could not judge, or no verdict at all
     if result.failing:
         sys.exit(1)
 

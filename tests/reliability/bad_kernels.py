@@ -175,3 +175,50 @@ def sleeps_two_seconds(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices,
 def slow_correct(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
     time.sleep(0.05)
     return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+
+
+# --- found by a hostile review after the first version -------------------------------------------
+
+
+class _AbsLies(torch.Tensor):
+    """A tensor subclass whose ``abs`` returns zeros: it would make every error look like 0."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        if func in (torch.abs, torch.Tensor.abs) and isinstance(result, torch.Tensor):
+            return torch.zeros_like(result.as_subclass(torch.Tensor))
+        return result
+
+
+def returns_lying_subclass(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    out, _ = _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+    return torch.zeros_like(out).as_subclass(_AbsLies), None
+
+
+def returns_complex_lse(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    out, lse = _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+    return out, lse.to(torch.complex64) + 1000j
+
+
+def returns_fp8_out(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    out, lse = _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+    return out.to(torch.float8_e4m3fn), lse
+
+
+class _StrRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ itself fails")
+
+
+def raises_unprintable(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    raise _StrRaises()
+
+
+def refuses_alibi(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Takes no ``alibi_slopes``: a case with ALiBi is unsupported for it."""
+    return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+
+
+def returns_zeros(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal):
+    return torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)

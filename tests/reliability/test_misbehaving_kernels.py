@@ -44,7 +44,7 @@ CONTRACT = [
     ("returns_none", "FAIL: kernel contract: tests.reliability.bad_kernels:returns_none returned NoneType"),
     ("returns_three", "returned a tuple of 3; expected out or (out, lse)"),
     ("returns_wrong_shape", "FAIL: out has shape"),
-    ("returns_wrong_dtype", "out dtype is torch.int32"),
+    ("returns_wrong_dtype", "FAIL: kernel contract: out has dtype torch.int32"),
     ("returns_meta_tensor", "FAIL: kernel contract: out is on meta; the inputs are on c"),  # cpu or cuda
     ("returns_numpy_lse", "FAIL: kernel contract: lse is a numpy.ndarray"),
 ]
