@@ -22,6 +22,7 @@ from fuzz.exits import EPILOG, TOOL_FAILED, ExitCodeGroup, campaign_exit_code, r
 from fuzz.ledger import GOLDEN, load_ledger
 from fuzz.outdir import campaign_lock, kept_campaign, refuse_replacing
 from fuzz.shard import Shard
+from fuzz.runner import exception_text
 from fuzz.state import (
     BackendResult,
     CampaignState,
@@ -91,9 +92,16 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
 
 def _select(backend_names: tuple[str, ...], kernels: tuple[str, ...]) -> list[Backend]:
     try:
-        chosen = [get_backend(n) for n in backend_names] + [UserKernel.from_spec(k) for k in kernels]
-    except (KeyError, ValueError, ImportError) as exc:
-        raise click.UsageError(str(exc).strip("'\"")) from None
+        chosen = [get_backend(n) for n in backend_names]
+    except (KeyError, ValueError) as exc:
+        raise click.UsageError(str(exc.args[0] if exc.args else exc)) from None
+    for spec in kernels:
+        try:
+            chosen.append(UserKernel.from_spec(spec))
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - the user's module failed to import (ImportError, SyntaxError, its own error)
+            raise click.UsageError(f"--kernel {spec}: cannot import it ({type(exc).__name__}: {exception_text(exc)})") from None
     if not chosen:
         chosen, _ = available_backends()
     for backend in chosen:

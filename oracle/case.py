@@ -440,6 +440,8 @@ def read_json(path: Path, error: type[Exception]) -> Any:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc})") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (Python's int-parsing limit)
+        raise error(f"{path}: not valid JSON ({str(exc)[:200]})") from None
     except _DuplicateKey as exc:
         raise error(f"{path}: not valid JSON (key {exc} given twice)") from None
     except RecursionError:

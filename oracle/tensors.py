@@ -202,7 +202,7 @@ def save_tensors(tensors: Tensors, path: str | Path) -> Path:
 
 
 _SIDECAR_ARRAYS = ("q", "k_cache", "v_cache")
-_NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)  # what a bad archive raises
+_NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, AttributeError, MemoryError, zipfile.BadZipFile, zlib.error)  # what a bad archive raises (a duplicate member, a header claiming TiBs)
 
 
 def load_tensors(case: Case, path: str | Path) -> Tensors:
@@ -224,7 +224,10 @@ def load_tensors(case: Case, path: str | Path) -> Tensors:
         loaded = {name: _read_array(case, path, archive, name) for name in _SIDECAR_ARRAYS}
     tensors = Tensors(**loaded)
     _check_referenced_finite(case, path, tensors)
-    check_signal(case, tensors)
+    try:
+        check_signal(case, tensors)
+    except CaseError as exc:
+        raise CaseError(f"{path}: {exc}") from None
     return tensors
 
 
@@ -252,6 +255,8 @@ def _read_array(case: Case, path: Path, archive: np.lib.npyio.NpzFile, name: str
         dtype_array = archive[f"{name}__dtype"]
     except _NPZ_ERRORS as exc:
         raise CaseError(f"{path}: array {name}__dtype is unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(dtype_array, np.ndarray):
+        raise CaseError(f"{path}: member {name}__dtype is not an .npy array (a duplicate or foreign member)")
     if dtype_array.shape != () or dtype_array.dtype.kind != "U":
         raise CaseError(f"{path}: array {name}__dtype must be one string, got {dtype_array.dtype} of shape {dtype_array.shape}")
     if str(dtype_array) != dtype_name:
@@ -260,6 +265,8 @@ def _read_array(case: Case, path: Path, archive: np.lib.npyio.NpzFile, name: str
         bits = archive[f"{name}__bits"]
     except _NPZ_ERRORS as exc:
         raise CaseError(f"{path}: array {name}__bits is unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(bits, np.ndarray):
+        raise CaseError(f"{path}: member {name}__bits is not an .npy array (a duplicate or foreign member)")
     dtype = torch_dtype(dtype_name)
     raw = np.dtype(str(_BITS[dtype.itemsize]).removeprefix("torch."))
     if bits.dtype != raw:

@@ -90,3 +90,31 @@ def test_odd_returns_and_unprintable_exceptions_are_findings(tmp_path) -> None:
         result = cli("fuzz", "-k", f"{MODULE}:{kernel}", "-n", "5", "--no-isolate", "--out", str(tmp_path / kernel))
         assert result.exit_code == 1 and f"FINDING in {MODULE}:{kernel}" in result.output, result.output
         assert message in result.output, result.output
+
+
+def test_a_kernel_module_that_fails_to_import_is_bad_input(tmp_path, monkeypatch) -> None:
+    (tmp_path / "broken_at_import.py").write_text("raise RuntimeError('no GPU here')\n")
+    (tmp_path / "broken_syntax.py").write_text("def f(:\n")
+    monkeypatch.chdir(tmp_path)
+    for module, why in (("broken_at_import", "RuntimeError: no GPU here"), ("broken_syntax", "SyntaxError")):
+        result = cli("fuzz", "-k", f"{module}:attn", "-n", "2", "--out", str(tmp_path / module))
+        assert result.exit_code == 2 and f"--kernel {module}:attn: cannot import it ({why}" in result.output, result.output
+    missing = cli("fuzz", "-k", "no_such_module:attn", "-n", "2", "--out", str(tmp_path / "missing"))
+    assert missing.exit_code == 2 and "No module named 'no_such_module'" in missing.output, missing.output
+
+
+def test_an_integer_past_pythons_parsing_limit_is_bad_input(tmp_path) -> None:
+    data = json.loads(json.dumps(CASE))
+    (tmp_path / "case.json").write_text(json.dumps(data).replace('"seed": 0', '"seed": ' + "9" * 5000))
+    result = cli("replay", str(tmp_path / "case.json"), "-b", "sdpa-math")
+    assert result.exit_code == 2 and "case.json: not valid JSON" in result.output, result.output
+
+
+def test_an_npz_with_a_duplicate_member_is_bad_input(tmp_path) -> None:
+    import zipfile
+
+    case = write_case(tmp_path, q_value=1.0)
+    with zipfile.ZipFile(tmp_path / "t.npz", "a") as archive:
+        archive.writestr("q__bits.npy", b"garbage")  # a second member of the same name
+    result = cli("replay", str(case), "-b", "sdpa-math")
+    assert result.exit_code == 2 and "t.npz" in result.output and "Traceback" not in result.output, result.output
