@@ -144,8 +144,8 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
         except (OracleDisagreement, CaseError):
             raise
         except Exception as exc:  # noqa: BLE001 - a well-formed output the oracle cannot judge: a tool failure
-            tb = "".join(traceback.format_exception(exc, limit=-4))
-            return Outcome(case, backend.name, "error", f"the oracle could not judge the output: {type(exc).__name__}: {exc}\n{tb}")
+            return Outcome(case, backend.name, "error",
+                           f"the oracle could not judge the output: {describe_exception(exc)}\n{_traceback_text(exc)}")
     else:
         verdict = Verdict(False, [f"{CONTRACT}: {problem}"])
     changed = [name for name, bits in tensors.fingerprint(inputs).items() if bits != before[name]]

@@ -251,22 +251,12 @@ def _check_array_names(path: Path, names: set[str]) -> None:
 def _read_array(case: Case, path: Path, archive: np.lib.npyio.NpzFile, name: str) -> torch.Tensor:
     """Array ``name`` (``NAME__bits`` viewed as ``NAME__dtype``), checked against the case."""
     shape, dtype_name = _expected_arrays(case)[name]
-    try:
-        dtype_array = archive[f"{name}__dtype"]
-    except _NPZ_ERRORS as exc:
-        raise CaseError(f"{path}: array {name}__dtype is unreadable ({type(exc).__name__}: {exc})") from None
-    if not isinstance(dtype_array, np.ndarray):
-        raise CaseError(f"{path}: member {name}__dtype is not an .npy array (a duplicate or foreign member)")
+    dtype_array = _member(path, archive, f"{name}__dtype")
     if dtype_array.shape != () or dtype_array.dtype.kind != "U":
         raise CaseError(f"{path}: array {name}__dtype must be one string, got {dtype_array.dtype} of shape {dtype_array.shape}")
     if str(dtype_array) != dtype_name:
         raise CaseError(f"{path}: {name} is {str(dtype_array)[:40]!r}, the case needs {dtype_name}")
-    try:
-        bits = archive[f"{name}__bits"]
-    except _NPZ_ERRORS as exc:
-        raise CaseError(f"{path}: array {name}__bits is unreadable ({type(exc).__name__}: {exc})") from None
-    if not isinstance(bits, np.ndarray):
-        raise CaseError(f"{path}: member {name}__bits is not an .npy array (a duplicate or foreign member)")
+    bits = _member(path, archive, f"{name}__bits")
     dtype = torch_dtype(dtype_name)
     raw = np.dtype(str(_BITS[dtype.itemsize]).removeprefix("torch."))
     if bits.dtype != raw:
@@ -274,6 +264,18 @@ def _read_array(case: Case, path: Path, archive: np.lib.npyio.NpzFile, name: str
     if bits.shape != shape:
         raise CaseError(f"{path}: {name} is {bits.shape} {dtype_name}, the case needs {shape} {dtype_name}")
     return torch.from_numpy(np.ascontiguousarray(bits).copy()).view(dtype)
+
+
+def _member(path: Path, archive: np.lib.npyio.NpzFile, member: str) -> np.ndarray:
+    """One array of the archive; a member that cannot be read, or is no ``.npy`` array (a duplicate
+    or foreign member), is a ``CaseError`` naming it."""
+    try:
+        array = archive[member]
+    except _NPZ_ERRORS as exc:
+        raise CaseError(f"{path}: array {member} is unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(array, np.ndarray):
+        raise CaseError(f"{path}: member {member} is not an .npy array (a duplicate or foreign member)")
+    return array
 
 
 def _check_referenced_finite(case: Case, path: Path, tensors: Tensors) -> None:
