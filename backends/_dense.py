@@ -1,7 +1,7 @@
 """Paged KV -> padded dense tensors and position masks, shared by the dense torch adapters.
 
 These adapters read the pages themselves (the kernels they call are not paged), so this module
-is their "kernel side" conversion, written independently of ``oracle.reference``.
+is their "kernel side" conversion, written independently of ``pa_oracle.oracle.reference``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from oracle.case import Case
-from oracle.tensors import Tensors, upload
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors, upload
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-
-from oracle.case import FP8_DTYPES, Q_DTYPES, Case
-from oracle.tensors import Tensors
+from pa_oracle.oracle.case import FP8_DTYPES, Q_DTYPES, Case
+from pa_oracle.oracle.tensors import Tensors
 
 
 class Unsupported(Exception):
@@ -207,7 +206,7 @@ class Backend:
     ) -> KernelOutput:
         """Combine two partial states over disjoint keys (natural-log LSE) with the kernel library's
         own merge; the default is the oracle's formula in float32, out in the inputs' dtype."""
-        from oracle.reference import merge_states
+        from pa_oracle.oracle.reference import merge_states
 
         out, lse = merge_states(out_a.float(), lse_a.float(), out_b.float(), lse_b.float())
         return KernelOutput(out.to(out_a.dtype), lse)
@@ -242,14 +241,11 @@ def registered() -> dict[str, type[Backend]]:
     return dict(_REGISTRY)
 
 
-def get_backend(name: str) -> Backend:
-    from backends import discover
-
-    discover()
-    if name not in _REGISTRY:
-        import difflib
-
-        close = difflib.get_close_matches(name, _REGISTRY, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(f"unknown backend {name!r}{hint} (known: {', '.join(sorted(_REGISTRY))})")
-    return _REGISTRY[name]()
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, even for an exception whose ``__str__`` raises or returns a non-string (a kernel's
+    exception is the kernel's: describing it must not fail the judge)."""
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001 - whatever __str__ does, the exception is still reported
+        return f"<{type(exc).__name__} whose __str__ raised>"
+    return text if isinstance(text, str) else f"<{type(exc).__name__} whose __str__ returned {type(text).__name__}>"

@@ -15,8 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-
-from backends.base import (
+from pa_oracle.backends.base import (
     Backend,
     Capabilities,
     GraphCall,
@@ -26,8 +25,8 @@ from backends.base import (
     capture_cuda_graph,
     register,
 )
-from oracle.case import Case
-from oracle.tensors import Tensors, token_addresses
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 _FLASH_ATTN = Capabilities(
     devices=("cuda",),

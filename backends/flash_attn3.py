@@ -20,11 +20,10 @@ import importlib
 from typing import Any, ClassVar
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, Unsupported, register
-from backends.flash_attn import _lse_to_natural_minus_inf, _window
-from oracle.case import Case
-from oracle.tensors import Tensors, token_addresses
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported, register
+from pa_oracle.backends.flash_attn import _lse_to_natural_minus_inf, _window
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 _FA3 = Capabilities(
     devices=("cuda",), q_dtypes=("float16", "bfloat16"), head_dims=tuple(range(8, 257, 8)),

@@ -19,12 +19,11 @@ import inspect
 from typing import Any, ClassVar
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, Unsupported, register
-from backends.flash_attn import _lse_to_natural_minus_inf
-from backends.flash_attn3 import split_result
-from oracle.case import Case
-from oracle.tensors import Tensors, token_addresses
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported, register
+from pa_oracle.backends.flash_attn import _lse_to_natural_minus_inf
+from pa_oracle.backends.flash_attn3 import split_result
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 _MODULE = "flash_attn.cute.interface"
 _FA4 = Capabilities(

@@ -2,7 +2,7 @@
 (``fa2`` and, on sm90, ``fa3``) and ragged prefill.
 
 Conventions converted here: FlashInfer's LSE is base 2 (returned in natural log); its ALiBi uses
-its own slopes (the paper's, the same as ``fuzz.strategies.alibi_slopes``) with bias
+its own slopes (the paper's, the same as ``pa_oracle.fuzz.draw.strategies.alibi_slopes``) with bias
 ``slope * (kv_idx - qo_idx)`` counted from the request's first query, so it equals the oracle's
 ``-slope * |p - j|`` plus ``slope * (kv_len - qo_len)`` when every key is at or before the query:
 the output is the same, the LSE is shifted by that constant (undone here), and non-causal prefill
@@ -20,8 +20,7 @@ import math
 from typing import Any, ClassVar
 
 import torch
-
-from backends.base import (
+from pa_oracle.backends.base import (
     Backend,
     Capabilities,
     GraphCall,
@@ -31,8 +30,8 @@ from backends.base import (
     capture_cuda_graph,
     register,
 )
-from oracle.case import FP8_DTYPES, Case
-from oracle.tensors import Tensors, token_addresses
+from pa_oracle.oracle.case import FP8_DTYPES, Case
+from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 LN_2 = math.log(2.0)
 _WORKSPACE_BYTES = 256 << 20
@@ -53,7 +52,7 @@ def _workspace(device: str) -> torch.Tensor:
 
 
 def _standard_alibi(case: Case) -> bool:
-    from fuzz.strategies import alibi_slopes
+    from pa_oracle.oracle.case import alibi_slopes
 
     slopes = case.options.alibi_slopes
     return slopes is None or all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(slopes, alibi_slopes(len(slopes))))

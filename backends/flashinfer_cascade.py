@@ -11,10 +11,10 @@ import dataclasses
 import random
 from typing import Any
 
-from backends.base import Backend, KernelOutput, register
-from backends.flashinfer import _FLASHINFER, LN_2, FlashInferPrefillFA2
-from oracle.case import Case, Layout
-from oracle.tensors import Tensors
+from pa_oracle.backends.base import Backend, KernelOutput, register
+from pa_oracle.backends.flashinfer import _FLASHINFER, LN_2, FlashInferPrefillFA2
+from pa_oracle.oracle.case import Case, Layout
+from pa_oracle.oracle.tensors import Tensors
 
 
 def split_layouts(case: Case) -> tuple[Layout, Layout]:

@@ -13,10 +13,9 @@ import functools
 from typing import Any
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, register
-from oracle.case import Case
-from oracle.tensors import Tensors, token_addresses
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 
 @functools.cache

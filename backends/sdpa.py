@@ -13,12 +13,11 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from pa_oracle.backends._dense import Dense, alibi_bias, from_dense, keep_mask, to_dense
+from pa_oracle.backends.base import Backend, Capabilities, GraphCall, KernelOutput, capture_cuda_graph, register
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from backends._dense import Dense, alibi_bias, from_dense, keep_mask, to_dense
-from backends.base import Backend, Capabilities, GraphCall, KernelOutput, capture_cuda_graph, register
-from oracle.case import Case
-from oracle.tensors import Tensors
 
 _SDPA = Capabilities(logits_soft_cap=False, sinks=False, fp8_scales=False, returns_lse=False)
 

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, register
-from oracle.case import FP8_DTYPES, Case, Layout
-from oracle.tensors import Tensors, token_addresses
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
+from pa_oracle.oracle.case import FP8_DTYPES, Case, Layout
+from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 _MODULE = "sglang.srt.layers.attention.triton_ops.extend_attention"
 _PASSED = frozenset({"q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",

@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, register
-from oracle.case import FP8_DTYPES, Case
-from oracle.tensors import Tensors, token_addresses
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
+from pa_oracle.oracle.case import FP8_DTYPES, Case
+from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 _SGLANG = Capabilities(
     devices=("cuda",), q_dtypes=("float16", "bfloat16"), kv_dtypes=FP8_DTYPES, min_qo_len=1, max_qo_len=1,

@@ -25,10 +25,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import torch
-
-from backends.base import Backend, Capabilities, ContractViolation, KernelOutput
-from oracle.case import FP8_DTYPES, Case
-from oracle.tensors import Tensors
+from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput
+from pa_oracle.oracle.case import FP8_DTYPES, Case
+from pa_oracle.oracle.tensors import Tensors
 
 ATTRIBUTE = "pa_oracle_capabilities"
 _CAPABILITY_FIELDS = {f.name for f in fields(Capabilities)}

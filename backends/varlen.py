@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, register
-from oracle.case import Case
-from oracle.tensors import Tensors
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors
 
 
 @register

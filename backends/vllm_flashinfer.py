@@ -40,11 +40,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from backends.base import KernelOutput, register
-from backends.flashinfer import _FLASHINFER, LN_2, _FlashInferBackend, _workspace
-from oracle.case import Case, Layout
-from oracle.tensors import Tensors
+from pa_oracle.backends.base import KernelOutput, register
+from pa_oracle.backends.flashinfer import _FLASHINFER, LN_2, _FlashInferBackend, _workspace
+from pa_oracle.oracle.case import Case, Layout
+from pa_oracle.oracle.tensors import Tensors
 
 DECODE_THRESHOLD = 1  # FlashInferMetadataBuilder.reorder_batch_threshold without spec decoding
 DECODE_USE_TENSOR_CORES = True  # vLLM's _get_decode_wrapper since 0.11

@@ -24,10 +24,9 @@ import math
 from typing import Any
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, register
-from oracle.case import FP8_DTYPES, Case
-from oracle.tensors import Tensors
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
+from pa_oracle.oracle.case import FP8_DTYPES, Case
+from pa_oracle.oracle.tensors import Tensors
 
 _MODULES = ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention")
 

@@ -1,4 +1,4 @@
-"""Fused float64 oracle (``oracle.fused``) vs the torch oracle vs FlashInfer, on CUDA (a benchmark,
+"""Fused float64 oracle (``pa_oracle.oracle.fused``) vs the torch oracle vs FlashInfer, on CUDA (a benchmark,
 not a timed test): times, ratios, max |fused - reference|, the decode-only and prefill-only halves
 of the serving batch, the cost of ``logit_noise``, and a config sweep.
 
@@ -15,12 +15,16 @@ import argparse
 from dataclasses import replace
 
 import torch
-
-from oracle_speed import flashinfer_time, fuzz_sized_case, serving_case, timed  # the sibling script (benchmarks/ is sys.path[0])
-from oracle.case import Case, Layout
-from oracle.fused import DEFAULT_CONFIG, FusedConfig, fused_reference
-from oracle.reference import reference
-from oracle.tensors import make_tensors
+from oracle_speed import (  # the sibling script (benchmarks/ is sys.path[0])
+    flashinfer_time,
+    fuzz_sized_case,
+    serving_case,
+    timed,
+)
+from pa_oracle.oracle.case import Case, Layout
+from pa_oracle.oracle.fused import DEFAULT_CONFIG, FusedConfig, fused_reference
+from pa_oracle.oracle.reference import reference
+from pa_oracle.oracle.tensors import make_tensors
 
 # one knob at a time around the default (block_m 128 x block_n 64, 8 warps, decode split at 512 keys
 # on a side stream, a plain loop, maxnreg 255), then a few pairs; num_warps 4 on 128-row tiles was
@@ -101,7 +105,7 @@ def report(name: str, case: Case, repeat: int, with_flashinfer: bool) -> None:
 
 def _flashinfer_half_time(case: Case, tensors, decode: bool, repeat: int) -> float:  # type: ignore[no-untyped-def]
     """FlashInfer's decode (tensor cores) or FA2 prefill kernel alone on a one-kind batch."""
-    from backends.flashinfer import FlashInferDecodeTensorCores, FlashInferPrefillFA2
+    from pa_oracle.backends.flashinfer import FlashInferDecodeTensorCores, FlashInferPrefillFA2
 
     backend = FlashInferDecodeTensorCores() if decode else FlashInferPrefillFA2()
     plan = backend.plan(case)

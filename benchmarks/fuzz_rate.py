@@ -16,14 +16,13 @@ import time
 
 import torch
 from hypothesis import HealthCheck, given, seed, settings
-
-from backends import get_backend
-from backends.base import Backend
-from fuzz.cli import narrow
-from fuzz.runner import check_case
-from fuzz.strategies import Limits, cases
-from oracle.case import Case
-from oracle.tensors import make_tensors
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.cli import narrow
+from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import make_tensors
 
 
 def draw_cases(backend: Backend, count: int, base_seed: int) -> list[Case]:

@@ -16,11 +16,10 @@ import random
 import statistics
 
 import torch
-
-from backends import get_backend
-from backends.base import Backend
-from oracle.case import Case, Heads, Layout, Options
-from oracle.tensors import Tensors, torch_dtype
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.base import Backend
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.tensors import Tensors, torch_dtype
 
 DECODE = ("flashinfer-decode", "flashinfer-decode-tc", "flash-attn-kvcache-paged", "sglang-decode", "sdpa-efficient")
 PREFILL = ("flashinfer-prefill-fa2", "flashinfer-prefill-fa3", "flash-attn-varlen", "sdpa-efficient")

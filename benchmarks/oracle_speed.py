@@ -21,12 +21,11 @@ import random
 import time
 from unittest import mock
 
+import pa_oracle.oracle.buckets as buckets
 import torch
-
-import oracle.buckets as buckets
-from oracle.case import Case, Heads, Layout, Options
-from oracle.reference import reference
-from oracle.tensors import make_tensors, token_addresses
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import reference
+from pa_oracle.oracle.tensors import make_tensors, token_addresses
 
 
 def per_sequence_loop(case: Case, tensors) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -78,7 +77,7 @@ def serving_case() -> Case:
 
 
 def flashinfer_time(case: Case, tensors) -> float:  # type: ignore[no-untyped-def]
-    from backends.flashinfer import FlashInferDecodeTensorCores, FlashInferPrefillFA2
+    from pa_oracle.backends.flashinfer import FlashInferDecodeTensorCores, FlashInferPrefillFA2
 
     lay = case.layout
     split = lambda keep: Layout.from_lengths(  # noqa: E731

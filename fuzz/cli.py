@@ -12,18 +12,15 @@ from typing import Any
 
 import click
 from click.core import ParameterSource
-
-from backends import discover
-from backends.base import Backend, get_backend
-from backends.user import UserKernel
-from fuzz.campaign import run_campaign
-from fuzz.coverage import coverage_table
-from fuzz.exits import EPILOG, TOOL_FAILED, ExitCodeGroup, campaign_exit_code, remember_out_dir
-from fuzz.ledger import GOLDEN, load_ledger
-from fuzz.outdir import campaign_lock, kept_campaign, refuse_replacing
-from fuzz.shard import Shard
-from fuzz.runner import exception_text
-from fuzz.state import (
+from pa_oracle.backends import BackendSpecError, available, resolve
+from pa_oracle.backends.base import Backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.coverage import coverage_table
+from pa_oracle.fuzz.campaign.engine import run_campaign
+from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
+from pa_oracle.fuzz.campaign.outdir import campaign_lock, kept_campaign, refuse_replacing
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.campaign.state import (
     BackendResult,
     CampaignState,
     CampaignStateError,
@@ -33,22 +30,13 @@ from fuzz.state import (
     state_path,
     write_atomically,
 )
-from fuzz.strategies import Limits
-from oracle.case import Case, CaseError
-from oracle.report import format_report
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.fuzz.exits import EPILOG, TOOL_FAILED, ExitCodeGroup, campaign_exit_code, remember_out_dir
+from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.report import format_report
+from pa_oracle.oracle.tensors import load_case
 
-
-def available_backends() -> tuple[list[Backend], dict[str, str]]:
-    """(usable backends, {name: why not} for the rest)."""
-    usable, missing = [], {}
-    for name, cls in sorted(discover().items()):
-        backend = cls()
-        reason = backend.unavailable_reason()
-        if reason:
-            missing[name] = reason
-        else:
-            usable.append(backend)
-    return usable, missing
+available_backends = available  # the name the plugin and triage used
 
 
 _INT_FIELDS = ("max_group_size", "min_qo_len", "max_qo_len", "page_size_multiple")
@@ -92,23 +80,9 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
 
 def _select(backend_names: tuple[str, ...], kernels: tuple[str, ...]) -> list[Backend]:
     try:
-        chosen = [get_backend(n) for n in backend_names]
-    except (KeyError, ValueError) as exc:
-        raise click.UsageError(str(exc.args[0] if exc.args else exc)) from None
-    for spec in kernels:
-        try:
-            chosen.append(UserKernel.from_spec(spec))
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - the user's module failed to import (ImportError, SyntaxError, its own error)
-            raise click.UsageError(f"--kernel {spec}: cannot import it ({type(exc).__name__}: {exception_text(exc)})") from None
-    if not chosen:
-        chosen, _ = available_backends()
-    for backend in chosen:
-        reason = backend.unavailable_reason()
-        if reason:
-            raise click.UsageError(f"backend {backend.name} is not available here: {reason}")
-    return chosen
+        return resolve(backend_names, kernels)
+    except BackendSpecError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 class Seconds(click.FloatRange):
@@ -273,7 +247,7 @@ def _fuzz_with_workers(
     ctx: click.Context, out_dir: Path, workers: int, resume: bool, overwrite: bool
 ) -> tuple[list[BackendResult], list[int]]:
     """Run shards 0..workers-1 as worker processes; (merged results, the workers' exit codes)."""
-    from fuzz.workers import run_workers, visible_gpus
+    from pa_oracle.fuzz.run.workers import run_workers, visible_gpus
 
     kept = kept_campaign(out_dir, state_path(out_dir, Shard()), workers)
     if not resume:
@@ -328,7 +302,7 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
 def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_json: bool) -> None:
     """Re-run a saved case on one backend and print the verdict; exit 1 if it fails, 3 if no verdict (unsupported, error)."""
     try:
-        case = Case.load(case_file)
+        case = load_case(case_file)
     except CaseError as exc:
         raise click.ClickException(str(exc)) from None
     if not backend_name and not kernel:
@@ -337,7 +311,7 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
     if not backend_name and not kernel:
         raise click.UsageError("give --backend or --kernel (the case file names neither)")
     backend = _select((backend_name,) if backend_name else (), (kernel,) if kernel else ())[0]
-    from fuzz.isolation import BadTimeout, case_judge, default_case_timeout
+    from pa_oracle.fuzz.run.isolation import BadTimeout, case_judge, default_case_timeout
 
     try:
         timeout = default_case_timeout()
@@ -363,8 +337,7 @@ def _oracle_engines() -> dict[str, str]:
     import importlib.util
 
     import torch
-
-    from oracle.reference import default_engine
+    from pa_oracle.oracle.reference import default_engine
 
     engine = default_engine()
     triton = importlib.util.find_spec("triton") is not None
@@ -413,9 +386,8 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
     """Report determinism and batch invariance per kernel (properties, not failures)."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
-
-    from fuzz.properties import measure
-    from fuzz.strategies import cases
+    from pa_oracle.fuzz.checks.properties import measure
+    from pa_oracle.fuzz.draw.strategies import cases
 
     report = {}
     for backend in [narrow(b, only) for b in _select(backend_names, kernels)]:
@@ -469,7 +441,7 @@ def metamorphic(
     file); a violation found again never replaces its saved folder."""
     import difflib
 
-    from fuzz.check_campaign import CHECKS, CheckResult, run_check, save_check_finding
+    from pa_oracle.fuzz.campaign.check_engine import CHECKS, CheckResult, run_check, save_check_finding
 
     unknown = [name for name in check_names if name not in CHECKS]
     if unknown:
@@ -478,7 +450,7 @@ def metamorphic(
         raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(CHECKS)})")
     checks = [CHECKS[name] for name in check_names or CHECKS]
     remember_out_dir(ctx, out_dir)
-    case = Case.load(case_file) if case_file else None  # a CaseError exits 2 (fuzz.exits)
+    case = load_case(case_file) if case_file else None  # a CaseError exits 2 (pa_oracle.fuzz.exits)
     backends = [narrow(b, only) for b in _select(backend_names, kernels)]
     results: list[CheckResult] = []
     with campaign_lock(out_dir):
@@ -527,7 +499,7 @@ def selftest(examples: int, correct_examples: int, seed: int, as_json: bool) -> 
     """Detection power: planted bugs found, correct kernels not flagged; exit 1 otherwise."""
     import dataclasses
 
-    from fuzz.quality.selftest import run_selftest
+    from pa_oracle.fuzz.quality.selftest import run_selftest
 
     results = run_selftest(examples=examples, correct_examples=correct_examples, seed=seed,
                            progress=None if as_json else click.echo)
@@ -546,11 +518,7 @@ def selftest(examples: int, correct_examples: int, seed: int, as_json: bool) -> 
         sys.exit(1)
 
 
-from gates.cli import gate  # noqa: E402  (the group imports nothing heavy)
-
-main.add_command(gate)
-
-from fuzz.triage.cli import golden, triage  # noqa: E402  (imports its heavy parts inside the commands)
+from pa_oracle.fuzz.triage.cli import golden, triage  # noqa: E402  (imports its heavy parts inside the commands)
 
 main.add_command(triage)
 main.add_command(golden)

@@ -49,13 +49,9 @@ def remember_out_dir(ctx: click.Context, out_dir: Path) -> None:
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    from fuzz.outdir import OutDirConflict
-    from fuzz.state import CampaignStateError
-    from fuzz.triage.golden import GoldenError
-    from gates.gsm8k import GateInputError
-    from oracle.case import CaseError
+    from pa_oracle.oracle.errors import BadInput
 
-    return (CaseError, CampaignStateError, OutDirConflict, GoldenError, GateInputError)
+    return (BadInput,)
 
 
 def write_trace(exc: BaseException, out_dir: Path | None) -> Path | None:
@@ -84,8 +80,8 @@ def write_trace(exc: BaseException, out_dir: Path | None) -> Path | None:
 
 def tool_failure(exc: BaseException, out_dir: Path | None) -> ToolFailed:
     """One line for an error of the tool itself, naming the file that holds the full trace."""
-    from fuzz.outdir import FindingNotSaved
-    from fuzz.runner import OracleDisagreement
+    from pa_oracle.fuzz.campaign.outdir import FindingNotSaved
+    from pa_oracle.fuzz.run.runner import OracleDisagreement
 
     if isinstance(exc, FindingNotSaved):
         return ToolFailed(str(exc))  # says where, what the finding was and where it was rescued

@@ -16,7 +16,7 @@ Under xdist (with a ``--pa-*`` option, e.g. ``--pa-pin-gpus``) the controller ha
 the N-th visible GPU (round-robin) and the worker sets ``CUDA_VISIBLE_DEVICES`` in
 ``pytest_configure``, before any test initializes CUDA. Seeds belong to shards, not workers: the
 conformance test is parametrized over ``--pa-shards`` shards (default: the number of xdist
-workers), each with its own Hypothesis and case seeds (``fuzz.shard``), so the workers fuzz
+workers), each with its own Hypothesis and case seeds (``pa_oracle.fuzz.campaign.shard``), so the workers fuzz
 disjoint examples and a rerun draws the same ones whichever worker gets which shard.
 """
 
@@ -89,7 +89,7 @@ class XdistGpuPinning:
         self.gpus: list[str] | None = None
 
     def pytest_configure_node(self, node: Any) -> None:
-        from fuzz.workers import assign_gpus, visible_gpus
+        from pa_oracle.fuzz.run.workers import assign_gpus, visible_gpus
 
         if self.gpus is None:
             self.gpus = visible_gpus()
@@ -110,9 +110,9 @@ def selected_backends(config: pytest.Config) -> list[str]:
     chosen = list(config.getoption("--pa-backend")) + list(config.getoption("--pa-kernel"))
     if chosen:
         return chosen
-    from fuzz.cli import available_backends
+    from pa_oracle.backends import available
 
-    return [b.name for b in available_backends()[0]]
+    return [b.name for b in available()[0]]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

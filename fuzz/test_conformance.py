@@ -1,8 +1,8 @@
 """The shipped differential test: fuzz each selected backend against the float64 oracle.
 
 Run it with ``pytest --pa-backend NAME`` or ``pytest --pa-kernel MOD:FN`` (the plugin collects
-this file by itself; ``--pyargs fuzz.test_conformance`` names it explicitly).
-Each backend runs as ``--pa-shards`` items (shards of its examples, see ``fuzz.plugin``); cases
+this file by itself; ``--pyargs pa_oracle.fuzz.test_conformance`` names it explicitly).
+Each backend runs as ``--pa-shards`` items (shards of its examples, see ``pa_oracle.fuzz.plugin``); cases
 that a ledger entry covers are skipped. A failure message carries the shrunk case, the report
 path and a repro command.
 """
@@ -12,13 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from backends.base import get_backend
-from backends.user import UserKernel
-from fuzz.campaign import fuzz_backend
-from fuzz.ledger import GOLDEN, load_ledger
-from fuzz.plugin import selected_backends, shard_count
-from fuzz.shard import Shard
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.plugin import selected_backends, shard_count
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

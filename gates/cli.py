@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from gates.gsm8k import FILTERS as GSM8K_FILTERS
+from pa_oracle.gates.gsm8k import FILTERS as GSM8K_FILTERS
 
 
 @click.group()
@@ -40,10 +39,9 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def load_for_gate(model_path: str, gguf_file: str | None, dtype: str, device: str | None) -> Any:
-    """``gates.models.load_model`` with the CLI's defaults; bad paths are usage errors."""
+    """``pa_oracle.gates.models.load_model`` with the CLI's defaults; bad paths are usage errors."""
     import torch
-
-    from gates.models import load_model
+    from pa_oracle.gates.models import load_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "auto":
@@ -90,9 +88,9 @@ def logits(
     Thresholds per model dtype: README "Accuracy gates"."""
     import dataclasses
 
-    from gates.data import read_gsm8k
-    from gates.logits import THRESHOLDS, gsm8k_texts, run_logit_gate, write_result
-    from gates.swap import SwapError
+    from pa_oracle.gates.data import read_gsm8k
+    from pa_oracle.gates.logits import THRESHOLDS, gsm8k_texts, run_logit_gate, write_result
+    from pa_oracle.gates.swap import SwapError
 
     try:
         texts = gsm8k_texts(read_gsm8k(data_dir, split=split, limit=limit))
@@ -146,7 +144,7 @@ def forward_progress(label: str, lines: int = 10) -> Iterator[Callable[[int, int
 
 def _command_line(ctx: click.Context) -> str:
     """The command that reruns ``ctx``'s command: ``pa-oracle``, the subcommands, and every option
-    given on the command line (however the CLI was started: ``pa-oracle`` or ``python -m fuzz``)."""
+    given on the command line (however the CLI was started: ``pa-oracle`` or ``python -m pa_oracle``)."""
     import shlex
 
     from click.core import ParameterSource
@@ -200,7 +198,7 @@ def _gsm8k_report_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _gguf_path(model_path: str, gguf_file: str | None) -> Path | None:
-    """The GGUF file the model loads from (as ``gates.models.load_model`` finds it), if it is one."""
+    """The GGUF file the model loads from (as ``pa_oracle.gates.models.load_model`` finds it), if it is one."""
     name = gguf_file or (model_path if model_path.endswith(".gguf") else None)
     if name is None:
         return None
@@ -228,8 +226,8 @@ def _judge_and_report(
     saved: Any, *, expected: Any, expected_file: Path | None, margin: float | None, alpha: float, gated: tuple[str, ...],
     save_expected: Path | None, out_dir: Path, as_json: bool,
 ) -> None:
-    """Judge ``saved`` (a ``gates.gsm8k.SavedRuns``), write its reports and runs, print the verdict, exit 1 on FAIL."""
-    from gates import gsm8k as g
+    """Judge ``saved`` (a ``pa_oracle.gates.gsm8k.SavedRuns``), write its reports and runs, print the verdict, exit 1 on FAIL."""
+    from pa_oracle.gates import gsm8k as g
 
     backend, reference = saved.outcomes[saved.backend], saved.outcomes[saved.reference]
     if save_expected is not None:
@@ -297,8 +295,8 @@ def gsm8k(
     import importlib.metadata
     import importlib.util
 
-    from gates import gsm8k as g
-    from gates.swap import SwapError, attn_implementation_for
+    from pa_oracle.gates import gsm8k as g
+    from pa_oracle.gates.swap import SwapError, attn_implementation_for
 
     if importlib.util.find_spec("lm_eval") is None:
         raise click.UsageError("the GSM8k gate needs lm-eval: pip install 'paged-attention-oracle[eval]'")
@@ -366,7 +364,7 @@ def gsm8k_merge(
 ) -> None:
     """Merge the shards of a GSM8k gate (their report folders or runs.json files, each of
     --shard 1/N .. N/N once) into one verdict, as if it had run unsharded; exit 1 if it fails."""
-    from gates import gsm8k as g
+    from pa_oracle.gates import gsm8k as g
 
     try:
         saved = g.merge_saved([g.SavedRuns.load(folder) for folder in folders])

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from gates.stats import (
+from pa_oracle.gates.stats import (
     McNemar,
     mcnemar_detectable_drop,
     mcnemar_exact,
@@ -29,13 +29,16 @@ from gates.stats import (
     wilson_lower_bound,
     wilson_margin,
 )
+from pa_oracle.oracle.errors import BadInput
+
+from pa_oracle import golden
 
 FILTERS = ("strict-match", "flexible-extract")  # lm-eval gsm8k.yaml's filter_list
-EXPECTED_DIR = Path(__file__).resolve().parents[1] / "golden" / "gsm8k"
+EXPECTED_DIR = golden.gsm8k_dir()  # expected results shipped with the package
 SCHEMA_VERSION = 1
 
 
-class GateInputError(ValueError):
+class GateInputError(BadInput):
     """Bad gate input: a malformed expected file, runs that cannot be paired, a data folder without its files."""
 
 
@@ -243,8 +246,7 @@ def run_gsm8k(
     are dropped from the outcome), after lm-eval has built every prompt as in an unsharded run."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
-
-    from gates.swap import registered_swap
+    from pa_oracle.gates.swap import registered_swap
 
     try:
         swap = registered_swap(attn_implementation)

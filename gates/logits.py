@@ -1,5 +1,5 @@
 """The teacher-forced logit gate: the same model scores the same texts twice, its attention run by a
-reference and by the backend under test (each through ``gates.swap``, or transformers' stock
+reference and by the backend under test (each through ``pa_oracle.gates.swap``, or transformers' stock
 implementation as ``hf:NAME``), and the next-token distributions over the answer tokens are
 compared: KL(reference || backend) per token (mean and max), top-1 agreement, and the largest
 change in the gold token's log-prob. Texts go in padded batches, so ragged batches are exercised.
@@ -16,10 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 import torch
-
-from gates.data import Problem
-from backends.base import Backend
-from gates.swap import STOCK_PREFIX, attn_implementation_for, registered_swap
+from pa_oracle.backends.base import Backend
+from pa_oracle.gates.data import Problem
+from pa_oracle.gates.swap import STOCK_PREFIX, attn_implementation_for, registered_swap
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, get_backend
-from backends.user import UserKernel, load_kernel
-from oracle.case import Case, Heads, Layout, Options
-from oracle.reference import plain_attention, reference
-from oracle.tensors import POISON, Tensors, token_slots, upload
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput
+from pa_oracle.backends.user import UserKernel, load_kernel
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import plain_attention, reference
+from pa_oracle.oracle.tensors import POISON, Tensors, token_slots, upload
 
 STOCK_PREFIX = "hf:"  # "hf:sdpa", "hf:eager": transformers' own implementation, not swapped
 
@@ -45,7 +45,7 @@ class OracleBackend(Backend):
     registry: fuzzing the oracle against itself proves nothing)."""
 
     name = "oracle"
-    description = "oracle.reference in float64, cast to the query dtype"
+    description = "pa_oracle.oracle.reference in float64, cast to the query dtype"
     capabilities = Capabilities()
 
     def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
@@ -55,7 +55,7 @@ class OracleBackend(Backend):
 
 class ControlBackend(Backend):
     """The suite's *control* as a backend: the naive computation with every step in the model's
-    dtype (``oracle.reference.plain_attention``, flash-attn's ``upcast=False`` reference). Real
+    dtype (``pa_oracle.oracle.reference.plain_attention``, flash-attn's ``upcast=False`` reference). Real
     kernels keep fp32 accumulators and round less; the gate's thresholds are calibrated on it."""
 
     name = "control"
@@ -72,7 +72,7 @@ _BUILT_IN = {OracleBackend.name: OracleBackend, ControlBackend.name: ControlBack
 
 def resolve_backend(spec: str | Backend | Callable[..., Any]) -> Backend:
     """A backend from a registry name, ``"oracle"``, ``"control"``, ``MODULE:NAME`` (a user kernel function or
-    a ``Backend`` class or instance, e.g. ``fuzz.quality.planted:drops_last_key_past_1024``), a function,
+    a ``Backend`` class or instance, e.g. ``pa_oracle.fuzz.quality.planted:drops_last_key_past_1024``), a function,
     or a ``Backend`` instance; raises ``SwapError`` if it cannot run on this machine."""
     if isinstance(spec, Backend):
         backend = spec

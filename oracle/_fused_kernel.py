@@ -1,4 +1,4 @@
-"""The float64 Triton kernel behind ``oracle.fused``: one program attends one tile of packed
+"""The float64 Triton kernel behind ``pa_oracle.oracle.fused``: one program attends one tile of packed
 (query, head-in-group) rows of one request against that request's paged keys, for one kv head.
 
 Imported only where Triton is installed. Under ``TRITON_INTERPRET=1`` the kernel runs in Triton's
@@ -41,7 +41,7 @@ def _exp(x, COMPILED: tl.constexpr):
 
 @triton.jit
 def _half_ulp32(s):
-    """``oracle.reference.half_ulp(s, torch.float32)``: half the float32 spacing at |s|, from the
+    """``pa_oracle.oracle.reference.half_ulp(s, torch.float32)``: half the float32 spacing at |s|, from the
     float64 exponent bits; 0, inf and nan count as lying in [0.5, 1); the spacing is at least the
     smallest float32 subnormal (a binade of at least 2^-126)."""
     exponent = s.to(tl.int64, bitcast=True) & 0x7FF0000000000000

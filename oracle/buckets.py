@@ -1,4 +1,4 @@
-"""The host-side plan of ``oracle.reference``: which rows are computed together, and every index
+"""The host-side plan of ``pa_oracle.oracle.reference``: which rows are computed together, and every index
 they need, built in numpy and moved to the compute device in one asynchronous copy.
 
 Requests (causal ones cut into query tiles where that pays, see ``tiled``) are sorted by their
@@ -13,9 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-
-from oracle.case import Case
-from oracle.tensors import token_slots
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import token_slots
 
 # Causal requests are cut into query tiles of this many rows where that skips at least this
 # fraction of their logits (see ``tiled``).

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
-from oracle.schema import convert
+from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.schema import convert
 
 SCHEMA_VERSION = 1
 
@@ -58,7 +58,7 @@ FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 DISTRIBUTIONS = ("normal", "peaked", "outliers", "near_ties", "exact")
 
 
-class CaseError(ValueError):
+class CaseError(BadInput):
     """An invalid case: the message names the field (and request) at fault."""
 
 
@@ -314,7 +314,7 @@ class Options:
 class Case:
     """A complete paged-attention call: layout, heads, options and how to make its tensors.
 
-    Tensors come from ``seed`` and the named data ``distribution`` (``oracle.tensors``), or from
+    Tensors come from ``seed`` and the named data ``distribution`` (``pa_oracle.oracle.tensors``), or from
     an npz sidecar named by ``tensors_file`` (relative to the case file).
     """
 
@@ -414,17 +414,13 @@ class Case:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> Case:
-        """Read a case file; an npz sidecar is read and checked too (``oracle.tensors.load_tensors``),
-        so a bad sidecar is refused here, naming its file and array, not when a kernel runs."""
+    def load_json(cls, path: str | Path) -> Case:
+        """Read a case file's JSON only; ``pa_oracle.oracle.tensors.load_case`` also reads and checks
+        its npz sidecar (use that one for a case that will run)."""
         path = Path(path)
-        data = read_json(path, CaseError)
-        case = cls._from_json(data, str(path))
+        case = cls._from_json(read_json(path, CaseError), str(path))
         if case.tensors_file is not None:
-            from oracle.tensors import load_tensors  # local: oracle.tensors imports this module
-
             case = case.replace(tensors_file=str((path.parent / case.tensors_file).resolve()))
-            load_tensors(case, case.tensors_file)
         return case
 
 
@@ -527,3 +523,11 @@ def _case_body(case: Case) -> dict[str, Any]:
         "distribution": case.distribution,
         "tensors_file": case.tensors_file,
     }
+
+
+def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+    """The ALiBi paper's geometric slopes (closest power of two, then interleaved)."""
+    n = 1 << int(math.floor(math.log2(num_heads)))
+    base = [2 ** (-8 * (i + 1) / n) for i in range(n)]
+    extra = [2 ** (-4 * (2 * i + 1) / n) for i in range(num_heads - n)]
+    return tuple(base + extra)

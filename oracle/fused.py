@@ -1,7 +1,7 @@
 """The float64 reference as one fused Triton kernel on CUDA: the same result as
-``oracle.reference.reference`` up to float64 rounding, without materializing the logits.
+``pa_oracle.oracle.reference.reference`` up to float64 rounding, without materializing the logits.
 
-The kernel (``oracle._fused_kernel``) reads the paged pool directly through the page table,
+The kernel (``pa_oracle.oracle._fused_kernel``) reads the paged pool directly through the page table,
 converts K and V to float64 in registers and runs an online softmax in float64 (libdevice
 exp/log/tanh: ``tl.exp`` on float64 is only float32-accurate). A tile packs one request's
 (query, head-in-group) rows for one kv head, so each kv head's keys are read once per tile;
@@ -10,8 +10,8 @@ into key chunks merged in float64 by a second kernel, on a side stream next to t
 ``logit_noise`` (the reference's float32 rounding bound) rides along as a second accumulator. The
 host plans every tile and uploads the plan in one asynchronous copy: no stream syncs.
 
->>> from oracle.case import Case, Layout, Heads
->>> from oracle.tensors import make_tensors
+>>> from pa_oracle.oracle.case import Case, Layout, Heads
+>>> from pa_oracle.oracle.tensors import make_tensors
 >>> case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 4, 4))
 >>> fused_reference(case, make_tensors(case)) is None  # CPU tensors: the caller uses ``reference``
 True
@@ -26,10 +26,9 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-
-from oracle.case import Case, CaseError
-from oracle.reference import LOG2_E, Reference
-from oracle.tensors import Tensors, upload
+from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.result import LOG2_E, Reference
+from pa_oracle.oracle.tensors import Tensors, upload
 
 MAX_HEAD_DIM = 256  # a 256-wide float64 row already costs 2 KiB of registers per tile row
 _MIN_DOT = 16  # tl.dot needs every tile dimension >= 16
@@ -86,7 +85,7 @@ DEFAULT_CONFIG = FusedConfig()
 
 def unsupported_reason(case: Case) -> str | None:
     """Why the fused kernel does not take ``case`` (None: it does). Every option of
-    ``oracle.case`` is supported; head dims are padded to a power of two >= 16, up to 256."""
+    ``pa_oracle.oracle.case`` is supported; head dims are padded to a power of two >= 16, up to 256."""
     heads = case.heads
     if max(heads.head_dim_qk, heads.head_dim_vo) > MAX_HEAD_DIM:
         return f"head dim {max(heads.head_dim_qk, heads.head_dim_vo)} > {MAX_HEAD_DIM}"
@@ -112,7 +111,7 @@ def fused_reference(
     if tensors.q.device.type != "cuda" or unsupported_reason(case) is not None:
         return None
     try:
-        from oracle import _fused_kernel  # noqa: F401
+        from pa_oracle.oracle import _fused_kernel  # noqa: F401
     except ImportError:
         return None
     if case.options.kv_dtype == "float8_e4m3fn" and torch.cuda.get_device_capability(tensors.q.device) < (8, 9):
@@ -162,7 +161,7 @@ def fused_attention(
     """The fused kernel on CUDA tensors, or on CPU tensors under Triton's interpreter
     (``TRITON_INTERPRET=1``; a test entry point). Raises ``CaseError`` for a case that
     ``unsupported_reason`` rejects and ``ImportError`` without Triton."""
-    from oracle import _fused_kernel as fk
+    from pa_oracle.oracle import _fused_kernel as fk
 
     _check_lse_base(lse_base)
     reason = unsupported_reason(case)
@@ -257,7 +256,7 @@ def _plan(case: Case, block_ms: tuple[int, ...], config: FusedConfig, lse_base: 
     to tiles of the largest; within a launch the tiles of longer contexts come first, so the
     long programs start early. Small tiles are split into key chunks (``config.split_keys``) when
     one of them spans more than one chunk."""
-    from oracle._fused_kernel import PARAMS, TILE_FIELDS
+    from pa_oracle.oracle._fused_kernel import PARAMS, TILE_FIELDS
 
     layout, heads, opts = case.layout, case.heads, case.options
     qo_indptr = np.asarray(layout.qo_indptr, dtype=np.int64)

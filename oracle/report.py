@@ -8,9 +8,8 @@ import shlex
 from dataclasses import dataclass
 
 import torch
-
-from oracle.case import Case
-from oracle.tolerance import ErrorStats, Verdict
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tolerance import ErrorStats, Verdict
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ _NAMES = {"array": "list", "object": "object", "null": "null"}
 
 def convert(data: Any, schema: type[T], *, where: str, error: type[Exception], field: str = "") -> T:
     """``data`` (parsed JSON) as ``schema``, strictly; ``error(message)`` names ``where`` and the
-    field (``field`` is the name of ``data`` itself inside its file, e.g. ``backends.sdpa``)."""
+    field (``field`` is the name of ``data`` itself inside its file, e.g. ``pa_oracle.backends.sdpa``)."""
     try:
         return msgspec.convert(data, schema, strict=True)
     except msgspec.ValidationError as exc:

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from oracle.case import Case, CaseError
+from pa_oracle.oracle.case import Case, CaseError
 
 POISON = float("nan")  # every unreferenced slot of the pool
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -147,13 +146,23 @@ def token_addresses(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.repeat(pages, filled)), torch.from_numpy(slots)
 
 
+def gather_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantized keys and values of every token, logical order: [total_kv, Hkv, D] in ``dtype``."""
+    pages, slots = (t.to(tensors.k_cache.device) for t in token_addresses(case))
+    opts = case.options
+    keys = tensors.k_cache[pages, slots].to(dtype)
+    values = tensors.v_cache[pages, slots].to(dtype)
+    if opts.is_fp8:
+        keys, values = keys * opts.k_scale, values * opts.v_scale
+    return keys, values
+
+
 def signal_strength(case: Case, tensors: Tensors) -> float:
     """Median over query rows of the std of the scaled logits across keys (0 when no signal).
 
     Near-uniform inputs (vLLM's ``uniform(+-1e-3)``) score ~1e-6 and carry no signal: any
     kernel passes on them.
     """
-    from oracle.reference import gather_kv  # local: reference imports this module
 
     keys, _ = gather_kv(case, tensors, torch.float64)
     q = tensors.q.double()
@@ -299,3 +308,12 @@ def _check_referenced_finite(case: Case, path: Path, tensors: Tensors) -> None:
                 f"{path}: {name}[page {page}, slot {slot}] (request {request}, key {position}) holds a NaN or inf "
                 f"({len(bad)} such slots): a slot the case reads must be finite"
             )
+
+
+def load_case(path: str | Path) -> Case:
+    """Read a case file; its npz sidecar, if it names one, is read and checked too, so a bad sidecar
+    is refused here, naming its file and array, not when a kernel runs."""
+    case = Case.load_json(path)
+    if case.tensors_file is not None:
+        load_tensors(case, case.tensors_file)
+    return case

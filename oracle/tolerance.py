@@ -20,9 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from oracle.case import Case, CaseError
-from oracle.reference import Reference, half_ulp
+from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.reference import Reference, half_ulp
 
 
 @dataclass(frozen=True)

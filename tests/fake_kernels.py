@@ -242,7 +242,7 @@ def _module(name: str, **attrs) -> types.ModuleType:
 @contextlib.contextmanager
 def fake_engine_modules() -> Iterator[pytest.MonkeyPatch]:
     """Install the stand-ins under the libraries' module names (and forget cached imports)."""
-    from backends import sglang_extend, vllm_triton
+    from pa_oracle.backends import sglang_extend, vllm_triton
 
     modules = {
         "flashinfer": _module("flashinfer", BatchPrefillWithPagedKVCacheWrapper=FakePrefillWrapper,

@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pa_oracle.backends import get_backend
+from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.fuzz.run.runner import check_case
 
-from backends.base import get_backend
-from fuzz.runner import check_case
-from fuzz.strategies import Limits, cases
 from tests.fake_kernels import fake_engine_modules
 
 ADAPTERS = [

@@ -2,12 +2,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from backends import discover
-from backends.base import get_backend
-from backends.user import UserKernel, capabilities_of, declare
-from fuzz.runner import check_case
-from oracle.case import Case, Heads, Layout, Options
+from pa_oracle.backends import discover, get_backend
+from pa_oracle.backends.user import UserKernel, capabilities_of, declare
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
 
 def test_discovery_finds_the_cpu_adapters() -> None:

@@ -8,24 +8,24 @@ import sys
 import time
 from pathlib import Path
 
+import pa_oracle.fuzz.campaign.engine
 import pytest
 from click.testing import CliRunner
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import run_campaign
+from pa_oracle.fuzz.campaign.ledger import load_ledger
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.campaign.state import CampaignState, CampaignStateError, state_path
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.fuzz.quality.planted import correct_attention
 
-import fuzz.campaign
-from backends.base import get_backend
-from backends.user import UserKernel
-from fuzz.campaign import run_campaign
-from fuzz.cli import main
-from fuzz.ledger import load_ledger
-from fuzz.quality.planted import correct_attention
-from fuzz.shard import Shard
-from fuzz.state import CampaignState, CampaignStateError, state_path
-from fuzz.strategies import Limits
+from pa_oracle.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Limits(max_batch=2, max_kv_len=12, max_qo_len=4, max_kv_heads=2, max_qo_heads=8, head_dims=(8, 16))
 TINY_ARGS = ["--max-batch", "2", "--max-kv-len", "12"]
-GQA_BUG = "fuzz.quality.planted:wrong_gqa_map"
+GQA_BUG = "pa_oracle.fuzz.quality.planted:wrong_gqa_map"
 _calls = {"n": 0}
 
 
@@ -51,7 +51,7 @@ def campaign(tmp_path: Path, backend, examples: int, *, resume: bool = False, **
 
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fuzz.campaign, "CHUNK", 5)
+    monkeypatch.setattr(pa_oracle.fuzz.campaign.engine, "CHUNK", 5)
 
 
 def test_a_killed_campaign_resumes_at_the_next_chunk_and_draws_what_an_unbroken_one_draws(tmp_path, small_chunks) -> None:
@@ -137,7 +137,7 @@ def test_a_malformed_state_file_is_refused_with_the_reason(tmp_path) -> None:
 
 def test_sigkill_mid_campaign_then_resume_adds_up(tmp_path) -> None:
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "fuzz", "fuzz", "-b", "sdpa-math", "-n", "1000", "--seed", "5", *TINY_ARGS, "--out", str(out)]
+    cmd = [sys.executable, "-m", "pa_oracle", "fuzz", "-b", "sdpa-math", "-n", "1000", "--seed", "5", *TINY_ARGS, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state_file, deadline = out / "campaign.json", time.monotonic() + 120
     try:

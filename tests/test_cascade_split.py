@@ -1,11 +1,10 @@
 from __future__ import annotations
 
 from hypothesis import given, settings
-
-from backends.flashinfer import _FLASHINFER
-from backends.flashinfer_cascade import split_layouts
-from fuzz.strategies import cases
-from oracle.case import Case
+from pa_oracle.backends.flashinfer import _FLASHINFER
+from pa_oracle.backends.flashinfer_cascade import split_layouts
+from pa_oracle.fuzz.draw.strategies import cases
+from pa_oracle.oracle.case import Case
 
 
 @settings(max_examples=60)

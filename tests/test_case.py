@@ -5,9 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from oracle.case import SCHEMA_VERSION, Case, CaseError, Heads, Layout, Options
-from oracle.tensors import Tensors, check_signal, load_tensors, make_tensors, save_tensors
+from pa_oracle.oracle.case import SCHEMA_VERSION, Case, CaseError, Heads, Layout, Options
+from pa_oracle.oracle.tensors import Tensors, check_signal, load_case, load_tensors, make_tensors, save_tensors
 
 LAYOUT = dict(qo_indptr=(0, 1, 3), kv_indptr=(0, 2, 3), kv_indices=(4, 0, 2), kv_last_page_len=(3, 1), page_size=4, num_pages=5)
 
@@ -68,7 +67,7 @@ def test_invalid_options(make, message) -> None:
 def test_json_round_trip(tmp_path) -> None:
     case = Case(layout(), Heads(4, 2, 8, 16), Options(causal=True, alibi_slopes=(0.5, 0.25, 0.1, 0.05), kv_dtype="float8_e4m3fn", k_scale=0.5), seed=3, distribution="peaked")
     path = case.save(tmp_path / "c.json")
-    assert Case.load(path) == case
+    assert load_case(path) == case
     assert json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION
 
 
@@ -88,13 +87,13 @@ def test_malformed_case_files_are_refused(tmp_path, edit, message) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps(data))
     with pytest.raises(CaseError, match=message):
-        Case.load(path)
+        load_case(path)
 
 
 def test_not_json_is_refused(tmp_path) -> None:
     (tmp_path / "c.json").write_text("{nope")
     with pytest.raises(CaseError, match="not valid JSON"):
-        Case.load(tmp_path / "c.json")
+        load_case(tmp_path / "c.json")
 
 
 @pytest.mark.parametrize("q_dtype, kv_dtype", [("bfloat16", "float8_e5m2"), ("float16", "float16"), ("float32", "float8_e4m3fn")])

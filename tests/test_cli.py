@@ -4,7 +4,7 @@ import json
 
 from click.testing import CliRunner
 
-from fuzz.cli import main
+from pa_oracle.cli import main
 
 
 def test_env_lists_backends_as_json() -> None:
@@ -23,9 +23,9 @@ def test_fuzz_correct_cpu_kernels_exits_zero(tmp_path) -> None:
 
 
 def test_fuzz_finding_exits_one_with_repro(tmp_path) -> None:
-    result = CliRunner().invoke(main, ["fuzz", "-k", "fuzz.quality.planted:wrong_gqa_map", "-n", "100", "--out", str(tmp_path)])
+    result = CliRunner().invoke(main, ["fuzz", "-k", "pa_oracle.fuzz.quality.planted:wrong_gqa_map", "-n", "100", "--out", str(tmp_path)])
     assert result.exit_code == 1
-    assert "repro:  pa-oracle replay" in result.output and "--kernel fuzz.quality.planted:wrong_gqa_map" in result.output
+    assert "repro:  pa-oracle replay" in result.output and "--kernel pa_oracle.fuzz.quality.planted:wrong_gqa_map" in result.output
 
 
 def test_unknown_backend_suggests_a_close_name() -> None:
@@ -45,8 +45,8 @@ def test_replay_refuses_a_malformed_case(tmp_path) -> None:
 
 
 def test_only_narrows_what_is_drawn_and_refuses_to_widen(tmp_path) -> None:
-    from fuzz.cli import narrow
-    from backends.base import get_backend
+    from pa_oracle.backends import get_backend
+    from pa_oracle.fuzz.cli import narrow
 
     backend = narrow(get_backend("sdpa-math"), ("head_dims=64,128", "q_dtypes=bfloat16", "alibi=false", "max_group_size=4"))
     caps = backend.capabilities
@@ -66,7 +66,7 @@ def test_a_campaign_writes_nothing_into_the_working_directory_but_its_out(tmp_pa
     work.mkdir()
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env.pop("HYPOTHESIS_STORAGE_DIRECTORY", None)
-    run = subprocess.run([sys.executable, "-m", "fuzz", "fuzz", "-b", "sdpa-math", "-n", "3", "--out", "found"],
+    run = subprocess.run([sys.executable, "-m", "pa_oracle", "fuzz", "-b", "sdpa-math", "-n", "3", "--out", "found"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert sorted(p.name for p in work.iterdir()) == ["found"], "no .hypothesis/ (or anything else) beside --out"

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.base import Unsupported, capture_cuda_graph
+from pa_oracle.fuzz.campaign.check_engine import run_check
+from pa_oracle.fuzz.checks.cuda_graphs import GRAPH_CHECK, PADDING_REQUESTS, SENTINEL, padded, padding_problems
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
-from backends.base import Unsupported, capture_cuda_graph, get_backend
-from fuzz.check_campaign import run_check
-from fuzz.cuda_graphs import GRAPH_CHECK, PADDING_REQUESTS, SENTINEL, padded, padding_problems
-from fuzz.strategies import Limits
-from oracle.case import Case, Heads, Layout, Options
 from tests.quality.contract_breakers import FakeGraphKernel
 
 CASE = Case(Layout.from_lengths([1, 3, 2], [19, 6, 4], 4, extra_pages=2), Heads(4, 2, 16, 16), Options(causal=True), seed=8)

@@ -3,16 +3,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from backends import discover
-from backends.base import get_backend
-from backends.flash_attn import _window
-from backends.flash_attn4 import fa4_window
-from backends.sglang_extend import capabilities_for, extend_indices, signature_mismatch
-from backends.vllm_triton import vllm_window_size
-from fuzz.strategies import Limits, alibi_slopes, cases
-from oracle.case import Case, Heads, Layout, Options
-from oracle.tensors import token_addresses
+from pa_oracle.backends import discover, get_backend
+from pa_oracle.backends.flash_attn import _window
+from pa_oracle.backends.flash_attn4 import fa4_window
+from pa_oracle.backends.sglang_extend import capabilities_for, extend_indices, signature_mismatch
+from pa_oracle.backends.vllm_triton import vllm_window_size
+from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.oracle.case import Case, Heads, Layout, Options, alibi_slopes
+from pa_oracle.oracle.tensors import token_addresses
 
 NEW = {
     "vllm-flashinfer": "flashinfer",

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
 import pytest
-
-from backends import discover
-from fuzz.ledger import golden_cases, load_ledger, lookup
-from fuzz.runner import check_case
-from oracle.case import Case
+from pa_oracle.backends import discover
+from pa_oracle.fuzz.campaign.ledger import golden_cases, load_ledger, lookup
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.tensors import load_case
 
 LEDGER = load_ledger()
 
@@ -20,7 +19,7 @@ def test_golden_case(case_path, backend_name: str) -> None:
     entry = lookup(LEDGER, case_path.stem, backend_name, backend.versions())
     if entry and entry.status == "quarantine":
         pytest.skip(f"quarantined: {entry.reason} ({entry.issue})")
-    outcome = check_case(backend, Case.load(case_path))
+    outcome = check_case(backend, load_case(case_path))
     if outcome.status == "unsupported":
         pytest.skip(outcome.message)
     if entry:

@@ -2,11 +2,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from backends import discover
-from fuzz.huge import INT32_LIMIT, huge_pool_case, page_stride
-from fuzz.runner import check_case
-from oracle.case import Options
+from pa_oracle.backends import discover
+from pa_oracle.fuzz.draw.huge import INT32_LIMIT, huge_pool_case, page_stride
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.case import Options
 
 
 def test_huge_pool_pages_pass_the_int32_element_boundary() -> None:

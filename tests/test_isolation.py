@@ -4,10 +4,9 @@ import math
 import time
 
 import pytest
-
-from backends.base import get_backend
-from backends.user import UserKernel
-from fuzz.isolation import (
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.run.isolation import (
     BadTimeout,
     IsolatedBackend,
     OutOfTime,
@@ -16,9 +15,9 @@ from fuzz.isolation import (
     isolatable,
     isolated_by_default,
 )
-from fuzz.runner import check_case
-from oracle.case import Case, Heads, Layout
-from oracle.tolerance import Tolerance
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.case import Case, Heads, Layout
+from pa_oracle.oracle.tolerance import Tolerance
 
 CASE = Case(Layout.from_lengths([1, 2], [5, 3], 4), Heads(2, 1, 8, 8))
 LOOSE = Tolerance(max_ratio=1e9, mean_ratio=1e9, floor_factor=1e9)
@@ -107,9 +106,9 @@ def test_a_case_timeout_must_be_finite_and_positive(seconds: float) -> None:
 
 
 def test_a_user_kernel_a_worker_cannot_import_runs_in_process_with_a_note(tmp_path) -> None:
-    from fuzz.campaign import fuzz_backend
-    from fuzz.quality.planted import correct_attention
-    from fuzz.strategies import Limits
+    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.draw.strategies import Limits
+    from pa_oracle.fuzz.quality.planted import correct_attention
 
     def local(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal, sm_scale,  # type: ignore[no-untyped-def]
               window_left, logits_soft_cap):

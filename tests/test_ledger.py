@@ -3,9 +3,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from fuzz.ledger import load_ledger, lookup
-from oracle.case import CaseError
+from pa_oracle.fuzz.campaign.ledger import load_ledger, lookup
+from pa_oracle.oracle.case import CaseError
+from pa_oracle.oracle.tensors import load_case
 
 
 def write(tmp_path, entries, version=1):
@@ -39,8 +39,8 @@ def test_unknown_ledger_version_is_refused(tmp_path) -> None:
 
 
 def test_known_finding_matches_the_predicate_backend_and_version(tmp_path) -> None:
-    from fuzz.ledger import known_finding
-    from oracle.case import Case, Heads, Layout, Options
+    from pa_oracle.fuzz.campaign.ledger import known_finding
+    from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
     entries = load_ledger(write(tmp_path, [{**ENTRY, "matches": {"alibi": True, "logits_soft_cap": True, "group_size": [1, 5]}}]))
     both = Options(alibi_slopes=(0.5,), logits_soft_cap=30.0)
@@ -55,8 +55,8 @@ def test_known_finding_matches_the_predicate_backend_and_version(tmp_path) -> No
 
 
 def test_an_entry_without_a_predicate_matches_no_drawn_case(tmp_path) -> None:
-    from fuzz.ledger import known_finding
-    from oracle.case import Case, Heads, Layout
+    from pa_oracle.fuzz.campaign.ledger import known_finding
+    from pa_oracle.oracle.case import Case, Heads, Layout
 
     entries = load_ledger(write(tmp_path, [ENTRY]))
     assert known_finding(entries, Case(Layout.from_lengths([1], [0], 16), Heads(1, 1, 8, 8)), "b", {"flashinfer": "1.0"}) is None
@@ -88,10 +88,9 @@ def test_malformed_entry_fields_are_refused(tmp_path, change, message) -> None:
 
 
 def test_every_predicate_in_the_ledger_matches_its_own_golden_case() -> None:
-    from fuzz.ledger import GOLDEN
-    from oracle.case import Case
+    from pa_oracle.fuzz.campaign.ledger import GOLDEN
 
     with_predicate = [e for e in load_ledger() if e.matches]
     assert with_predicate
-    wrong = [e.case for e in with_predicate if not e.matches_case(Case.load(GOLDEN / "cases" / f"{e.case}.json"))]
+    wrong = [e.case for e in with_predicate if not e.matches_case(load_case(GOLDEN / "cases" / f"{e.case}.json"))]
     assert not wrong, f"these ledger predicates do not match their own golden case: {wrong}"

@@ -3,17 +3,17 @@ from __future__ import annotations
 import pytest
 import torch
 from click.testing import CliRunner
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.check_engine import CHECKS, run_check
+from pa_oracle.fuzz.checks.metamorphic import RELATIONS, Piece, relabel_pages, window_pieces
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.fuzz.quality import planted
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import reference
+from pa_oracle.oracle.tensors import load_case, make_tensors, token_addresses
 
-from backends.base import get_backend
-from backends.user import UserKernel
-from fuzz.check_campaign import CHECKS, run_check
-from fuzz.cli import main
-from fuzz.metamorphic import RELATIONS, Piece, relabel_pages, window_pieces
-from fuzz.quality import planted
-from fuzz.strategies import Limits
-from oracle.case import Case, Heads, Layout, Options
-from oracle.reference import reference
-from oracle.tensors import make_tensors, token_addresses
+from pa_oracle.cli import main
 from tests.quality import contract_breakers
 
 # four requests: decode, prefill, qo_len above kv_len, no query; pages shuffled, two unused
@@ -114,8 +114,8 @@ def test_a_violation_is_shrunk_saved_and_replayed(tmp_path) -> None:
     backend = UserKernel.from_spec(spec)
     result = run_check(backend, CHECKS["relabel"], examples=30, limits=SMALL, out_dir=tmp_path, kernel_spec=spec)
     assert result.finding is not None and result.finding_dir is not None
-    original = Case.load(result.finding_dir / "original" / "case.json")
-    relabeled = Case.load(result.finding_dir / "relabeled" / "case.json")
+    original = load_case(result.finding_dir / "original" / "case.json")
+    relabeled = load_case(result.finding_dir / "relabeled" / "case.json")
     assert original.layout.kv_lens == relabeled.layout.kv_lens and original.layout.kv_indices != relabeled.layout.kv_indices
     assert original.layout.batch_size == 1, original.summary()  # shrunk
     report = (result.finding_dir / "report.md").read_text()
@@ -127,7 +127,7 @@ def test_a_violation_is_shrunk_saved_and_replayed(tmp_path) -> None:
 
 
 def test_cli_runs_checks_and_rejects_unknown_ones(tmp_path) -> None:
-    ok = CliRunner().invoke(main, ["metamorphic", "-k", "fuzz.quality.planted:correct_attention", "-c", "reorder",
+    ok = CliRunner().invoke(main, ["metamorphic", "-k", "pa_oracle.fuzz.quality.planted:correct_attention", "-c", "reorder",
                                    "-c", "window", "-n", "3", "--out", str(tmp_path), "--only", "max_qo_len=4"])
     assert ok.exit_code == 0, ok.output
     assert "reorder: ok" in ok.output and "window: ok" in ok.output

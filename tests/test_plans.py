@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import pytest
+from pa_oracle.backends import get_backend
+from pa_oracle.fuzz.campaign.check_engine import run_check
+from pa_oracle.fuzz.checks.plans import PLAN_CHECKS, other_lengths, other_pages, reuse_variants
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
-from backends.base import get_backend
-from fuzz.check_campaign import run_check
-from fuzz.plans import PLAN_CHECKS, other_lengths, other_pages, reuse_variants
-from fuzz.strategies import Limits
-from oracle.case import Case, Heads, Layout, Options
 from tests.quality.contract_breakers import CachingPlanKernel, LayoutBuffersKernel
 
 CHECK = {c.name: c for c in PLAN_CHECKS}

@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def plugin_args() -> list[str]:
-    """``-p fuzz.plugin`` where the package is not installed (the plugin is then not an entry point)."""
+    """``-p pa_oracle.fuzz.plugin`` where the package is not installed (the plugin is then not an entry point)."""
     installed = any(ep.name == "pa_oracle" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "fuzz.plugin"]
+    return [] if installed else ["-p", "pa_oracle.fuzz.plugin"]
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_conformance_suite_passes_on_a_correct_backend(pytester: pytest.Pytester, on_path) -> None:
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "--pyargs", "fuzz.test_conformance",
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "--pyargs", "pa_oracle.fuzz.test_conformance",
                                            "--pa-backend", "sdpa-math", "--pa-examples", "20")
     result.assert_outcomes(passed=1)
     assert any("pa-oracle: torch" in line and "sdpa-math" in line for line in result.outlines)
@@ -30,10 +30,10 @@ def test_conformance_suite_passes_on_a_correct_backend(pytester: pytest.Pytester
 
 def test_conformance_suite_fails_on_a_planted_bug_with_a_repro_and_keeps_the_report(pytester: pytest.Pytester, on_path) -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(),
-                                           "--pa-kernel", "fuzz.quality.planted:top_left_causal", "--pa-examples", "100")
+                                           "--pa-kernel", "pa_oracle.fuzz.quality.planted:top_left_causal", "--pa-examples", "100")
     result.assert_outcomes(failed=1)
     assert any("repro: pa-oracle replay" in line for line in result.outlines)
-    assert any("test_kernel_agrees_with_oracle[fuzz.quality.planted:top_left_causal]" in line for line in result.outlines)
+    assert any("test_kernel_agrees_with_oracle[pa_oracle.fuzz.quality.planted:top_left_causal]" in line for line in result.outlines)
     reports = list((pytester.path / "pa-findings").rglob("report.md"))
     assert reports, "the finding is saved under ./pa-findings (pytest's tmp dirs are deleted)"
 
@@ -71,7 +71,7 @@ def test_the_plugin_is_inert_without_pa_options(pytester: pytest.Pytester, on_pa
             assert settings().max_examples == 7
             assert settings().deadline.total_seconds() * 1000 == 1234
             assert "backends" not in sys.modules and "torch" not in sys.modules
-            assert "fuzz.cli" not in sys.modules
+            assert "pa_oracle.fuzz.cli" not in sys.modules
             assert os.environ.get("CUDA_VISIBLE_DEVICES") == "3,4"
         """
     )

@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 import torch
-
-from backends.base import get_backend
-from backends.user import UserKernel
-from fuzz.properties import measure
-from oracle.case import Case, Heads, Layout, Options
-from fuzz.quality import planted
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.checks.properties import measure
+from pa_oracle.fuzz.quality import planted
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
 CASE = Case(Layout.from_lengths([1, 5, 3], [40, 9, 3], 4, extra_pages=2), Heads(4, 2, 16, 16), Options(causal=True))
 

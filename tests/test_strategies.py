@@ -3,10 +3,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
-
-from backends.base import Capabilities
-from fuzz.strategies import Limits, cases
-from oracle.case import KV_DTYPES, Case
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.oracle.case import KV_DTYPES, Case
 
 CAPS = [
     Capabilities(kv_dtypes=KV_DTYPES),

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
 import torch
-
-from oracle.case import Case, Heads, Layout, Options
-from oracle.reference import plain_attention, reference
-from oracle.tensors import make_tensors
-from oracle.tolerance import compare
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import plain_attention, reference
+from pa_oracle.oracle.tensors import make_tensors
+from pa_oracle.oracle.tolerance import compare
 
 CASE = Case(Layout.from_lengths([3, 2, 1], [20, 0, 7], 4), Heads(4, 2, 16, 16), Options(q_dtype="bfloat16", kv_dtype="bfloat16"))
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from backends.vllm_flashinfer import (
+from pa_oracle.backends.vllm_flashinfer import (
     DECODE,
     EXTEND,
     PREFILL,
@@ -19,8 +18,8 @@ from backends.vllm_flashinfer import (
     split_decodes_and_prefills,
     stitch_rows,
 )
-from fuzz.strategies import Limits, layouts
-from oracle.case import Layout
+from pa_oracle.fuzz.draw.strategies import Limits, layouts
+from pa_oracle.oracle.case import Layout
 
 # (qo_len, computed tokens): vLLM's scheduled and already-cached token counts of a request
 requests = st.lists(st.tuples(st.integers(1, 6), st.integers(0, 4)), min_size=1, max_size=12)

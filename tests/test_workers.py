@@ -5,27 +5,27 @@ import os
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pa_oracle.fuzz.campaign.engine
 import pytest
 from click.testing import CliRunner
+from pa_oracle.backends import get_backend
+from pa_oracle.fuzz.campaign.coverage import Coverage
+from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.campaign.state import BackendResult, FindingRecord, load_shards, merge_results
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.fuzz.run.workers import assign_gpus, visible_gpus, worker_env
 
-import fuzz.campaign
-from backends.base import get_backend
-from fuzz.campaign import fuzz_backend
-from fuzz.cli import main
-from fuzz.coverage import Coverage
-from fuzz.shard import Shard
-from fuzz.state import BackendResult, FindingRecord, load_shards, merge_results
-from fuzz.strategies import Limits
-from fuzz.workers import assign_gpus, visible_gpus, worker_env
+from pa_oracle.cli import main
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def plugin_args() -> list[str]:
-    """``-p fuzz.plugin`` where the package is not installed (the plugin is then not an entry point)."""
+    """``-p pa_oracle.fuzz.plugin`` where the package is not installed (the plugin is then not an entry point)."""
     installed = any(ep.name == "pa_oracle" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "fuzz.plugin"]
+    return [] if installed else ["-p", "pa_oracle.fuzz.plugin"]
 
 
 def test_shards_split_chunk_seeds_case_seeds_and_budgets_without_overlap() -> None:
@@ -71,13 +71,13 @@ def test_merge_adds_counters_and_coverage_and_keeps_every_finding() -> None:
 
 def test_a_shard_runs_its_own_case_seeds(monkeypatch) -> None:
     seeds = []
-    real = fuzz.campaign.check_case
+    real = pa_oracle.fuzz.campaign.engine.check_case
 
     def recording(backend, case, tolerance):  # type: ignore[no-untyped-def]
         seeds.append(case.seed)
         return real(backend, case, tolerance)
 
-    monkeypatch.setattr(fuzz.campaign, "check_case", recording)
+    monkeypatch.setattr(pa_oracle.fuzz.campaign.engine, "check_case", recording)
     result = fuzz_backend(get_backend("sdpa-math"), examples=6, shard=Shard(1, 3), limits=Limits(max_batch=2, max_kv_len=12))
     assert result.examples == 6 and len(seeds) == 6 and all(s % 3 == 1 for s in seeds), seeds
 
@@ -116,7 +116,7 @@ def test_xdist_workers_get_one_gpu_each_and_one_shard_each(pytester: pytest.Pyte
 
         import pytest
 
-        from fuzz.plugin import shard_count
+        from pa_oracle.fuzz.plugin import shard_count
 
         @pytest.mark.parametrize("i", range(4))
         def test_pinned(request, i):
@@ -133,5 +133,5 @@ def test_xdist_workers_get_one_gpu_each_and_one_shard_each(pytester: pytest.Pyte
     result.assert_outcomes(passed=4)
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"gw0": "5 2", "gw1": "7 2"}
     collected = pytester.runpytest(*args, "--collect-only", "-q", "--pyargs",
-                                   "fuzz.test_conformance", "--pa-backend", "sdpa-math", "--pa-shards", "2")
+                                   "pa_oracle.fuzz.test_conformance", "--pa-backend", "sdpa-math", "--pa-shards", "2")
     assert sum("sdpa-math-shard" in line for line in collected.outlines) == 2, collected.outlines

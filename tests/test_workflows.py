@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import pytest
 
-from fuzz.cli import main
+from pa_oracle.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -34,8 +34,8 @@ def _cli_commands() -> list[tuple[str, list[str]]]:
     found = []
     for path in WORKFLOWS:
         for line in path.read_text().splitlines():
-            if "python3 -m fuzz " in line:
-                found.append((path.name, shlex.split(line.split("python3 -m fuzz ", 1)[1])))
+            if "python3 -m pa_oracle " in line:
+                found.append((path.name, shlex.split(line.split("python3 -m pa_oracle ", 1)[1])))
     return found
 
 
@@ -54,4 +54,4 @@ def test_the_gpu_job_runs_on_a_self_hosted_gpu_runner_with_the_plugin() -> None:
     gpu_job = text.split("\n  gpu:\n", 1)[1]
     assert "runs-on: [self-hosted, gpu]" in gpu_job
     pytest_lines = [line for line in gpu_job.splitlines() if "-m pytest" in line]
-    assert pytest_lines and all("-p fuzz.plugin" in line for line in pytest_lines)
+    assert pytest_lines and all("-p pa_oracle.fuzz.plugin" in line for line in pytest_lines)

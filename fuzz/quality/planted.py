@@ -14,12 +14,11 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from pa_oracle.backends._dense import Dense
+from pa_oracle.backends.sdpa import SdpaMath
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import upload
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from backends._dense import Dense
-from backends.sdpa import SdpaMath
-from oracle.case import Case
-from oracle.tensors import upload
 
 BUGS = {
     "wrong_gqa_map": "qo head h reads kv head h % num_kv_heads instead of h // group (flashinfer#1148)",

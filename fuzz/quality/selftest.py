@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from backends.user import UserKernel
-from fuzz.campaign import fuzz_backend
-from fuzz.quality import planted
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.quality import planted
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def run_selftest(
     results = []
     for name in planted.PLANTED + planted.CORRECT:
         is_bug = name in planted.BUGS
-        kernel = UserKernel(getattr(planted, name), name=f"fuzz.quality.planted:{name}")
+        kernel = UserKernel(getattr(planted, name), name=f"pa_oracle.fuzz.quality.planted:{name}")
         # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
         outcome = fuzz_backend(kernel, examples=examples if is_bug else correct_examples, base_seed=seed, isolate=False)
         message = outcome.finding.message.splitlines()[0] if outcome.finding else ""

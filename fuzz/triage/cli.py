@@ -1,4 +1,4 @@
-"""``pa-oracle triage`` and ``pa-oracle golden add`` (registered on the main group in ``fuzz.cli``)."""
+"""``pa-oracle triage`` and ``pa-oracle golden add`` (registered on the main group in ``pa_oracle.fuzz.cli``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import click
-
-from fuzz.ledger import GOLDEN
-from oracle.case import CaseError
+from pa_oracle.fuzz.campaign.ledger import GOLDEN
+from pa_oracle.oracle.case import CaseError
 
 
 @click.command()
@@ -25,9 +24,9 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
            no_minimize: bool, budget: int, as_json: bool) -> None:
     """Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the
     error and write triage.md / triage.html; exit 1 if any backend fails the case."""
-    from fuzz.cli import _select, available_backends
-    from fuzz.triage.pipeline import load_source, run_triage
-    from fuzz.triage.render import write_report
+    from pa_oracle.backends import BackendSpecError, available, resolve
+    from pa_oracle.fuzz.triage.pipeline import load_source, run_triage
+    from pa_oracle.fuzz.triage.render import write_report
 
     try:
         case, case_json = load_source(source)
@@ -36,13 +35,16 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
     if budget < 1:
         raise click.UsageError("--budget must be >= 1")
     missing: dict[str, str] = {}
-    if backend_names or kernels:
-        backends = _select(backend_names, kernels)
-    else:
-        backends, missing = available_backends()
-        own_kernel = case.meta.get("kernel")
-        if own_kernel:  # the user kernel that found the case is in no registry
-            backends += _select((), (own_kernel,))
+    try:
+        if backend_names or kernels:
+            backends = resolve(backend_names, kernels)
+        else:
+            backends, missing = available()
+            own_kernel = case.meta.get("kernel")
+            if own_kernel:  # the user kernel that found the case is in no registry
+                backends += resolve((), (own_kernel,))
+    except BackendSpecError as exc:
+        raise click.UsageError(str(exc)) from None
     out_dir = out_dir or (source / "triage" if source.is_dir() else Path("pa-triage") / case.case_id)
     say = (lambda _: None) if as_json else (lambda line: click.echo(line, err=True))
     result = run_triage(case, case_json, backends, out_dir, minimize_case=not no_minimize, budget=budget, progress=say)
@@ -110,7 +112,7 @@ def golden_add(finding: Path, name: str | None, reason: str | None, issue: str |
 
     The case is run first on each --backend available here (not for a quarantine entry): one that
     passes it, or an unknown backend name, is refused (exit 2)."""
-    from fuzz.triage.golden import GoldenError, promote
+    from pa_oracle.fuzz.triage.golden import GoldenError, promote
 
     try:
         done = promote(finding, reason=reason, issue=issue, golden_dir=golden_dir, name=name,

@@ -12,15 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fuzz.ledger import load_ledger
-from oracle.case import Case, CaseError
-from oracle.tensors import make_tensors, save_tensors
+from pa_oracle.fuzz.campaign.ledger import load_ledger
+from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.tensors import load_case, make_tensors, save_tensors
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _NOT_VERSIONS = ("kernel", "module_file")  # machine-specific entries of a user kernel's versions()
 
 
-class GoldenError(ValueError):
+class GoldenError(BadInput):
     """A promotion refused: the message says why and what to pass."""
 
 
@@ -49,7 +50,7 @@ def _finding_case(finding: Path) -> tuple[Case, Path]:
     if not path.is_file():
         raise GoldenError(f"{finding}: no case.json (give a finding folder written by pa-oracle fuzz or triage)")
     try:
-        case = Case.load(path)
+        case = load_case(path)
         make_tensors(case)  # the sidecar loads, matches the case's shapes and carries signal
     except CaseError as exc:
         raise GoldenError(f"{path}: the case does not load: {exc}") from None
@@ -58,8 +59,8 @@ def _finding_case(finding: Path) -> tuple[Case, Path]:
 
 def _backends(names: tuple[str, ...]) -> list[Any]:
     """The entry's backends (registered names or MODULE:FUNCTION kernels); an unknown name is refused."""
-    from backends import discover
-    from backends.user import UserKernel
+    from pa_oracle.backends import discover
+    from pa_oracle.backends.user import UserKernel
 
     known, found = discover(), []
     for name in names:
@@ -81,7 +82,7 @@ def _verdicts(case: Case, backends: list[Any], status: str) -> dict[str, str]:
     """Run the case on each of the entry's backends that is available here and refuse it if one
     passes: the case would be no finding, or the golden suite would report an unexpected pass.
     Quarantined cases are never launched (they crash), here neither."""
-    from fuzz.isolation import case_judge, default_case_timeout
+    from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
 
     verdicts: dict[str, str] = {}
     for backend in backends:
@@ -167,7 +168,7 @@ def promote(
     golden_meta = {"guards": reason.strip(), "source": issue, "found_by": meta}
     case.replace(tensors_file=target_npz.name, meta=golden_meta).save(target_json)
     try:
-        make_tensors(Case.load(target_json))
+        make_tensors(load_case(target_json))
     except CaseError as exc:
         target_json.unlink()
         target_npz.unlink()

@@ -1,7 +1,7 @@
 """Where a failing kernel is wrong and what the error follows, as checks with evidence.
 
 Wrong (row, qo head) pairs are those whose error exceeds the verdict's allowed maximum (out or
-LSE). Per pair, two probes explain the kernel's value with the oracle's semantics (``oracle.case``)
+LSE). Per pair, two probes explain the kernel's value with the oracle's semantics (``pa_oracle.oracle.case``)
 in float64 on that row alone: *one key toggled* (the oracle with key ``j`` dropped, or a masked
 key added: an off-by-one at the last page, the window edge or the causal diagonal) and *another
 kv head* (a wrong GQA map). Checks then test row sets against page alignment, the causal diagonal,
@@ -19,14 +19,13 @@ from functools import partial
 from typing import Literal
 
 import torch
-
-from backends.base import Backend
-from fuzz.runner import Outcome, check_case
-from oracle.case import Case
-from oracle.reference import LOG2_E, Reference, gather_kv, reference
-from oracle.report import Location, worst_elements
-from oracle.tensors import Tensors, make_tensors
-from oracle.tolerance import Tolerance, Verdict
+from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.run.runner import Outcome, check_case
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.reference import LOG2_E, Reference, gather_kv, reference
+from pa_oracle.oracle.report import Location, worst_elements
+from pa_oracle.oracle.tensors import Tensors, make_tensors
+from pa_oracle.oracle.tolerance import Tolerance, Verdict
 
 MAX_PROBED_PAIRS = 48  # wrong (row, head) pairs probed, worst first
 
@@ -77,7 +76,7 @@ def capture(
     backend: Backend, case: Case, tolerance: Tolerance = Tolerance(), check: Callable[[Case], Outcome] | None = None
 ) -> Capture:
     """Judge ``case`` and keep the kernel's raw output: ``check`` must keep outputs
-    (``check_case(..., keep_output=True)``, the default, or ``fuzz.isolation.case_judge(...,
+    (``check_case(..., keep_output=True)``, the default, or ``pa_oracle.fuzz.run.isolation.case_judge(...,
     keep_output=True)``); the kernel runs once, where ``check`` runs it."""
     outcome = (check or partial(check_case, backend, tolerance=tolerance, keep_output=True))(case)
     if outcome.verdict is not None:  # the probes below work on the CPU, whatever device judged
@@ -139,7 +138,7 @@ class _Rows:
 
     def logits(self, row: int, head: int, kv_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits [K], attended [K] bool, values [K, Dvo]) of one query row and head against the
-        keys of kv head ``kv_head``, following ``oracle.case`` (cap, ALiBi, causal, window)."""
+        keys of kv head ``kv_head``, following ``pa_oracle.oracle.case`` (cap, ALiBi, causal, window)."""
         case, opts = self.case, self.case.options
         b, p = self.request[row], self.position[row]
         k, v = self.keys[b][:, kv_head], self.values[b][:, kv_head]

@@ -2,7 +2,7 @@
 greedy one-step reductions (page pool, lengths, heads, options, head dims, data) repeated until a
 whole round changes nothing or the budget of kernel runs is spent.
 
-Verification model: a candidate is kept only if it is a valid case (``oracle.case``), the backend
+Verification model: a candidate is kept only if it is a valid case (``pa_oracle.oracle.case``), the backend
 supports it (``unsupported_reason``), it is strictly smaller (``size``: no measure grows, one
 shrinks) and it *reproduces* the original failure: the same status and, for a failure, a
 non-empty subset of the original's failure kinds (for a crash: the same exception type), so a
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from backends.base import Backend
-from fuzz.runner import Outcome, check_case
-from fuzz.triage.workload import (
+from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.run.runner import Outcome, check_case
+from pa_oracle.fuzz.triage.workload import (
     Workload,
     keep_heads,
     keep_requests,
@@ -32,8 +32,8 @@ from fuzz.triage.workload import (
     set_options,
     shrink_head_dims,
 )
-from oracle.case import Case, CaseError
-from oracle.tolerance import Tolerance
+from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.tolerance import Tolerance
 
 Candidates = Iterator[tuple[str, Callable[[], Workload]]]  # description, builder
 

@@ -7,16 +7,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends.base import Backend
-from backends.user import UserKernel
-from fuzz.isolation import case_judge, default_case_timeout
-from fuzz.runner import Outcome
-from fuzz.triage.localize import Localization, capture, localize
-from fuzz.triage.minimize import Minimized, minimize
-from fuzz.triage.workload import Workload
-from oracle.case import Case, CaseError
-from oracle.report import repro_command
-from oracle.tolerance import Tolerance
+from pa_oracle.backends.base import Backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
+from pa_oracle.fuzz.run.runner import Outcome
+from pa_oracle.fuzz.triage.localize import Localization, capture, localize
+from pa_oracle.fuzz.triage.minimize import Minimized, minimize
+from pa_oracle.fuzz.triage.workload import Workload
+from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.report import repro_command
+from pa_oracle.oracle.tensors import load_case
+from pa_oracle.oracle.tolerance import Tolerance
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def load_source(path: Path) -> tuple[Case, Path]:
         path = path / "case.json"
         if not path.exists():
             raise CaseError(f"{path.parent} is not a finding folder: it has no case.json")
-    return Case.load(path), path
+    return load_case(path), path
 
 
 def survey(
@@ -151,7 +152,7 @@ def _minimize_and_localize(
                 "minimized_from": case.case_id,
             }
             result.minimized_path = result.minimized.work.save(Path(out_dir) / "minimized", meta)
-            minimized_case = Case.load(result.minimized_path)
+            minimized_case = load_case(result.minimized_path)
             result.localized.append(("minimized case", localize(capture(backend, minimized_case, tolerance, check))))
     say(f"localizing on {backend.name} ...")
     result.localized.append(("original case", localize(capture(backend, case, tolerance, check))))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 
-from fuzz.triage.localize import Localization
+from pa_oracle.fuzz.triage.localize import Localization
 
 
 def unavailable_reason() -> str | None:

@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fuzz.triage import plots
-from fuzz.triage.localize import Localization
-from fuzz.triage.pipeline import Triage
-from oracle.report import format_report
+from pa_oracle.fuzz.triage import plots
+from pa_oracle.fuzz.triage.localize import Localization
+from pa_oracle.fuzz.triage.pipeline import Triage
+from pa_oracle.oracle.report import format_report
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,9 @@ def pytest_snippet(case_path: Path, backend: str, kernel_spec: str | None, case_
     """A test that loads the case and asserts the backend passes it (red now, green when fixed)."""
     name = "test_" + re.sub(r"\W+", "_", f"{backend}_{case_id}").strip("_").lower()
     if kernel_spec:
-        make, imports = f"UserKernel.from_spec({kernel_spec!r})", "from backends.user import UserKernel"
+        make, imports = f"UserKernel.from_spec({kernel_spec!r})", "from pa_oracle.backends.user import UserKernel"
     else:
-        make, imports = f"get_backend({backend!r})", "from backends.base import get_backend"
+        make, imports = f"get_backend({backend!r})", "from pa_oracle.backends import get_backend"
     return f'''\
 # Regression test from `pa-oracle triage`: fails while {backend} is wrong on this case, passes once fixed.
 from pathlib import Path
@@ -38,8 +38,9 @@ from pathlib import Path
 import pytest
 
 {imports}
-from fuzz.runner import check_case
-from oracle.case import Case
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.tensors import load_case
+from pa_oracle.oracle.case import Case
 
 CASE = Path({str(Path(case_path).resolve())!r})
 
@@ -49,7 +50,7 @@ def {name}() -> None:
     reason = backend.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    outcome = check_case(backend, Case.load(CASE))
+    outcome = check_case(backend, load_case(CASE))
     assert outcome.status == "pass", outcome.message
 '''
 

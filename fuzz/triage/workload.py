@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from oracle.case import Case, Heads, Layout
-from oracle.tensors import POISON, Tensors, make_tensors, save_tensors, token_addresses, torch_dtype
+from pa_oracle.oracle.case import Case, Heads, Layout
+from pa_oracle.oracle.tensors import POISON, Tensors, make_tensors, save_tensors, token_addresses, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -209,5 +208,5 @@ def set_options(work: Workload, **changes: Any) -> Workload:
 
 
 def regenerate(work: Workload, *, seed: int, distribution: str) -> Workload:
-    """Generated tensors (``oracle.tensors.make_tensors``) instead of the current data."""
+    """Generated tensors (``pa_oracle.oracle.tensors.make_tensors``) instead of the current data."""
     return Workload(work.case.replace(seed=seed, distribution=distribution), None)

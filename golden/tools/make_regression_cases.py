@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
 BF16 = {"q_dtype": "bfloat16", "kv_dtype": "bfloat16"}

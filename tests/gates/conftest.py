@@ -32,13 +32,13 @@ def gsm8k_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama():
-    from gates.models import tiny_model
+    from pa_oracle.gates.models import tiny_model
 
     return tiny_model("llama")  # 6 query heads / 2 KV heads: GQA ratio 3
 
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from gates.models import save_tiny
+    from pa_oracle.gates.models import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny-llama"))

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from fuzz.cli import main
+from pa_oracle.cli import main
 
 pytest.importorskip("transformers", reason="the gates need transformers (pip install 'paged-attention-oracle[test]')")
 
@@ -38,7 +38,7 @@ def test_decode_mode_reports_progress_in_forward_passes(tiny_dir, gsm8k_dir) -> 
 
 
 def test_planted_bug_fails_with_exit_code_one(tiny_dir, gsm8k_dir) -> None:
-    result = _logits(tiny_dir, gsm8k_dir, "--backend", "fuzz.quality.planted:wrong_gqa_map", "--padding", "right")
+    result = _logits(tiny_dir, gsm8k_dir, "--backend", "pa_oracle.fuzz.quality.planted:wrong_gqa_map", "--padding", "right")
     assert result.exit_code == 1, result.output
     assert "FAIL: mean KL" in result.stdout and "right-padded" in result.stdout
 

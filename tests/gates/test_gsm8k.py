@@ -3,8 +3,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from gates.gsm8k import (
+from pa_oracle.gates.gsm8k import (
     FILTERS,
     Expected,
     GateInputError,
@@ -188,25 +187,23 @@ def test_local_task_needs_both_splits(tmp_path):
 
 # ---------------------------------------------------------------- the CLI, with the two runs planted
 def _fake_runs(monkeypatch, outcomes: dict[str, list[bool]]):
-    import gates.cli
-    import gates.gsm8k
-    from gates.models import LoadedModel
-
+    import pa_oracle.gates.cli
+    import pa_oracle.gates.gsm8k
     import torch
+    from pa_oracle.gates.models import LoadedModel
 
-    monkeypatch.setattr(gates.cli, "load_for_gate", lambda *args: LoadedModel(torch.nn.Linear(1, 1), None, "fake"))
+    monkeypatch.setattr(pa_oracle.gates.cli, "load_for_gate", lambda *args: LoadedModel(torch.nn.Linear(1, 1), None, "fake"))
 
     def fake_run(model, tokenizer, *, attn_implementation, label, settings, limit, data_dir, batch_size, shard=None):
         samples = logged_samples({f: outcomes[label] for f in FILTERS})
         return outcome_from_samples(label, [x for x in samples if shard is None or shard.holds(x["doc_id"])])
 
-    monkeypatch.setattr(gates.gsm8k, "run_gsm8k", fake_run)
+    monkeypatch.setattr(pa_oracle.gates.gsm8k, "run_gsm8k", fake_run)
 
 
 def _gate(*args: str, model: str = "some/model"):
     from click.testing import CliRunner
-
-    from fuzz.cli import main
+    from pa_oracle.fuzz.cli import main
 
     return CliRunner().invoke(main, ["gate", "gsm8k", "--model", model, *args])
 
@@ -228,7 +225,7 @@ def test_cli_saves_and_then_checks_an_expected_accuracy(monkeypatch, tmp_path):
     reference, backend = planted(40, reference_right=30, losses=3, wins=3)
     _fake_runs(monkeypatch, {"hf:sdpa": reference, "hf:eager": backend})
     golden = tmp_path / "golden"
-    monkeypatch.setattr("gates.gsm8k.EXPECTED_DIR", golden)
+    monkeypatch.setattr("pa_oracle.gates.gsm8k.EXPECTED_DIR", golden)
     saved = golden / "some--model.json"
     first = _gate("--backend", "hf:eager", "--reference", "hf:sdpa", "--save-expected", str(saved), "--json",
                   "--out", str(tmp_path))
@@ -260,7 +257,7 @@ def _lm_eval():
 @pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason=f"no GSM8k data at {SHARED_GSM8K} (CI has it beside the checkout)")
 def test_local_task_is_lm_evals_gsm8k_on_the_shared_data(tmp_path):
     _lm_eval()
-    from gates.gsm8k import task_manager
+    from pa_oracle.gates.gsm8k import task_manager
 
     task = task_manager(SHARED_GSM8K, tmp_path).load(["gsm8k"])["tasks"]["gsm8k"]
     assert len(task.test_docs()) == 1319 and len(task.training_docs()) == 7473
@@ -284,7 +281,7 @@ TINY_PROBLEMS = [
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
     _lm_eval()
-    from gates.models import save_tiny
+    from pa_oracle.gates.models import save_tiny
 
     root = tmp_path_factory.mktemp("gsm8k-tiny")
     data = root / "data"
@@ -315,7 +312,7 @@ def test_end_to_end_oracle_generates_what_sdpa_generates(tiny_setup, tmp_path):
 
 
 def test_end_to_end_planted_kernel_changes_the_generations(tiny_setup, tmp_path):
-    data = _tiny_gate(tiny_setup, tmp_path, "fuzz.quality.planted:wrong_gqa_map")
+    data = _tiny_gate(tiny_setup, tmp_path, "pa_oracle.fuzz.quality.planted:wrong_gqa_map")
     # a random model answers nothing right: the gate has no power here (it passes, and says so)
     assert data["identical_responses"] < 3
     assert data["filters"]["flexible-extract"]["detectable_drop_80pct"] is None

@@ -3,8 +3,16 @@
 import json
 
 import pytest
+from pa_oracle.gates.gsm8k import (
+    GateInputError,
+    RunOutcome,
+    SavedRuns,
+    Shard,
+    TaskSettings,
+    merge_outcomes,
+    merge_saved,
+)
 
-from gates.gsm8k import GateInputError, RunOutcome, SavedRuns, Shard, TaskSettings, merge_outcomes, merge_saved
 from tests.gates.test_gsm8k import _fake_runs, _gate, logged_samples, needs_lm_eval, outcome_from_samples, planted
 
 FILTERS_BOTH = ("strict-match", "flexible-extract")
@@ -79,8 +87,7 @@ def test_sharded_gate_merges_into_the_unsharded_verdict(monkeypatch, tmp_path):
         assert [q["doc_id"] for q in data["questions"]] == list(range(i - 1, 40, 3))
         folders.append(str(tmp_path / "parts" / "gsm8k" / f"hf_eager-vs-hf_sdpa-shard-{i}-of-3"))
     from click.testing import CliRunner
-
-    from fuzz.cli import main
+    from pa_oracle.fuzz.cli import main
 
     merged = CliRunner().invoke(main, ["gate", "gsm8k-merge", *folders, "--json", "--out", str(tmp_path / "merged")])
     assert merged.exit_code == 1, merged.output
@@ -100,11 +107,11 @@ def test_a_saved_reference_run_is_reused_not_rerun(monkeypatch, tmp_path):
     _fake_runs(monkeypatch, {"hf:sdpa": reference, "hf:eager": backend, "oracle": reference})
     first = _gate("--backend", "hf:eager", "--json", "--out", str(tmp_path))
     assert first.exit_code == 0, first.output
-    import gates.gsm8k
+    import pa_oracle.gates.gsm8k
 
     ran = []
-    real = gates.gsm8k.run_gsm8k
-    monkeypatch.setattr(gates.gsm8k, "run_gsm8k", lambda *a, **kw: ran.append(kw["label"]) or real(*a, **kw))
+    real = pa_oracle.gates.gsm8k.run_gsm8k
+    monkeypatch.setattr(pa_oracle.gates.gsm8k, "run_gsm8k", lambda *a, **kw: ran.append(kw["label"]) or real(*a, **kw))
     folder = tmp_path / "gsm8k" / "hf_eager-vs-hf_sdpa"
     again = _gate("--backend", "hf:eager", "--reference-run", str(folder), "--json", "--out", str(tmp_path / "again"))
     assert again.exit_code == 0 and ran == ["hf:eager"], again.output
@@ -151,7 +158,7 @@ def tiny_shots(tmp_path_factory):
     different shots for different questions, so a shard that consumed it differently would show."""
     pytest.importorskip("transformers")
     pytest.importorskip("lm_eval")
-    from gates.models import save_tiny
+    from pa_oracle.gates.models import save_tiny
 
     root = tmp_path_factory.mktemp("gsm8k-shots")
     (root / "data").mkdir()

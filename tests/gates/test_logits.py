@@ -7,13 +7,12 @@ import json
 
 import pytest
 import torch
-
-from backends.user import UserKernel, declare
-from fuzz.quality.planted import correct_attention
-from gates.data import Problem, read_gsm8k
-from gates.logits import THRESHOLDS, ScoredText, _batch, _decode_batch, gsm8k_texts, run_logit_gate
-from gates.models import tiny_tokenizer
-from gates.swap import SwapError, implementation_name, registered_swap, resolve_backend
+from pa_oracle.backends.user import UserKernel, declare
+from pa_oracle.fuzz.quality.planted import correct_attention
+from pa_oracle.gates.data import Problem, read_gsm8k
+from pa_oracle.gates.logits import THRESHOLDS, ScoredText, _batch, _decode_batch, gsm8k_texts, run_logit_gate
+from pa_oracle.gates.models import tiny_tokenizer
+from pa_oracle.gates.swap import SwapError, implementation_name, registered_swap, resolve_backend
 
 pytest.importorskip("transformers", reason="the gates need transformers (pip install 'paged-attention-oracle[test]')")
 
@@ -28,7 +27,7 @@ def _gate(model, texts, backend: str, reference: str = "oracle", padding: str = 
                           padding_side=padding)
 
 
-@pytest.mark.parametrize("backend", ["sdpa-math", "hf:sdpa", "fuzz.quality.planted:correct_attention"])
+@pytest.mark.parametrize("backend", ["sdpa-math", "hf:sdpa", "pa_oracle.fuzz.quality.planted:correct_attention"])
 def test_correct_attention_passes_against_the_oracle(tiny_llama, texts, backend: str) -> None:
     result = _gate(tiny_llama, texts, backend)
     assert result.passed, result.to_markdown()
@@ -38,14 +37,14 @@ def test_correct_attention_passes_against_the_oracle(tiny_llama, texts, backend:
 
 @pytest.mark.parametrize("padding", ["left", "right"])
 def test_wrong_gqa_map_fails_the_gate(tiny_llama, texts, padding: str) -> None:
-    result = _gate(tiny_llama, texts, "fuzz.quality.planted:wrong_gqa_map", padding=padding)
+    result = _gate(tiny_llama, texts, "pa_oracle.fuzz.quality.planted:wrong_gqa_map", padding=padding)
     assert not result.passed
     assert any("mean KL" in f for f in result.failures) and result.mean_kl > 1000 * THRESHOLDS["float32"].mean_kl
     assert result.worst and result.worst[0].kl == result.max_kl
 
 
 def test_a_kernel_reading_poisoned_slots_fails_on_nonfinite_logits(tiny_llama, texts) -> None:
-    result = _gate(tiny_llama, texts[:2], "fuzz.quality.planted:reads_past_last_page")
+    result = _gate(tiny_llama, texts[:2], "pa_oracle.fuzz.quality.planted:reads_past_last_page")
     assert not result.passed and result.nonfinite > 0 and "NaN/inf" in result.failures[0]
     json.dumps(result.to_json(), allow_nan=False)  # inf metrics become null, the JSON stays valid
 
@@ -72,12 +71,12 @@ def test_batch_scores_exactly_the_answer_tokens(padding: str) -> None:
 
 
 def test_result_renders_as_json_and_markdown(tiny_llama, texts) -> None:
-    result = _gate(tiny_llama, texts[:2], "fuzz.quality.planted:wrong_gqa_map")
+    result = _gate(tiny_llama, texts[:2], "pa_oracle.fuzz.quality.planted:wrong_gqa_map")
     data = json.loads(json.dumps(result.to_json()))
     assert data["passed"] is False and data["failures"] == result.failures and data["thresholds"]["mean_kl"] > 0
-    assert data["versions"]["transformers"] and data["backend"] == "fuzz.quality.planted:wrong_gqa_map"
+    assert data["versions"]["transformers"] and data["backend"] == "pa_oracle.fuzz.quality.planted:wrong_gqa_map"
     text = result.to_markdown()
-    assert text.startswith("# Logit gate: fuzz.quality.planted:wrong_gqa_map vs oracle: FAIL") and "| max KL" in text
+    assert text.startswith("# Logit gate: pa_oracle.fuzz.quality.planted:wrong_gqa_map vs oracle: FAIL") and "| max KL" in text
 
 
 def test_gsm8k_reader_checks_its_input(tmp_path, gsm8k_dir) -> None:
@@ -122,7 +121,7 @@ def test_decode_mode_gates_a_decode_only_kernel_behind_the_reference_prefill(tin
 
 def test_decode_mode_fails_a_wrong_gqa_map(tiny_llama, texts) -> None:
     shortest = [min(texts, key=lambda t: len(t.continuation))]
-    result = run_logit_gate(tiny_llama, tiny_tokenizer(), shortest, backend="fuzz.quality.planted:wrong_gqa_map",
+    result = run_logit_gate(tiny_llama, tiny_tokenizer(), shortest, backend="pa_oracle.fuzz.quality.planted:wrong_gqa_map",
                             mode="decode")
     assert not result.passed and result.mean_kl > 1000 * THRESHOLDS["float32"].mean_kl
 

@@ -1,13 +1,12 @@
 """The planted bug the GSM8k gate must catch: correct except for the last key of long requests."""
 
 import torch
-
-from backends.base import get_backend
-from fuzz.quality.planted import DropsLastKeyOfLongRequests
-from gates.swap import resolve_backend
-from oracle.case import Case, Heads, Layout, Options
-from oracle.reference import reference
-from oracle.tensors import Tensors, make_tensors
+from pa_oracle.backends import get_backend
+from pa_oracle.fuzz.quality.planted import DropsLastKeyOfLongRequests
+from pa_oracle.gates.swap import resolve_backend
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import reference
+from pa_oracle.oracle.tensors import Tensors, make_tensors
 
 
 class DropsPast40(DropsLastKeyOfLongRequests):
@@ -46,6 +45,6 @@ def test_short_requests_are_untouched_and_the_bug_resolves_by_name():
     tensors = make_tensors(case)
     planted, correct = DropsPast40(), get_backend("sdpa-math")
     assert torch.equal(planted.run(case, tensors).out, correct.run(case, tensors).out)
-    backend = resolve_backend("fuzz.quality.planted:drops_last_key_past_1024")
+    backend = resolve_backend("pa_oracle.fuzz.quality.planted:drops_last_key_past_1024")
     assert isinstance(backend, DropsLastKeyOfLongRequests) and backend.min_kv_len == 1024
     assert backend.unsupported_reason(case) in (None, "")

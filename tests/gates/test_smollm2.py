@@ -8,10 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-
-from gates.data import Problem
-from gates.logits import gsm8k_texts, run_logit_gate
-from gates.models import load_model
+from pa_oracle.gates.data import Problem
+from pa_oracle.gates.logits import gsm8k_texts, run_logit_gate
+from pa_oracle.gates.models import load_model
 
 from .conftest import PROBLEMS
 
@@ -35,7 +34,7 @@ def smollm2():
 
 @pytest.mark.slow  # loading and dequantizing the GGUF takes 40 s or more on 2 CPU cores
 @pytest.mark.parametrize(
-    "backend, passes", [("sdpa-math", True), ("fuzz.quality.planted:wrong_gqa_map", False)], ids=["sdpa-math", "wrong-gqa-map"]
+    "backend, passes", [("sdpa-math", True), ("pa_oracle.fuzz.quality.planted:wrong_gqa_map", False)], ids=["sdpa-math", "wrong-gqa-map"]
 )
 def test_smollm2_logit_gate(smollm2, backend: str, passes: bool) -> None:
     assert smollm2.model.config.num_attention_heads // smollm2.model.config.num_key_value_heads == 3

@@ -1,8 +1,7 @@
 import math
 
 import pytest
-
-from gates.stats import (
+from pa_oracle.gates.stats import (
     binomial_cdf,
     binomial_pmf,
     mcnemar_detectable_drop,

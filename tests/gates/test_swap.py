@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.overrides import TorchFunctionMode
-
-from backends.base import Backend, KernelOutput
-from gates.models import tiny_model
-from gates.swap import (
+from pa_oracle.backends.base import Backend, KernelOutput
+from pa_oracle.gates.models import tiny_model
+from pa_oracle.gates.swap import (
     PagedAttention,
     SwapError,
     _check_mask,
@@ -34,6 +31,8 @@ from gates.swap import (
     registered_swap,
     resolve_backend,
 )
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 
 pytest.importorskip("transformers", reason="the gates need transformers (pip install 'paged-attention-oracle[test]')")
 
@@ -117,7 +116,7 @@ def test_swapped_oracle_agrees_with_stock_within_the_controls_rounding(tiny_llam
                    LEFT_PADDED, DECODE_TOKENS.shape[1])
     stock = _gap(tiny_llama, "sdpa", oracle)
     control = _gap(tiny_llama, register_paged_attention("control"), oracle)
-    wrong = _gap(tiny_llama, register_paged_attention("fuzz.quality.planted:wrong_gqa_map"), oracle)
+    wrong = _gap(tiny_llama, register_paged_attention("pa_oracle.fuzz.quality.planted:wrong_gqa_map"), oracle)
     assert 0 < control and stock <= 3 * control, (stock, control)
     assert wrong > 1000 * control, (wrong, control)
 
@@ -155,7 +154,7 @@ def test_swap_output_is_per_sequence_attention_with_zero_padding_rows() -> None:
 def test_swap_pool_is_shuffled_and_poisoned_so_reading_past_a_sequence_shows_as_nan() -> None:
     q, k, v, padding = _attention_inputs()
     mask = _mask_function(batch_size=2, q_length=7, kv_length=7, attention_mask=padding)
-    swap = registered_swap(register_paged_attention("fuzz.quality.planted:reads_past_last_page", page_size=3))
+    swap = registered_swap(register_paged_attention("pa_oracle.fuzz.quality.planted:reads_past_last_page", page_size=3))
     out, _ = swap(_Module(), q, k, v, mask, scaling=0.3)
     assert out.isnan().any()  # 7 and 4 tokens leave the last pages of size 3 part-filled: NaN slots
 
@@ -199,7 +198,7 @@ def test_backend_that_cannot_run_the_case_says_why() -> None:
 
 
 def test_registered_name_never_reads_as_flash_attention() -> None:
-    from backends.user import UserKernel
+    from pa_oracle.backends.user import UserKernel
 
     name = implementation_name(UserKernel(lambda *a, **k: None, name="pkg.flash_mod:flash_fn"), 16, 0)
     assert "flash" not in name and "/" not in name and name.startswith("pa-oracle[")

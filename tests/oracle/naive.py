@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from oracle.case import Case
-from oracle.tensors import Tensors
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors
 
 
 def naive_attention(case: Case, tensors: Tensors) -> tuple[list, list]:

@@ -3,17 +3,16 @@ from __future__ import annotations
 from unittest import mock
 
 import numpy as np
+import pa_oracle.oracle.buckets as buckets
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import oracle.buckets as buckets
-from backends.base import Capabilities
-from fuzz.strategies import Limits, cases, layouts
-from oracle.case import KV_DTYPES, Case, Heads, Layout, Options
-from oracle.reference import plain_attention, reference
-from oracle.tensors import make_tensors, token_addresses, token_slots
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.fuzz.draw.strategies import Limits, cases, layouts
+from pa_oracle.oracle.case import KV_DTYPES, Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import plain_attention, reference
+from pa_oracle.oracle.tensors import make_tensors, token_addresses, token_slots
 
 ALL_OPTIONS = Capabilities(kv_dtypes=KV_DTYPES)
 CPU = torch.device("cpu")

@@ -3,14 +3,13 @@ the torch reference (the definition) decides a finding when the fused kernel com
 
 from __future__ import annotations
 
+import pa_oracle.fuzz.run.runner as runner
 import pytest
 import torch
-
-import fuzz.runner as runner
-from backends.base import KernelOutput
-from oracle.case import Case, Heads, Layout, Options
-from oracle.reference import Reference, default_engine, reference
-from oracle.tensors import Tensors, make_tensors
+from pa_oracle.backends.base import KernelOutput
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import Reference, default_engine, reference
+from pa_oracle.oracle.tensors import Tensors, make_tensors
 
 CASE = Case(Layout.from_lengths([1, 3], [9, 5], page_size=4), Heads(4, 2, 16, 16), Options(causal=True, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=1)
 
@@ -25,7 +24,7 @@ def _kernel(tensors: Tensors, *, wrong: bool = False) -> KernelOutput:
 
 
 def _fused_stand_in(monkeypatch: pytest.MonkeyPatch, *, shift: float) -> list[str]:
-    """Make ``fuzz.runner.reference`` answer as the fused engine would (the torch result, its
+    """Make ``pa_oracle.fuzz.run.runner.reference`` answer as the fused engine would (the torch result, its
     output shifted by ``shift``) unless asked for ``engine="torch"``; returns the engines asked for."""
     asked: list[str] = []
 

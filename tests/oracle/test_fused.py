@@ -11,13 +11,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from backends.base import Capabilities
-from fuzz.strategies import Limits, alibi_slopes, cases
-from oracle.case import KV_DTYPES, Case, CaseError, Heads, Layout, Options
-from oracle.fused import DEFAULT_CONFIG, FusedConfig
-from oracle.reference import Reference, reference
-from oracle.tensors import Tensors, make_tensors
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.oracle.case import KV_DTYPES, Case, CaseError, Heads, Layout, Options, alibi_slopes
+from pa_oracle.oracle.fused import DEFAULT_CONFIG, FusedConfig
+from pa_oracle.oracle.reference import Reference, reference
+from pa_oracle.oracle.tensors import Tensors, make_tensors
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _interpreting() -> bool:
     if not HAS_TRITON:
         return False
-    from oracle._fused_kernel import interpreting
+    from pa_oracle.oracle._fused_kernel import interpreting
 
     return interpreting()
 
@@ -59,7 +58,7 @@ def test_interpreted_tests_in_a_subprocess() -> None:
 
 
 def _interpreted(case: Case, tensors: Tensors, lse_base: str = "e", logit_noise: bool = False, config: str = "default") -> Reference:
-    from oracle.fused import fused_attention
+    from pa_oracle.oracle.fused import fused_attention
 
     return fused_attention(case, tensors, lse_base=lse_base, logit_noise=logit_noise, config=_config(config))
 
@@ -179,14 +178,14 @@ def test_interpreted_request_order_changes_nothing_but_row_order(config: str) ->
 
 
 def _logical(case: Case, cache: torch.Tensor) -> torch.Tensor:
-    from oracle.tensors import token_addresses
+    from pa_oracle.oracle.tensors import token_addresses
 
     pages, slots = token_addresses(case)
     return cache[pages, slots]
 
 
 def _with_logical_order(case: Case, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> Tensors:
-    from oracle.tensors import token_addresses
+    from pa_oracle.oracle.tensors import token_addresses
 
     lay, heads = case.layout, case.heads
     pools = []
@@ -200,7 +199,7 @@ def _with_logical_order(case: Case, q: torch.Tensor, keys: torch.Tensor, values:
 
 @interpreted
 def test_interpreted_refusals_and_fallbacks() -> None:
-    from oracle.fused import fused_attention, fused_reference
+    from pa_oracle.oracle.fused import fused_attention, fused_reference
 
     case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 512, 512))
     tensors = make_tensors(case)
@@ -214,7 +213,7 @@ def test_interpreted_refusals_and_fallbacks() -> None:
 
 
 def test_cpu_tensors_fall_back_to_the_caller() -> None:
-    from oracle.fused import fused_reference
+    from pa_oracle.oracle.fused import fused_reference
 
     case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 8, 8))
     assert fused_reference(case, make_tensors(case)) is None
@@ -232,7 +231,7 @@ def test_config_rejects_tiles_tl_dot_cannot_take() -> None:
 
 
 def test_split_chunks_cover_exactly_the_blocks_a_tile_attends() -> None:
-    from oracle.fused import _chunks
+    from pa_oracle.oracle.fused import _chunks
 
     # table rows: q_start, qo_len, kv_len, first page entry, first packed row, key begin, key end
     table = np.array([[0, 1, 1000, 0, 0, 0, 1000], [1, 1, 256, 0, 0, 0, 256], [2, 4, 300, 0, 0, 0, 300], [6, 1, 0, 0, 0, 0, 0]])
@@ -260,7 +259,7 @@ def test_split_chunks_cover_exactly_the_blocks_a_tile_attends() -> None:
     config=st.sampled_from(["default", "128x64w8-split64", "128x32w8-split128-s2"]),
 )
 def test_cuda_kernel_matches_reference(case: Case, lse_base: str, logit_noise: bool, config: str) -> None:
-    from oracle.fused import fused_reference
+    from pa_oracle.oracle.fused import fused_reference
 
     tensors = make_tensors(case, "cuda")
     fused = fused_reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise, config=_config(config))
@@ -281,7 +280,7 @@ def _serving_like_case() -> Case:
     "config", ["default", "128x32w8", "128x64w8-split256-noside", "128x64w8-split128-s2", "64x64w8-split512", "16x16w4"]
 )
 def test_cuda_kernel_matches_reference_on_a_serving_batch(config: str) -> None:
-    from oracle.fused import fused_reference
+    from pa_oracle.oracle.fused import fused_reference
 
     case = _serving_like_case()
     tensors = make_tensors(case, "cuda")
@@ -298,7 +297,7 @@ def test_cuda_kernel_matches_reference_on_a_serving_batch(config: str) -> None:
 def test_cuda_side_stream_changes_no_bit() -> None:
     from dataclasses import replace
 
-    from oracle.fused import fused_reference
+    from pa_oracle.oracle.fused import fused_reference
 
     case = _serving_like_case()
     tensors = make_tensors(case, "cuda")
@@ -311,7 +310,7 @@ def test_cuda_side_stream_changes_no_bit() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("logit_noise", [False, True])
 def test_cuda_kernel_does_not_sync_the_stream(logit_noise: bool) -> None:
-    from oracle.fused import fused_reference
+    from pa_oracle.oracle.fused import fused_reference
 
     # a prefill tile, decode tiles on the side stream, one context split into chunks and merged
     case = Case(Layout.from_lengths([1, 40, 3], [3000, 90, 0], page_size=16), Heads(8, 2, 128, 128), Options(causal=True, sinks=(1.0,) * 8, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=2)

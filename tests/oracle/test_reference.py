@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.oracle.case import KV_DTYPES, Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import LOG2_E, merge_states, plain_attention, reference
+from pa_oracle.oracle.tensors import Tensors, make_tensors, token_addresses
 
-from backends.base import Capabilities
-from fuzz.strategies import Limits, cases
-from oracle.case import KV_DTYPES, Case, Heads, Layout, Options
-from oracle.reference import LOG2_E, merge_states, plain_attention, reference
-from oracle.tensors import Tensors, make_tensors, token_addresses
 from tests.oracle.naive import naive_attention
 
 ALL_OPTIONS = Capabilities(kv_dtypes=KV_DTYPES)

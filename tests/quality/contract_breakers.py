@@ -1,8 +1,8 @@
 """Kernels and adapters (CPU, torch) that break one contract beyond output values each: a
 metamorphic relation, plan reuse, a stale plan, CUDA-graph replay. The checks of
-``fuzz.check_campaign`` must catch every one; their correct twins must pass.
+``pa_oracle.fuzz.campaign.check_engine`` must catch every one; their correct twins must pass.
 
-They compute with ``fuzz.quality.planted``'s correct per-request float32 kernel.
+They compute with ``pa_oracle.fuzz.quality.planted``'s correct per-request float32 kernel.
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported
-from fuzz.quality.planted import _paged_attention, correct_attention
-from oracle.case import Case
-from oracle.tensors import Tensors
+from pa_oracle.backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported
+from pa_oracle.fuzz.quality.planted import _paged_attention, correct_attention
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import Tensors
 
 _PLAIN = Capabilities(alibi=False, sinks=False, fp8_scales=False)
 

@@ -2,7 +2,7 @@
 returns, what it raises, what it writes, how it dies). The judge must turn every one into a
 finding with its case saved; ``correct`` is the twin that must pass.
 
-They compute with ``fuzz.quality.planted.correct_attention`` where they compute at all.
+They compute with ``pa_oracle.fuzz.quality.planted.correct_attention`` where they compute at all.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import time
 
 import numpy as np
 import torch
-
-from fuzz.quality.planted import correct_attention
+from pa_oracle.fuzz.quality.planted import correct_attention
 
 
 def correct(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):

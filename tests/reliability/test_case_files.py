@@ -10,10 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fuzz.ledger import golden_cases
-from oracle.case import Case, CaseError, Heads, Layout, Options
-from oracle.tensors import make_tensors, save_tensors, token_slots
+from pa_oracle.fuzz.campaign.ledger import golden_cases
+from pa_oracle.oracle.case import Case, CaseError, Heads, Layout, Options
+from pa_oracle.oracle.tensors import load_case, make_tensors, save_tensors, token_slots
 
 CASE = Case(Layout.from_lengths([1, 2], [5, 3], 4, page_order=[2, 0, 1, 3], extra_pages=1), Heads(2, 1, 8, 8), seed=7)
 BASE = json.loads(json.dumps(CASE.to_json()))
@@ -130,7 +129,7 @@ def test_a_malformed_field_is_refused_naming_file_and_field(tmp_path, edit, fiel
     path = tmp_path / "case.json"
     path.write_text(json.dumps(data))
     with pytest.raises(CaseError) as caught:
-        Case.load(path)
+        load_case(path)
     message = str(caught.value)
     assert message.startswith(f"{path}: "), message
     assert re.search(rf"(^|[:\s]){re.escape(field)}(?![\w.\[])", message), f"the field {field} is not named: {message}"
@@ -154,17 +153,17 @@ def test_a_file_that_is_no_case_object_is_refused_naming_the_file(tmp_path, text
     path = tmp_path / "case.json"
     path.write_text(text)
     with pytest.raises(CaseError, match=re.escape(f"{path}: ")) as caught:
-        Case.load(path)
+        load_case(path)
     assert says in str(caught.value)
 
 
 def test_unreadable_case_files_are_refused_naming_the_file(tmp_path) -> None:
     for path, says in ((tmp_path / "missing.json", "cannot read it"), (tmp_path, "cannot read it")):
         with pytest.raises(CaseError, match=re.escape(f"{path}: {says}")):
-            Case.load(path)
+            load_case(path)
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(CaseError, match="binary.json: not valid JSON"):
-        Case.load(tmp_path / "binary.json")
+        load_case(tmp_path / "binary.json")
 
 
 @pytest.mark.parametrize(
@@ -205,7 +204,7 @@ def test_every_golden_case_loads_to_the_same_content_and_id(path: Path) -> None:
     assert {k: v for k, v in body.items() if k != "case_id"} == {k: v for k, v in data.items() if k != "case_id"}
     if data["tensors_file"] is None:
         assert case.case_id == data["case_id"]
-    loaded = Case.load(path)  # the sidecar is read and checked too
+    loaded = load_case(path)  # the sidecar is read and checked too
     assert loaded.replace(tensors_file=data["tensors_file"]).case_id == case.case_id
 
 
@@ -276,7 +275,7 @@ def test_a_bad_sidecar_is_refused_when_the_case_loads_naming_file_and_array(tmp_
     edit(arrays)
     np.savez(tmp_path / "tensors.npz", **arrays)  # allow_pickle's default: an object array is pickled into the file
     with pytest.raises(CaseError) as caught:
-        Case.load(path)
+        load_case(path)
     message = str(caught.value)
     assert message.startswith(f"{tmp_path / 'tensors.npz'}: ") and array in message and says in message, message
 
@@ -305,7 +304,7 @@ def test_a_damaged_sidecar_is_refused_naming_the_file(tmp_path, damage, says) ->
     npz = tmp_path / "tensors.npz"
     npz.write_bytes(damage(npz.read_bytes()))
     with pytest.raises(CaseError, match=re.escape(f"{npz}: ")) as caught:
-        Case.load(path)
+        load_case(path)
     assert says in str(caught.value), str(caught.value)
 
 
@@ -313,11 +312,11 @@ def test_a_missing_sidecar_or_a_single_array_is_refused_naming_the_file(tmp_path
     path, arrays = sidecar(tmp_path)
     (tmp_path / "tensors.npz").unlink()
     with pytest.raises(CaseError, match=re.escape(f"{tmp_path / 'tensors.npz'}: tensors file not found")):
-        Case.load(path)
+        load_case(path)
     with open(tmp_path / "tensors.npz", "wb") as f:
         np.save(f, arrays["q__bits"])  # an .npy under the sidecar's name
     with pytest.raises(CaseError, match="holds one array, not an npz archive"):
-        Case.load(path)
+        load_case(path)
 
 
 def test_unreferenced_slots_may_hold_anything_and_a_good_sidecar_loads_bit_exact(tmp_path) -> None:
@@ -327,6 +326,6 @@ def test_unreferenced_slots_may_hold_anything_and_a_good_sidecar_loads_bit_exact
     for name in ("k_cache__bits", "v_cache__bits"):
         arrays[name][free] = FP16_INF
     np.savez(tmp_path / "tensors.npz", **arrays)
-    loaded = Case.load(path)
+    loaded = load_case(path)
     tensors = make_tensors(loaded)
     assert tensors.k_cache[free].isinf().all() and tensors.fingerprint()["q"] == make_tensors(NPZ_CASE).fingerprint()["q"]

@@ -1,4 +1,4 @@
-"""Exit codes mean one thing for every command (``fuzz.exits``): 0 no finding, 1 a finding, 2 bad
+"""Exit codes mean one thing for every command (``pa_oracle.fuzz.exits``): 0 no finding, 1 a finding, 2 bad
 input or usage, 3 the tool itself failed; bad input never shows a traceback, an internal error
 shows one line and the file that holds the trace."""
 
@@ -11,21 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner, Result
+from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
+from pa_oracle.fuzz.exits import BAD_INPUT, FINDING, INTERRUPTED, NO_FINDING, TOOL_FAILED, campaign_exit_code
+from pa_oracle.fuzz.run.runner import OracleDisagreement
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
-import fuzz.cli
-from fuzz.exits import BAD_INPUT, FINDING, INTERRUPTED, NO_FINDING, TOOL_FAILED, campaign_exit_code
-from fuzz.runner import OracleDisagreement
-from fuzz.state import BackendResult, CampaignState, FindingRecord
-from oracle.case import Case, Heads, Layout, Options
+import pa_oracle.cli
 
 TINY = ["--max-batch", "2", "--max-kv-len", "12"]
-GQA_BUG = "fuzz.quality.planted:wrong_gqa_map"
-CORRECT = "fuzz.quality.planted:correct_attention"
+GQA_BUG = "pa_oracle.fuzz.quality.planted:wrong_gqa_map"
+CORRECT = "pa_oracle.fuzz.quality.planted:correct_attention"
 TRACEBACK = "Traceback (most recent call last)"
 
 
 def cli(*args: str) -> Result:
-    return CliRunner().invoke(fuzz.cli.main, list(args))
+    return CliRunner().invoke(pa_oracle.cli.main, list(args))
 
 
 def exits_zero(q, k_cache, v_cache, **kwargs):  # type: ignore[no-untyped-def]
@@ -55,7 +55,7 @@ def test_fuzz_exits_0_without_a_finding_and_1_with_one(tmp_path) -> None:
 def test_replay_exits_0_on_a_pass_and_1_on_a_failure(tmp_path) -> None:
     path = small_case().save(tmp_path / "case.json")
     assert_clean(cli("replay", str(path), "-b", "sdpa-math"), NO_FINDING)
-    assert_clean(cli("replay", str(path), "-k", "fuzz.quality.planted:last_page_off_by_one"), FINDING)
+    assert_clean(cli("replay", str(path), "-k", "pa_oracle.fuzz.quality.planted:last_page_off_by_one"), FINDING)
 
 
 def test_env_and_help_exit_0_and_the_help_documents_the_codes() -> None:
@@ -178,7 +178,7 @@ def test_an_internal_error_is_one_line_and_the_trace_goes_to_a_file_under_out(tm
     def boom(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise ZeroDivisionError("boom in the campaign")
 
-    monkeypatch.setattr(fuzz.cli, "run_campaign", boom)
+    monkeypatch.setattr(pa_oracle.fuzz.cli, "run_campaign", boom)
     result = cli("fuzz", "-b", "sdpa-math", "-n", "2", "--out", str(tmp_path))
     assert_clean(result, TOOL_FAILED, "internal error: ZeroDivisionError: boom in the campaign (full trace: ")
     error_lines = [line for line in result.output.splitlines() if "boom" in line]
@@ -191,7 +191,7 @@ def test_an_oracle_disagreement_exits_3_not_1(tmp_path, monkeypatch) -> None:
     def disagree(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OracleDisagreement("the fused oracle failed the kernel but the torch reference passes it")
 
-    monkeypatch.setattr(fuzz.cli, "run_campaign", disagree)
+    monkeypatch.setattr(pa_oracle.fuzz.cli, "run_campaign", disagree)
     result = cli("fuzz", "-b", "sdpa-math", "-n", "2", "--out", str(tmp_path))
     assert_clean(result, TOOL_FAILED, "oracle disagreement (a bug in pa-oracle, not a finding)")
 
@@ -215,7 +215,7 @@ def test_an_interrupt_exits_130_not_1(tmp_path, monkeypatch) -> None:
     def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fuzz.cli, "run_campaign", interrupted)
+    monkeypatch.setattr(pa_oracle.fuzz.cli, "run_campaign", interrupted)
     assert_clean(cli("fuzz", "-b", "sdpa-math", "-n", "2", "--out", str(tmp_path)), INTERRUPTED, "--resume continues it")
 
 

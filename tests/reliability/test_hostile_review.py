@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 from click.testing import CliRunner
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import _raw_bits, make_tensors
 
-from fuzz.cli import main
-from oracle.case import Case
-from oracle.tensors import _raw_bits, make_tensors
+from pa_oracle.cli import main
 
 MODULE = "tests.reliability.bad_kernels"
 CASE = {"schema_version": 1, "layout": {"qo_indptr": [0, 2, 3], "kv_indptr": [0, 2, 3], "kv_indices": [0, 2, 1],

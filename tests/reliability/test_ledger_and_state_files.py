@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import save_finding
+from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
+from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, CampaignStateError, FindingRecord
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.case import Case, CaseError, Heads, Layout, Options
 
-from backends.user import UserKernel
-from fuzz.campaign import save_finding
-from fuzz.cli import main
-from fuzz.ledger import GOLDEN, load_ledger
-from fuzz.runner import check_case
-from fuzz.state import BackendResult, CampaignState, CampaignStateError, FindingRecord
-from oracle.case import Case, CaseError, Heads, Layout, Options
+from pa_oracle.cli import main
 
 ENTRY = {"case": "c", "backends": ["b"], "versions": {"flashinfer": "1.0"}, "status": "tolerated", "reason": "r", "issue": "https://x.org/1"}
 
@@ -186,7 +186,7 @@ def test_resume_from_a_malformed_state_exits_2_naming_file_and_field(tmp_path) -
 
 # --- golden add ---------------------------------------------------------------------------------------
 
-PLANTED = "fuzz.quality.planted:{}"
+PLANTED = "pa_oracle.fuzz.quality.planted:{}"
 ISSUE = "https://github.com/example/kernels/issues/7"
 MIXED = Case(
     Layout.from_lengths([2, 1, 3], [9, 8, 13], page_size=4, page_order=[3, 0, 7, 5, 11, 1, 8, 2, 10, 6, 4, 9], extra_pages=3),
@@ -213,12 +213,12 @@ def add(finding_dir: Path, golden_dir: Path, *extra: str):  # type: ignore[no-un
 @pytest.mark.parametrize(
     "kernel, extra, says",
     [
-        ("correct_attention", (), "passes on every backend it was run on (fuzz.quality.planted:correct_attention): it is not a finding"),
+        ("correct_attention", (), "passes on every backend it was run on (pa_oracle.fuzz.quality.planted:correct_attention): it is not a finding"),
         ("last_page_off_by_one", ("-b", PLANTED.format("last_page_off_by_one"), "-b", PLANTED.format("correct_attention")),
-         "passes on fuzz.quality.planted:correct_attention (fails on fuzz.quality.planted:last_page_off_by_one)"),
+         "passes on pa_oracle.fuzz.quality.planted:correct_attention (fails on pa_oracle.fuzz.quality.planted:last_page_off_by_one)"),
         ("last_page_off_by_one", ("-b", "flashinfer-decoed"), "--backend 'flashinfer-decoed' is no known backend; did you mean flashinfer-decode"),
         ("last_page_off_by_one", ("-b", "no_such_module:fn"), "--backend 'no_such_module:fn': no such kernel"),
-        ("last_page_off_by_one", ("-b", "fuzz.quality.planted:no_such_fn"), "no such kernel"),
+        ("last_page_off_by_one", ("-b", "pa_oracle.fuzz.quality.planted:no_such_fn"), "no such kernel"),
     ],
     ids=["passes everywhere", "passes on one of its backends", "unknown name", "unknown module", "unknown function"],
 )

@@ -14,22 +14,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pa_oracle.fuzz.campaign.engine
+import pa_oracle.fuzz.run.runner
 import pytest
 import torch
 from click.testing import CliRunner, Result
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import fuzz_backend, run_campaign
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.campaign.state import CampaignState, state_path
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.fuzz.quality.planted import correct_attention
+from pa_oracle.oracle.case import Case, Heads, Layout
+from pa_oracle.oracle.tensors import Tensors, load_case
 
-import fuzz.campaign
-import fuzz.runner
-from backends.base import Backend, Capabilities, KernelOutput
-from backends.user import UserKernel
-from fuzz.campaign import fuzz_backend, run_campaign
-from fuzz.cli import main
-from fuzz.quality.planted import correct_attention
-from fuzz.shard import Shard
-from fuzz.state import CampaignState, state_path
-from fuzz.strategies import Limits
-from oracle.case import Case, Heads, Layout
-from oracle.tensors import Tensors
+from pa_oracle.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "tests.reliability.bad_kernels"
@@ -81,7 +81,7 @@ def saved_finding(out: Path, kernel: str) -> dict[str, Any]:
     finding = entry["findings"][0]
     folder = Path(finding["dir"])
     assert {"case.json", "tensors.npz", "report.md"} <= {p.name for p in folder.iterdir()}, folder
-    case = Case.load(folder / "case.json")
+    case = load_case(folder / "case.json")
     assert folder.name == finding["case_id"] and case.meta["kernel"] == f"{MODULE}:{kernel}"
     assert case.meta["status"] == finding["status"]
     return finding
@@ -117,7 +117,7 @@ def test_a_kernel_that_kills_or_stalls_its_process_is_a_crash_finding(tmp_path: 
 
 def test_the_real_cli_survives_a_segfault_and_says_so(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "fuzz", "fuzz", "--kernel", f"{MODULE}:segfaults", "-n", "3", *SMALL, "--out", str(tmp_path)],
+        [sys.executable, "-m", "pa_oracle", "fuzz", "--kernel", f"{MODULE}:segfaults", "-n", "3", *SMALL, "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
     )
     assert run.returncode == 1, run.stderr
@@ -208,7 +208,7 @@ def test_triage_of_a_hang_reports_the_hang_without_minimizing(hang_finding: Path
 def test_a_real_ctrl_c_stops_the_campaign_keeps_its_state_and_is_no_finding(tmp_path: Path) -> None:
     """SIGINT to the process group, as a terminal sends it: the worker ignores it, the parent stops."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fuzz", "fuzz", "--kernel", f"{MODULE}:slow_correct", "-n", "1000", *SMALL, "--out", str(tmp_path)],
+        [sys.executable, "-m", "pa_oracle", "fuzz", "--kernel", f"{MODULE}:slow_correct", "-n", "1000", *SMALL, "--out", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
     )
@@ -260,13 +260,13 @@ def test_a_block_table_a_dict_plan_holds_is_checksummed() -> None:
             return KernelOutput(out, lse)
 
     case = Case(Layout.from_lengths([1], [9], 4, page_order=[3, 0, 4, 1, 2], extra_pages=2), Heads(2, 1, 8, 8))
-    outcome = fuzz.runner.check_case(ZeroesItsBlockTable(), case)
+    outcome = pa_oracle.fuzz.run.runner.check_case(ZeroesItsBlockTable(), case)
     assert outcome.status == "fail" and outcome.message == "FAIL: kernel modified its inputs: plan['block_table']"
 
 
 def test_an_output_the_oracle_cannot_judge_stops_the_backend_as_incomplete(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"n": 0}
-    real = fuzz.runner.judge
+    real = pa_oracle.fuzz.run.runner.judge
 
     def breaks_on_the_third(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
@@ -274,7 +274,7 @@ def test_an_output_the_oracle_cannot_judge_stops_the_backend_as_incomplete(monke
             raise RuntimeError("an oracle bug")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fuzz.runner, "judge", breaks_on_the_third)
+    monkeypatch.setattr(pa_oracle.fuzz.run.runner, "judge", breaks_on_the_third)
     result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), examples=10, limits=TINY, isolate=False)
     assert result.status == "incomplete" and not result.is_complete and result.examples == 2 and not result.findings
     assert "the oracle could not judge the output: RuntimeError: an oracle bug" in result.notes[-1]
@@ -282,14 +282,14 @@ def test_an_output_the_oracle_cannot_judge_stops_the_backend_as_incomplete(monke
 
 
 def test_an_internal_error_stops_the_backend_as_incomplete_and_the_campaign_goes_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    real = fuzz.campaign.check_case
+    real = pa_oracle.fuzz.campaign.engine.check_case
 
     def fails_for_one(backend: Backend, case: Case, tolerance: Any) -> Any:
         if backend.name.endswith("slightly_off"):
             raise RuntimeError("boom")
         return real(backend, case, tolerance)
 
-    monkeypatch.setattr(fuzz.campaign, "check_case", fails_for_one)
+    monkeypatch.setattr(pa_oracle.fuzz.campaign.engine, "check_case", fails_for_one)
     backends = [UserKernel.from_spec(f"{MODULE}:slightly_off"), UserKernel.from_spec(f"{MODULE}:correct")]
     path = state_path(tmp_path, Shard())
     broken, fine = run_campaign(backends, CampaignState({"seed": 0}), path, examples=5, limits=TINY, isolate=False)

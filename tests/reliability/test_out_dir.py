@@ -1,4 +1,4 @@
-"""Nothing under --out is ever lost (``fuzz.outdir``): one campaign at a time, no fresh campaign
+"""Nothing under --out is ever lost (``pa_oracle.fuzz.campaign.outdir``): one campaign at a time, no fresh campaign
 over a kept one without --resume/--overwrite, finding folders published whole and never replaced,
 and a finding that cannot be written stops the campaign with exit 3 and says where it was."""
 
@@ -14,21 +14,22 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import save_finding
+from pa_oracle.fuzz.campaign.outdir import campaign_lock, publish_folder
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.campaign.state import CampaignState
+from pa_oracle.fuzz.exits import BAD_INPUT, FINDING, NO_FINDING, TOOL_FAILED
+from pa_oracle.fuzz.quality.planted import correct_attention
+from pa_oracle.fuzz.run.runner import Outcome
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.tensors import load_case
 
-from backends.user import UserKernel
-from fuzz.campaign import save_finding
-from fuzz.cli import main
-from fuzz.exits import BAD_INPUT, FINDING, NO_FINDING, TOOL_FAILED
-from fuzz.outdir import campaign_lock, publish_folder
-from fuzz.quality.planted import correct_attention
-from fuzz.runner import Outcome
-from fuzz.shard import Shard
-from fuzz.state import CampaignState
-from oracle.case import Case, Heads, Layout, Options
+from pa_oracle.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--max-batch", "2", "--max-kv-len", "12"]
-GQA_BUG = "fuzz.quality.planted:wrong_gqa_map"
+GQA_BUG = "pa_oracle.fuzz.quality.planted:wrong_gqa_map"
 SLOW = "tests.reliability.test_out_dir:slow_correct"
 LOCK = {".pa-oracle.lock", ".pa-oracle.lock.owner"}  # who holds --out: rewritten by every run
 KEPT_BY_A_RUN = {"campaign.json", "summary.json", *LOCK}  # the state a new run rewrites
@@ -58,7 +59,7 @@ def finding_dirs(out: Path) -> list[Path]:
 
 
 def spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "fuzz", "fuzz", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "pa_oracle", "fuzz", *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -144,7 +145,7 @@ def test_a_folder_is_published_whole_or_not_at_all(tmp_path) -> None:
 KILLED_WRITER = """
 import sys, time
 from pathlib import Path
-from fuzz.outdir import publish_folder
+from pa_oracle.fuzz.campaign.outdir import publish_folder
 
 def write(tmp, final):
     (tmp / "case.json").write_text("new")
@@ -225,14 +226,14 @@ def test_sigkill_then_resume_loses_no_finding(tmp_path) -> None:
     by_backend = {r["backend"]: r for r in json.loads(resumed.stdout)}
     assert by_backend[GQA_BUG]["finding"]["dir"] == str(folder) and by_backend[SLOW]["examples"] == 3
     assert finding_dirs(out) == [folder] and tree(folder) == saved
-    assert Case.load(folder / "case.json").case_id, "the saved case loads"
+    assert load_case(folder / "case.json").case_id, "the saved case loads"
     assert cli("replay", str(folder / "case.json")).exit_code == FINDING
 
 
 def test_a_finding_that_cannot_be_saved_stops_with_exit_3_and_is_rescued(tmp_path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    blocked = out / "fuzz.quality.planted_wrong_gqa_map"
+    blocked = out / "pa_oracle.fuzz.quality.planted_wrong_gqa_map"
     blocked.write_text("a file where the backend's finding folder would go")
     result = cli("fuzz", "-k", GQA_BUG, "-n", "30", *TINY, "--out", str(out))
     assert result.exit_code == TOOL_FAILED, result.output

@@ -3,13 +3,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import save_finding
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
-from backends.user import UserKernel
-from fuzz.campaign import save_finding
-from fuzz.runner import check_case
-from oracle.case import Case, Heads, Layout, Options
-
-PLANTED = "fuzz.quality.planted:{}"
+PLANTED = "pa_oracle.fuzz.quality.planted:{}"
 
 
 def kernel(name: str) -> UserKernel:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger, lookup
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.oracle.tensors import load_case
 
-from fuzz.cli import main
-from fuzz.ledger import GOLDEN, load_ledger, lookup
-from fuzz.runner import check_case
-from oracle.case import Case
+from pa_oracle.cli import main
 
 from .conftest import PLANTED, kernel
 
@@ -40,7 +40,7 @@ def test_golden_add_round_trips(last_page_finding, golden) -> None:
     assert entry == {"case": "planted-last-page", "backends": [PLANTED.format("last_page_off_by_one")], "versions": entry["versions"],
                      "status": "quarantine", "reason": "drops the last key", "issue": ISSUE}
     assert "kernel" not in entry["versions"] and "module_file" not in entry["versions"]
-    case = Case.load(golden / "cases" / "planted-last-page.json")
+    case = load_case(golden / "cases" / "planted-last-page.json")
     assert case.tensors_file == str((golden / "cases" / "planted-last-page.npz").resolve())
     assert case.meta["found_by"]["backend"] == PLANTED.format("last_page_off_by_one")
     assert check_case(kernel("last_page_off_by_one"), case).status == "fail"

@@ -2,12 +2,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from fuzz.runner import Outcome
-from fuzz.triage.localize import Capture, _Rows, capture, localize
-from oracle.case import Case, Heads, Layout, Options
-from oracle.reference import reference
-from oracle.tensors import make_tensors
+from pa_oracle.fuzz.run.runner import Outcome
+from pa_oracle.fuzz.triage.localize import Capture, _Rows, capture, localize
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import reference
+from pa_oracle.oracle.tensors import make_tensors
 
 from .conftest import kernel, mixed_case
 

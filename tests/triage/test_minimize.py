@@ -2,13 +2,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from fuzz.runner import check_case
-from fuzz.triage.minimize import Signature, minimize, one_step_reductions, signature, smaller
-from fuzz.triage.workload import Workload, keep_heads, keep_requests, resize
-from oracle.case import Case
-from oracle.reference import reference
-from oracle.tensors import make_tensors, save_tensors
+from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.fuzz.triage.minimize import Signature, minimize, one_step_reductions, signature, smaller
+from pa_oracle.fuzz.triage.workload import Workload, keep_heads, keep_requests, resize
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.reference import reference
+from pa_oracle.oracle.tensors import make_tensors, save_tensors
 
 from .conftest import kernel, mixed_case
 

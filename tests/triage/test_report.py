@@ -5,11 +5,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from pa_oracle.fuzz.triage import plots
+from pa_oracle.fuzz.triage.pipeline import load_source, run_triage
+from pa_oracle.fuzz.triage.render import pytest_snippet, write_report
 
-from fuzz.cli import main
-from fuzz.triage import plots
-from fuzz.triage.pipeline import load_source, run_triage
-from fuzz.triage.render import pytest_snippet, write_report
+from pa_oracle.cli import main
 
 from .conftest import PLANTED, kernel, make_finding, mixed_case
 
@@ -89,4 +89,4 @@ def test_cli_triage_without_minimizing_on_a_passing_backend_exits_zero(last_page
 
 def test_cli_triage_refuses_a_folder_without_a_case(tmp_path) -> None:
     result = CliRunner().invoke(main, ["triage", str(tmp_path), "-b", "sdpa-math"])
-    assert result.exit_code == 2 and "no case.json" in result.output  # bad input (fuzz.exits), not a finding
+    assert result.exit_code == 2 and "no case.json" in result.output  # bad input (pa_oracle.fuzz.exits), not a finding

@@ -1,9 +1,9 @@
 """What a case exercises, as named features: the vocabulary of ledger ``matches`` predicates
-(``fuzz.ledger``) and of the campaign coverage table (``fuzz.coverage``)."""
+(``pa_oracle.fuzz.campaign.ledger``) and of the campaign coverage table (``pa_oracle.fuzz.campaign.coverage``)."""
 
 from __future__ import annotations
 
-from oracle.case import DISTRIBUTIONS, KV_DTYPES, Q_DTYPES, Case
+from pa_oracle.oracle.case import DISTRIBUTIONS, KV_DTYPES, Q_DTYPES, Case
 
 Feature = int | bool | str
 
@@ -38,7 +38,7 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
 def case_features(case: Case) -> dict[str, Feature]:
     """Every feature of ``FEATURES`` for ``case``.
 
-    >>> from oracle.case import Heads, Layout
+    >>> from pa_oracle.oracle.case import Heads, Layout
     >>> f = case_features(Case(Layout.from_lengths([1, 2], [0, 1], 16), Heads(5, 1, 64, 64)))
     >>> f["kv_len_0_with_queries"], f["qo_above_kv"], f["group_size"], f["min_kv_len"]
     (True, True, 5, 0)

@@ -1,5 +1,5 @@
-"""Campaigns of the checks beyond output values (``fuzz.metamorphic``, ``fuzz.plans``,
-``fuzz.cuda_graphs``): Hypothesis draws cases a check can use; the first violation per backend
+"""Campaigns of the checks beyond output values (``pa_oracle.fuzz.checks.metamorphic``, ``pa_oracle.fuzz.checks.plans``,
+``pa_oracle.fuzz.checks.cuda_graphs``): Hypothesis draws cases a check can use; the first violation per backend
 and check is shrunk and saved like a fuzz finding, with every case it involved (each with its
 npz sidecar), a report and a repro command.
 """
@@ -18,18 +18,17 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import Flaky, Unsatisfiable
-
-from backends.base import Backend
-from fuzz.checks import Check, CheckOutcome
-from fuzz.cuda_graphs import GRAPH_CHECK
-from fuzz.metamorphic import RELATIONS
-from fuzz.outdir import FindingNotSaved, holds_case, publish_folder, rescue
-from fuzz.plans import PLAN_CHECKS
-from fuzz.runner import OracleDisagreement, call_kernel, describe_exception
-from fuzz.strategies import Limits, cases
-from oracle.case import Case
-from oracle.tensors import make_tensors, save_tensors
-from oracle.tolerance import Tolerance
+from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_folder, rescue
+from pa_oracle.fuzz.checks.base import Check, CheckOutcome
+from pa_oracle.fuzz.checks.cuda_graphs import GRAPH_CHECK
+from pa_oracle.fuzz.checks.metamorphic import RELATIONS
+from pa_oracle.fuzz.checks.plans import PLAN_CHECKS
+from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.fuzz.run.runner import OracleDisagreement, call_kernel, describe_exception
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.tensors import make_tensors, save_tensors
+from pa_oracle.oracle.tolerance import Tolerance
 
 CHECKS: dict[str, Check] = {check.name: check for check in (*RELATIONS, *PLAN_CHECKS, GRAPH_CHECK)}
 
@@ -154,7 +153,7 @@ def save_check_finding(
     outcome: CheckOutcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None
 ) -> tuple[Path, str]:
     """Write every case of ``outcome`` (case.json + tensors.npz per label) and report.md, published
-    whole under a free name like fuzz findings (``fuzz.outdir.publish_folder``: nothing is replaced)."""
+    whole under a free name like fuzz findings (``pa_oracle.fuzz.campaign.outdir.publish_folder``: nothing is replaced)."""
     original = outcome.cases[0][1]
     parent = Path(out_dir) / re.sub(r"[^A-Za-z0-9_.-]+", "_", backend.name)
     meta = {

@@ -18,19 +18,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-
-from fuzz.coverage import Coverage
-from fuzz.runner import Outcome
-from fuzz.shard import Shard
-from oracle.case import read_json
-from oracle.schema import convert
+from pa_oracle.fuzz.campaign.coverage import Coverage
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.run.runner import Outcome
+from pa_oracle.oracle.case import read_json
+from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.schema import convert
 
 SCHEMA_VERSION = 1
 Status = Literal["pending", "running", "done", "finding", "exhausted", "incomplete"]
 _RUN_ONLY = ("finding", "finding_dir", "repro")
 
 
-class CampaignStateError(ValueError):
+class CampaignStateError(BadInput):
     """A campaign state file that cannot be read or resumed; the message says why and what to do."""
 
 
@@ -59,7 +59,7 @@ class BackendResult:
     status: Status = "pending"
     findings: list[FindingRecord] = field(default_factory=list)
     coverage: Coverage = field(default_factory=Coverage)
-    declared: dict[str, list[str]] = field(default_factory=dict)  # fuzz.coverage.declared of the backend
+    declared: dict[str, list[str]] = field(default_factory=dict)  # pa_oracle.fuzz.campaign.coverage.declared of the backend
     seen: list[str] = field(default_factory=list)  # case ids drawn, in order
     notes: list[str] = field(default_factory=list)
     # this run only (not persisted): the latest finding as an Outcome, where it was saved, its repro

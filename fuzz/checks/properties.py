@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from backends.base import Backend
-from oracle.case import Case, Layout
-from oracle.tensors import Tensors, make_tensors
+from pa_oracle.backends.base import Backend
+from pa_oracle.oracle.case import Case, Layout
+from pa_oracle.oracle.tensors import Tensors, make_tensors
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
-from fuzz.runner import OracleDisagreement, Outcome, check_case, exception_text
-from oracle.case import Case, CaseError
-from oracle.tolerance import Tolerance
+from pa_oracle.fuzz.run.runner import OracleDisagreement, Outcome, check_case, exception_text
+from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.tolerance import Tolerance
 
 STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
 CASE_TIMEOUT = 300.0  # the default per-case limit (fuzz --case-timeout)
@@ -67,8 +67,8 @@ def default_case_timeout() -> float:
 
 
 def _load_backend(spec: str) -> Any:
-    from backends.base import get_backend
-    from backends.user import UserKernel
+    from pa_oracle.backends import get_backend
+    from pa_oracle.backends.user import UserKernel
 
     return UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
 
@@ -222,7 +222,7 @@ class IsolatedBackend:
 def isolatable(backend: Any) -> str | None:
     """The spec a worker loads ``backend`` from, or None when it cannot (a user kernel that is not
     importable by its name, e.g. a function defined inside another)."""
-    from backends.user import UserKernel, load_kernel
+    from pa_oracle.backends.user import UserKernel, load_kernel
 
     if not isinstance(backend, UserKernel):
         return backend.name
@@ -235,7 +235,7 @@ def isolatable(backend: Any) -> str | None:
 def isolated_by_default(backend: Any) -> bool:
     """Crash isolation is the default for user kernels, backends of a native kernel library and
     anything on CUDA; pure-torch CPU backends (they cannot segfault or hang) run in-process."""
-    from backends.user import UserKernel
+    from pa_oracle.backends.user import UserKernel
 
     return isinstance(backend, UserKernel) or backend.package is not None or backend.device == "cuda"
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from backends.base import Backend, Capabilities, Unsupported
-from fuzz.checks import Check, CheckOutcome, case_key, tensors_for
-from fuzz.runner import judge
-from oracle.case import DISTRIBUTIONS, Case, Layout
-from oracle.tensors import Tensors
-from oracle.tolerance import Tolerance, Verdict
+from pa_oracle.backends.base import Backend, Capabilities, Unsupported
+from pa_oracle.fuzz.checks.base import Check, CheckOutcome, case_key, tensors_for
+from pa_oracle.fuzz.run.runner import judge
+from pa_oracle.oracle.case import DISTRIBUTIONS, Case, Layout
+from pa_oracle.oracle.tensors import Tensors
+from pa_oracle.oracle.tolerance import Tolerance, Verdict
 
 REUSE_RUNS = 3
 

@@ -29,13 +29,21 @@ import random
 from typing import NamedTuple
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, Unsupported
-from fuzz.checks import Check, CheckOutcome, case_key, judge_relation, raw_bits, run_supported, same_bits, tensors_for
-from fuzz.properties import alone
-from oracle.case import Case, Layout, Options
-from oracle.tensors import POISON, Tensors, token_addresses
-from oracle.tolerance import Tolerance
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported
+from pa_oracle.fuzz.checks.base import (
+    Check,
+    CheckOutcome,
+    case_key,
+    judge_relation,
+    raw_bits,
+    run_supported,
+    same_bits,
+    tensors_for,
+)
+from pa_oracle.fuzz.checks.properties import alone
+from pa_oracle.oracle.case import Case, Layout, Options
+from pa_oracle.oracle.tensors import POISON, Tensors, token_addresses
+from pa_oracle.oracle.tolerance import Tolerance
 
 
 def _rng(case: Case, relation: str) -> random.Random:

@@ -19,14 +19,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from filelock import FileLock, Timeout
-
-from fuzz.shard import Shard
-from oracle.case import Case
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.errors import BadInput
 
 LOCK_FILE = ".pa-oracle.lock"
 
 
-class OutDirConflict(Exception):
+class OutDirConflict(BadInput):
     """``--out`` is held by another campaign, or holds one this run would replace: a usage
     conflict (exit 2), since the same command works with another ``--out``, later, or with
     ``--resume``/``--overwrite``."""

@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import torch
-
-from backends.base import Backend, ContractViolation, KernelOutput, Unsupported
-from oracle.case import Case, CaseError
-from oracle.reference import plain_attention, reference
-from oracle.tensors import Tensors, make_tensors, torch_dtype
-from oracle.tolerance import Tolerance, Verdict, compare
+from pa_oracle.backends.base import Backend, ContractViolation, KernelOutput, Unsupported, exception_text
+from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.reference import plain_attention, reference
+from pa_oracle.oracle.tensors import Tensors, make_tensors, torch_dtype
+from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
 
 # "error": the oracle itself could not judge a well-formed output (a tool failure, never a finding)
 Status = Literal["pass", "fail", "crash", "unsupported", "error"]
@@ -48,16 +47,6 @@ class Outcome:
         return self.status in ("fail", "crash")
 
 
-def exception_text(exc: BaseException) -> str:
-    """``str(exc)``, even for an exception whose ``__str__`` raises or returns a non-string (a kernel's
-    exception is the kernel's: describing it must not fail the judge)."""
-    try:
-        text = str(exc)
-    except BaseException:  # noqa: BLE001 - whatever __str__ does, the exception is still reported
-        return f"<{type(exc).__name__} whose __str__ raised>"
-    return text if isinstance(text, str) else f"<{type(exc).__name__} whose __str__ returned {type(text).__name__}>"
-
-
 def is_unsupported(exc: BaseException) -> bool:
     """FlashInfer's rule: a crash is always a finding; only explicit refusals are skips."""
     if any(sign in exception_text(exc).lower() for sign in _CRASH_SIGNS):
@@ -73,7 +62,7 @@ class OracleDisagreement(AssertionError):
 def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Tolerance = Tolerance()) -> Verdict:
     """Compare a kernel's output for ``case`` on ``tensors`` with the float64 reference.
 
-    On CUDA the reference is computed by the fused kernel (``oracle.fused``); a failing verdict is
+    On CUDA the reference is computed by the fused kernel (``pa_oracle.oracle.fused``); a failing verdict is
     computed again against the torch reference, the definition, which alone decides a finding.
     """
     ref = reference(case, tensors, logit_noise=True)

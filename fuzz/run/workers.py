@@ -1,4 +1,4 @@
-"""``pa-oracle fuzz --workers N``: N processes run shards 0..N-1 of one campaign (``fuzz.shard``),
+"""``pa-oracle fuzz --workers N``: N processes run shards 0..N-1 of one campaign (``pa_oracle.fuzz.campaign.shard``),
 each pinned to one GPU with ``CUDA_VISIBLE_DEVICES`` (round-robin over the visible GPUs; on a
 CPU-only machine each gets ``cpu_count // N`` OpenMP threads instead).
 
@@ -7,7 +7,7 @@ seeds and case seeds, an equal share of ``--examples``), rather than each worker
 the backends: one backend then spreads over all GPUs, and no worker idles when there are fewer
 backends than workers. Findings land in the one ``--out`` folder (saved by atomic rename), each
 worker keeps its state in ``OUT/shards/campaign-i-of-N.json``, and the parent merges those.
-The parent holds the lock on ``--out`` (``fuzz.outdir``); each worker, run with ``--shard``,
+The parent holds the lock on ``--out`` (``pa_oracle.fuzz.campaign.outdir``); each worker, run with ``--shard``,
 locks only its own shard state.
 """
 
@@ -49,14 +49,14 @@ def worker_env(gpu: str | None, workers: int, base: dict[str, str]) -> dict[str,
 
 
 def run_workers(args: Sequence[str], workers: int, gpus: Sequence[str]) -> list[int]:
-    """Run ``python -m fuzz fuzz ARGS --shard i/N`` for i in 0..N-1 side by side; their progress
+    """Run ``python -m pa_oracle fuzz ARGS --shard i/N`` for i in 0..N-1 side by side; their progress
     goes to stderr, their summaries are discarded (the shard states hold them). Returns the exit
-    codes, as ``fuzz.exits`` defines them (0: no finding, 1: a finding, 2: bad input, 3 or
+    codes, as ``pa_oracle.fuzz.exits`` defines them (0: no finding, 1: a finding, 2: bad input, 3 or
     anything else, a signal included: the worker failed)."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i, gpu in enumerate(assign_gpus(workers, gpus)):
-            cmd = [sys.executable, "-m", "fuzz", "fuzz", *args, "--shard", f"{i}/{workers}", "--json"]
+            cmd = [sys.executable, "-m", "pa_oracle", "fuzz", *args, "--shard", f"{i}/{workers}", "--json"]
             procs.append(subprocess.Popen(cmd, env=worker_env(gpu, workers, dict(os.environ)), stdout=subprocess.DEVNULL))
         return [p.wait() for p in procs]
     finally:

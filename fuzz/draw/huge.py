@@ -5,7 +5,7 @@ vLLM#1514, flash-attention#772). They need GPU memory (several GiB per cache).
 
 from __future__ import annotations
 
-from oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
 INT32_LIMIT = 2**31
 

@@ -1,6 +1,6 @@
 """Hypothesis strategies for paged-attention cases, biased to where kernels break.
 
-Verification model: every drawn case is valid (``oracle.case`` validates it) and admitted by the
+Verification model: every drawn case is valid (``pa_oracle.oracle.case`` validates it) and admitted by the
 kernel's ``Capabilities`` (filtered *before* drawing, no mass rejection). Draws are ordered so
 that shrinking heads for small batches, short sequences, identity page tables, small heads and
 options off.
@@ -15,13 +15,11 @@ EXTENDING: a new knob is one labelled ``draw`` here plus a ``Capabilities`` fiel
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
-
-from backends.base import Capabilities
-from oracle.case import DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.oracle.case import DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, alibi_slopes
 
 PAGE_SIZES = (16, 1, 2, 3, 5, 8, 32, 64, 128, 256)  # shrinks toward the first
 GROUP_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
@@ -43,14 +41,6 @@ class Limits:
     max_kv_heads: int = 4
     max_qo_heads: int = 32
     head_dims: tuple[int, ...] = HEAD_DIMS
-
-
-def alibi_slopes(num_heads: int) -> tuple[float, ...]:
-    """The ALiBi paper's geometric slopes (closest power of two, then interleaved)."""
-    n = 1 << int(math.floor(math.log2(num_heads)))
-    base = [2 ** (-8 * (i + 1) / n) for i in range(n)]
-    extra = [2 ** (-4 * (2 * i + 1) / n) for i in range(num_heads - n)]
-    return tuple(base + extra)
 
 
 def _page_sizes(caps: Capabilities) -> list[int]:

@@ -8,7 +8,7 @@ pass the oracle differ by at most that (triangle inequality); whether the bits m
 reported. Plan and graph checks judge each output against the oracle itself.
 
 EXTENDING: a check is a ``Check`` (name, expectation and why, which cases it draws, the function
-that runs it) listed in ``fuzz.check_campaign.CHECKS``; its function returns a ``CheckOutcome``
+that runs it) listed in ``pa_oracle.fuzz.campaign.check_engine.CHECKS``; its function returns a ``CheckOutcome``
 whose ``cases`` (original first) are what a finding saves.
 """
 
@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-
-from backends.base import Backend, Capabilities, KernelOutput, Unsupported
-from fuzz.runner import is_unsupported, judge
-from oracle.case import Case
-from oracle.report import Location, locate
-from oracle.tensors import Tensors, make_tensors
-from oracle.tolerance import Tolerance
+from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported
+from pa_oracle.fuzz.run.runner import is_unsupported, judge
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.report import Location, locate
+from pa_oracle.oracle.tensors import Tensors, make_tensors
+from pa_oracle.oracle.tolerance import Tolerance
 
 Status = Literal["holds", "violated", "crash", "skipped"]
 Expectation = Literal["bit-exact", "tolerance", "oracle"]

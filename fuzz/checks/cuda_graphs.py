@@ -19,13 +19,12 @@ contents (other seeds) are copied into the static inputs, the output buffers are
 from __future__ import annotations
 
 import torch
-
-from backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported
-from fuzz.checks import Check, CheckOutcome, same_bits, tensors_for
-from fuzz.runner import judge
-from oracle.case import Case, Layout
-from oracle.tensors import Tensors
-from oracle.tolerance import Tolerance
+from pa_oracle.backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported
+from pa_oracle.fuzz.checks.base import Check, CheckOutcome, same_bits, tensors_for
+from pa_oracle.fuzz.run.runner import judge
+from pa_oracle.oracle.case import Case, Layout
+from pa_oracle.oracle.tensors import Tensors
+from pa_oracle.oracle.tolerance import Tolerance
 
 PADDING_REQUESTS = 2
 REPLAYS = 2

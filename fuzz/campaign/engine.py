@@ -3,9 +3,9 @@ first finding per backend is shrunk to a minimal case and saved (case.json + ten
 report.md, written in a temp folder that is then renamed) with a repro command.
 
 Verification model: examples run in chunks of ``CHUNK``, each chunk one Hypothesis run with its
-own seed (``fuzz.shard``). A case drawn before in the campaign (same case id) is rejected, so no
+own seed (``pa_oracle.fuzz.campaign.shard``). A case drawn before in the campaign (same case id) is rejected, so no
 example runs twice; a case that a ledger entry's ``matches`` predicate covers is skipped as known,
-so the campaign surfaces new findings. After every chunk the state (``fuzz.state``) is saved:
+so the campaign surfaces new findings. After every chunk the state (``pa_oracle.fuzz.campaign.state``) is saved:
 ``run_campaign`` on that state continues at the next chunk after a kill.
 """
 
@@ -21,21 +21,20 @@ from typing import Callable
 
 from hypothesis import HealthCheck, Phase, given, reject, seed, settings
 from hypothesis.errors import Flaky, Unsatisfiable
-
-from backends.base import Backend
-from backends.user import UserKernel
-from fuzz.coverage import declared
-from fuzz.ledger import Entry, known_finding
-from fuzz.isolation import CASE_TIMEOUT, OUT_OF_TIME
-from fuzz.outdir import FindingNotSaved, holds_case, publish_folder, rescue
-from fuzz.runner import OracleDisagreement, Outcome, check_case
-from fuzz.shard import Shard
-from fuzz.state import BackendResult, CampaignState, FindingRecord
-from fuzz.strategies import Limits, cases
-from oracle.case import Case
-from oracle.report import format_report, repro_command
-from oracle.tensors import make_tensors, save_tensors
-from oracle.tolerance import Tolerance, Verdict
+from pa_oracle.backends.base import Backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.coverage import declared
+from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
+from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_folder, rescue
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
+from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME
+from pa_oracle.fuzz.run.runner import OracleDisagreement, Outcome, check_case
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.report import format_report, repro_command
+from pa_oracle.oracle.tensors import make_tensors, save_tensors
+from pa_oracle.oracle.tolerance import Tolerance, Verdict
 
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
 
@@ -76,7 +75,7 @@ def fuzz_backend(
 
     ``resume`` continues an earlier result at its next chunk; ``checkpoint`` is called with the
     result after every chunk. With ``ledger``, drawn cases that an entry covers are skipped. With
-    ``isolate`` (default: ``fuzz.isolation.isolated_by_default``) every case runs in a worker
+    ``isolate`` (default: ``pa_oracle.fuzz.run.isolation.isolated_by_default``) every case runs in a worker
     process: a crash of the process or a case running longer than ``case_timeout`` seconds is a
     finding, and the worker restarts; a case still running at ``deadline`` (but within its
     timeout) is out of time, not a finding. ``isolate_timeout`` is the older spelling of
@@ -87,7 +86,14 @@ def fuzz_backend(
     judged, a flaky failure that left no finding, a worker that did not start, or an internal
     error. ``result.is_complete`` says whether the run can be trusted as it is.
     """
-    from fuzz.isolation import IsolatedBackend, OutOfTime, WorkerStartError, check_timeout, isolatable, isolated_by_default
+    from pa_oracle.fuzz.run.isolation import (
+        IsolatedBackend,
+        OutOfTime,
+        WorkerStartError,
+        check_timeout,
+        isolatable,
+        isolated_by_default,
+    )
 
     if isolate_timeout is not None:
         isolate, case_timeout = True, isolate_timeout
@@ -264,9 +270,9 @@ def run_campaign(
     ``state_file`` after every chunk. ``examples`` is the campaign's total per backend (this shard
     runs its share); the time budget is shared by the backends that still have work and bounds a
     hanging case too. A backend that stopped at a finding is fuzzed again only with
-    ``rerun_findings``. ``isolate`` None: ``fuzz.isolation.isolated_by_default`` per backend.
+    ``rerun_findings``. ``isolate`` None: ``pa_oracle.fuzz.run.isolation.isolated_by_default`` per backend.
     ValueError for a ``case_timeout`` that is not a finite number > 0."""
-    from fuzz.isolation import check_timeout
+    from pa_oracle.fuzz.run.isolation import check_timeout
 
     check_timeout(case_timeout)
     target = shard.share(examples)
@@ -318,7 +324,7 @@ def _safe(name: str) -> str:
 def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
     """Write case.json (+ tensors.npz sidecar) and report.md for a finding; return its folder.
 
-    The folder is published whole (``fuzz.outdir.publish_folder``): an existing folder is never
+    The folder is published whole (``pa_oracle.fuzz.campaign.outdir.publish_folder``): an existing folder is never
     replaced or deleted (the same finding found again is left as it was; a different one with
     the same case id goes beside it, ``CASE_ID-2``). Raises ``FindingNotSaved`` when it cannot be
     written, after rescuing the case.json to a temp folder if possible."""

@@ -5,7 +5,7 @@ backends and versions it applies to, a reason and an issue URL, and a status:
   entry gets removed;
 * ``quarantine``: never launched (for crashers that poison the CUDA context).
 
-An entry may also carry ``matches``, a predicate over drawn cases (``fuzz.features``): every key
+An entry may also carry ``matches``, a predicate over drawn cases (``pa_oracle.fuzz.draw.features``): every key
 is a feature name, a scalar value must equal the case's feature and a list must contain it, e.g.
 ``{"kv_len_0_with_queries": true}`` or ``{"alibi": true, "logits_soft_cap": true}`` or
 ``{"group_size": [5]}``. A campaign skips drawn cases that an entry matches, so it surfaces new
@@ -21,12 +21,13 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 import msgspec
+from pa_oracle.fuzz.draw.features import FEATURES, Feature, case_features
+from pa_oracle.oracle.case import Case, CaseError, read_json
+from pa_oracle.oracle.schema import convert
 
-from fuzz.features import FEATURES, Feature, case_features
-from oracle.case import Case, CaseError, read_json
-from oracle.schema import convert
+from pa_oracle import golden
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = golden.root()  # the installed corpus, or $PA_ORACLE_GOLDEN
 SCHEMA_VERSION = 1
 
 

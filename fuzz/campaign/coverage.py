@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.base import Capabilities
-from fuzz.features import Feature, case_features
-from fuzz.strategies import GROUP_SIZES, Limits
-from fuzz.strategies import _page_sizes as page_sizes  # what the strategy draws, one place
-from oracle.case import FP8_DTYPES, Case
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.fuzz.draw.features import Feature, case_features
+from pa_oracle.fuzz.draw.strategies import GROUP_SIZES, Limits
+from pa_oracle.fuzz.draw.strategies import _page_sizes as page_sizes  # what the strategy draws, one place
+from pa_oracle.oracle.case import FP8_DTYPES, Case
 
 # dimension -> short column title of the text table
 DIMENSIONS: dict[str, str] = {

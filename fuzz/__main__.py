@@ -1,3 +1,0 @@
-from fuzz.cli import main
-
-main()

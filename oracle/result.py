@@ -1,0 +1,18 @@
+"""What the oracle returns, shared by its engines (``pa_oracle.oracle.reference``'s torch code and
+``pa_oracle.oracle.fused``'s Triton kernel)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+LOG2_E = 1.0 / math.log(2.0)
+
+
+class Reference(NamedTuple):
+    out: torch.Tensor  # [total_q, Hq, Dvo] float64
+    lse: torch.Tensor  # [total_q, Hq] float64
+    logit_noise: torch.Tensor | None  # [total_q, Hq, Dvo]: see ``reference``
+    engine: str = "torch"  # which code computed it: "torch" (this module) or "fused" (pa_oracle.oracle.fused)

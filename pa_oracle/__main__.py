@@ -1,0 +1,3 @@
+from pa_oracle.cli import main
+
+main()
