@@ -18,6 +18,7 @@ class WriteCapabilities:
     combined: tuple[bool, ...] = (False, True)  # two tensors, one [pages, 2, ...] tensor
     dtypes: tuple[str, ...] = DTYPES
     page_sizes: tuple[int, ...] = (1, 2, 5, 16)
+    head_dims: tuple[int, ...] = (8, 16, 64)
     devices: tuple[str, ...] = ("cpu", "cuda")
     same_append_len: bool = False  # the API appends one length for the whole batch (flash-attn's k=)
 

@@ -14,7 +14,8 @@ class FlashAttnAppend(WriteKernel):
     name = "flash-attn-kvcache-append"
     package = "flash_attn"
     capabilities = WriteCapabilities(layouts=("NHD",), combined=(False,), dtypes=("bfloat16", "float16"),
-                                     page_sizes=(256,), devices=("cuda",), same_append_len=True)
+                                     page_sizes=(256,), devices=("cuda",), same_append_len=True,
+                                     head_dims=(64, 128))
 
     def append(self, case: AppendCase, inputs: AppendInputs) -> None:
         import torch

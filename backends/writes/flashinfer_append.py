@@ -14,7 +14,8 @@ from pa_oracle.oracle.append import AppendCase, AppendInputs
 class FlashInferAppend(WriteKernel):
     name = "flashinfer-append"
     package = "flashinfer"
-    capabilities = WriteCapabilities(dtypes=("bfloat16", "float16"), page_sizes=(1, 5, 16), devices=("cuda",))
+    capabilities = WriteCapabilities(dtypes=("bfloat16", "float16"), page_sizes=(1, 5, 16), devices=("cuda",),
+                                     head_dims=(64, 128))  # DISPATCH_HEAD_DIM (utils.cuh): 64, 128, 256, 512
 
     def append(self, case: AppendCase, inputs: AppendInputs) -> None:
         import flashinfer

@@ -31,7 +31,7 @@ def append_cases(draw: st.DrawFn, caps: WriteCapabilities, max_batch: int = 6, m
         append_lens=appends,
         page_size=page,
         num_kv_heads=draw(st.sampled_from([1, 2, 3, 4, 8]), label="heads"),
-        head_dim=draw(st.sampled_from([8, 16, 64] if page < 256 else [64, 128]), label="head_dim"),
+        head_dim=draw(st.sampled_from(caps.head_dims), label="head_dim"),
         dtype=draw(st.sampled_from(caps.dtypes), label="dtype"),
         kv_layout=draw(st.sampled_from(caps.layouts), label="layout"),
         combined=draw(st.sampled_from(caps.combined), label="combined"),
