@@ -9,10 +9,10 @@ The group names each command by ``module:attribute`` and imports it only when th
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import click
 from pa_oracle.fuzz.exits import EPILOG, ExitCodeGroup
+from pa_oracle.fuzz.hypothesis_home import keep_hypothesis_out_of_the_working_directory
 
 # name -> (where the command lives, its short help as `pa-oracle --help` lists it);
 # tests/test_cli_lazy.py checks that each short help is the command's own
@@ -90,21 +90,7 @@ def _short(text: str, limit: int) -> str:
 @click.version_option(package_name="paged-attention-oracle")
 def main() -> None:
     """Differential testing of paged-attention kernels against a float64 oracle."""
-    _keep_hypothesis_out_of_the_working_directory()
-
-
-def _keep_hypothesis_out_of_the_working_directory() -> None:
-    """Hypothesis caches what it learns (e.g. source constants) in ``./.hypothesis``; the CLI writes
-    nothing into the user's working directory but ``--out``, so the cache goes to the user's cache
-    folder (``HYPOTHESIS_STORAGE_DIRECTORY`` still decides where it is set)."""
-    import os
-
-    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
-        return
-    from hypothesis.configuration import set_hypothesis_home_dir
-
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    set_hypothesis_home_dir(cache / "paged-attention-oracle" / "hypothesis")
+    keep_hypothesis_out_of_the_working_directory()
 
 
 __all__ = ["COMMANDS", "LazyGroup", "main"]
