@@ -143,6 +143,7 @@ def fuzz(
         write_atomically,
     )
     from pa_oracle.fuzz.draw.strategies import Limits
+    from pa_oracle.fuzz.progress import CampaignProgress
 
     remember_out_dir(ctx, out_dir)
     if resume and overwrite:
@@ -173,13 +174,16 @@ def fuzz(
                 chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
             config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
             config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
+            display = CampaignProgress(shard.share(examples), write=lambda line: click.echo(line, err=True))
+            ctx.call_on_close(display.close)  # a live display on a terminal, else a heartbeat: stopped on any exit
             results = run_campaign(
                 chosen, state, path, examples=examples, time_budget=time_budget, shard=shard,
                 limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),
                 ledger=load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None,
                 rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
-                progress=lambda line: click.echo(line, err=True),
+                progress=display.line, on_case=display.case,
             )
+            display.close()
         summary = [_result_json(r) for r in results]
         write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
     if as_json:
