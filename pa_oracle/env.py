@@ -31,9 +31,8 @@ def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, dict[str, 
             found[name] = {"missing": "not installed" if isinstance(exc, ModuleNotFoundError) and exc.name == name
                            else f"{type(exc).__name__}: {first}"}
             continue
-        version = getattr(module, "__version__", None)
-        for dist in distributions.get(name, ()):
-            version = version or importlib.metadata.version(dist)
+        dists = distributions.get(name, ())  # the installed distribution's version, else the module's own
+        version = importlib.metadata.version(dists[0]) if dists else getattr(module, "__version__", None)
         found[name] = {"version": str(version or "?")}
     return found
 
