@@ -4,39 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
-from pa_oracle.backends import BackendSpecError, available, resolve
-from pa_oracle.backends.base import Backend
-from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.coverage import coverage_table
-from pa_oracle.fuzz.campaign.engine import run_campaign
-from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
-from pa_oracle.fuzz.campaign.outdir import campaign_lock, kept_campaign, refuse_replacing
-from pa_oracle.fuzz.campaign.shard import Shard
-from pa_oracle.fuzz.campaign.state import (
-    BackendResult,
-    CampaignState,
-    CampaignStateError,
-    load_shards,
-    merge_results,
-    missing_shards,
-    state_path,
-    write_atomically,
-)
-from pa_oracle.fuzz.draw.strategies import Limits
-from pa_oracle.fuzz.exits import EPILOG, TOOL_FAILED, ExitCodeGroup, campaign_exit_code, remember_out_dir
-from pa_oracle.oracle.case import Case, CaseError
-from pa_oracle.oracle.report import format_report
-from pa_oracle.oracle.tensors import load_case
+from pa_oracle.fuzz.exits import TOOL_FAILED, campaign_exit_code, remember_out_dir
 
-available_backends = available  # the name the plugin and triage used
+if TYPE_CHECKING:  # the commands import what they use: `pa-oracle --help` imports neither torch nor Hypothesis
+    from pa_oracle.backends.base import Backend
+    from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState
+    from pa_oracle.fuzz.campaign.shard import Shard
 
 
 _INT_FIELDS = ("max_group_size", "min_qo_len", "max_qo_len", "page_size_multiple")
@@ -79,6 +59,8 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
 
 
 def _select(backend_names: tuple[str, ...], kernels: tuple[str, ...]) -> list[Backend]:
+    from pa_oracle.backends import BackendSpecError, resolve
+
     try:
         return resolve(backend_names, kernels)
     except BackendSpecError as exc:
@@ -105,38 +87,21 @@ class Seconds(click.FloatRange):
 
 EXAMPLES = click.IntRange(min=1)
 MAX_BATCH, MAX_KV_LEN = 4096, 1 << 20  # bounds on --max-batch / --max-kv-len: far above what a campaign can run
+# fuzz.draw.strategies.Limits' defaults, here so that `--help` does not import torch (tests/test_cli_lazy.py checks them)
+DEFAULT_MAX_BATCH, DEFAULT_MAX_KV_LEN = 6, 300
+
+# The commands are joined into `pa-oracle` by pa_oracle.cli (the composition root), lazily.
 
 
-@click.group(cls=ExitCodeGroup, epilog=EPILOG)
-@click.version_option(package_name="paged-attention-oracle")
-def main() -> None:
-    """Differential testing of paged-attention kernels against a float64 oracle."""
-    _keep_hypothesis_out_of_the_working_directory()
-
-
-def _keep_hypothesis_out_of_the_working_directory() -> None:
-    """Hypothesis caches what it learns (e.g. source constants) in ``./.hypothesis``; the CLI writes
-    nothing into the user's working directory but ``--out``, so the cache goes to the user's cache
-    folder (``HYPOTHESIS_STORAGE_DIRECTORY`` still decides where it is set)."""
-    import os
-
-    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
-        return
-    from hypothesis.configuration import set_hypothesis_home_dir
-
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    set_hypothesis_home_dir(cache / "paged-attention-oracle" / "hypothesis")
-
-
-@main.command()
+@click.command()
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--examples", "-n", type=EXAMPLES, default=200, show_default=True, help="Examples per backend.")
 @click.option("--seed", default=0, show_default=True, help="Base seed: the same seed draws the same cases.")
 @click.option("--time-budget", type=Seconds(), default=None, help="Seconds for the whole run, shared by the backends.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
-@click.option("--max-batch", type=click.IntRange(1, MAX_BATCH), default=Limits.max_batch, show_default=True)
-@click.option("--max-kv-len", type=click.IntRange(1, MAX_KV_LEN), default=Limits.max_kv_len, show_default=True)
+@click.option("--max-batch", type=click.IntRange(1, MAX_BATCH), default=DEFAULT_MAX_BATCH, show_default=True)
+@click.option("--max-kv-len", type=click.IntRange(1, MAX_KV_LEN), default=DEFAULT_MAX_KV_LEN, show_default=True)
 @click.option("--isolate/--no-isolate", default=None, help="Run cases in a restartable worker process (default: on for user kernels, native kernel libraries and CUDA).")
 @click.option("--case-timeout", type=Seconds(), default=300.0, show_default=True, help="Seconds before an isolated case counts as a hang (3x for the first case after a worker start).")
 @click.option("--only", multiple=True, help="Narrow what is drawn: FIELD=VALUES of Capabilities, e.g. head_dims=64,128.")
@@ -164,6 +129,22 @@ def fuzz(
     file); a campaign never replaces or deletes a finding folder. --workers N runs N shards side
     by side and merges them; --shard I/N runs one shard (a job-array task), --merge merges their
     states."""
+    from pa_oracle.backends.user import UserKernel
+    from pa_oracle.fuzz.campaign.coverage import coverage_table
+    from pa_oracle.fuzz.campaign.engine import run_campaign
+    from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
+    from pa_oracle.fuzz.campaign.outdir import campaign_lock, kept_campaign, refuse_replacing
+    from pa_oracle.fuzz.campaign.state import (
+        CampaignState,
+        load_shards,
+        merge_results,
+        missing_shards,
+        state_path,
+        write_atomically,
+    )
+    from pa_oracle.fuzz.draw.strategies import Limits
+    from pa_oracle.fuzz.progress import CampaignProgress
+
     remember_out_dir(ctx, out_dir)
     if resume and overwrite:
         raise click.UsageError("--resume continues the campaign in --out and --overwrite starts a new one: give one of them")
@@ -193,13 +174,16 @@ def fuzz(
                 chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
             config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
             config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
+            display = CampaignProgress(shard.share(examples), write=lambda line: click.echo(line, err=True))
+            ctx.call_on_close(display.close)  # a live display on a terminal, else a heartbeat: stopped on any exit
             results = run_campaign(
                 chosen, state, path, examples=examples, time_budget=time_budget, shard=shard,
                 limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),
                 ledger=load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None,
                 rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
-                progress=lambda line: click.echo(line, err=True),
+                progress=display.line, on_case=display.case,
             )
+            display.close()
         summary = [_result_json(r) for r in results]
         write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
     if as_json:
@@ -221,6 +205,8 @@ def fuzz(
 
 
 def _parse_shard(text: str | None) -> Shard:
+    from pa_oracle.fuzz.campaign.shard import Shard
+
     try:
         return Shard.parse(text) if text else Shard()
     except ValueError as exc:
@@ -233,6 +219,8 @@ _CONFIG_OPTIONS = {"seed": "seed", "max_batch": "max_batch", "max_kv_len": "max_
 
 def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any]) -> CampaignState:
     """The state at ``path``; an option given on the command line must agree with how it was started."""
+    from pa_oracle.fuzz.campaign.state import CampaignState
+
     state = CampaignState.load(path)
     for option, key in _CONFIG_OPTIONS.items():
         if ctx.get_parameter_source(option) == ParameterSource.COMMANDLINE and asked[key] != state.config.get(key):
@@ -247,6 +235,9 @@ def _fuzz_with_workers(
     ctx: click.Context, out_dir: Path, workers: int, resume: bool, overwrite: bool
 ) -> tuple[list[BackendResult], list[int]]:
     """Run shards 0..workers-1 as worker processes; (merged results, the workers' exit codes)."""
+    from pa_oracle.fuzz.campaign.outdir import kept_campaign, refuse_replacing
+    from pa_oracle.fuzz.campaign.shard import Shard
+    from pa_oracle.fuzz.campaign.state import CampaignStateError, load_shards, merge_results, missing_shards, state_path
     from pa_oracle.fuzz.run.workers import run_workers, visible_gpus
 
     kept = kept_campaign(out_dir, state_path(out_dir, Shard()), workers)
@@ -294,13 +285,17 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
     }
 
 
-@main.command()
+@click.command()
 @click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--backend", "-b", "backend_name", help="Backend to run (default: the one that found the case).")
 @click.option("--kernel", "-k", help="A user kernel as MODULE:FUNCTION.")
 @click.option("--json", "as_json", is_flag=True)
 def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_json: bool) -> None:
     """Re-run a saved case on one backend and print the verdict; exit 1 if it fails, 3 if no verdict (unsupported, error)."""
+    from pa_oracle.oracle.case import CaseError
+    from pa_oracle.oracle.report import format_report
+    from pa_oracle.oracle.tensors import load_case
+
     try:
         case = load_case(case_file)
     except CaseError as exc:
@@ -332,50 +327,7 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
         sys.exit(1)
 
 
-def _oracle_engines() -> dict[str, str]:
-    """Which engine computes the float64 oracle per device type (``reference(engine=...)``)."""
-    import importlib.util
-
-    import torch
-    from pa_oracle.oracle.reference import default_engine
-
-    engine = default_engine()
-    triton = importlib.util.find_spec("triton") is not None
-    engines = {"cpu": "torch"}
-    if torch.cuda.is_available():
-        fused = engine != "torch" and triton
-        engines["cuda"] = "fused (float64 Triton kernel; failures re-judged by torch)" if fused else "torch"
-    return engines
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True)
-def env(as_json: bool) -> None:
-    """Versions, devices and which backends are available (and why not)."""
-    import torch
-
-    usable, missing = available_backends()
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "devices": ["cpu"] + [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "oracle": _oracle_engines(),
-        "backends": {b.name: {"available": True, "device": b.device, "versions": b.versions()} for b in usable},
-    }
-    info["backends"].update({name: {"available": False, "why": why} for name, why in missing.items()})
-    if as_json:
-        click.echo(json.dumps(info, indent=1))
-        return
-    click.echo(f"python {info['python']}, torch {info['torch']}, cuda {info['cuda']}")
-    click.echo("devices: " + ", ".join(info["devices"]))
-    click.echo("oracle: " + ", ".join(f"{device} -> {engine}" for device, engine in info["oracle"].items()))
-    for name, entry in info["backends"].items():
-        state = f"available on {entry['device']}" if entry["available"] else f"unavailable: {entry['why']}"
-        click.echo(f"  {name:16s} {state}")
-
-
-@main.command()
+@click.command()
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--examples", "-n", type=EXAMPLES, default=30, show_default=True)
@@ -388,6 +340,7 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
     from hypothesis import seed as hypothesis_seed
     from pa_oracle.fuzz.checks.properties import measure
     from pa_oracle.fuzz.draw.strategies import cases
+    from pa_oracle.oracle.case import Case
 
     report = {}
     for backend in [narrow(b, only) for b in _select(backend_names, kernels)]:
@@ -419,7 +372,7 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
         click.echo(json.dumps(report, indent=1))
 
 
-@main.command()
+@click.command()
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--check", "-c", "check_names", multiple=True,
@@ -441,7 +394,10 @@ def metamorphic(
     file); a violation found again never replaces its saved folder."""
     import difflib
 
+    from pa_oracle.backends.user import UserKernel
     from pa_oracle.fuzz.campaign.check_engine import CHECKS, CheckResult, run_check, save_check_finding
+    from pa_oracle.fuzz.campaign.outdir import campaign_lock
+    from pa_oracle.oracle.tensors import load_case
 
     unknown = [name for name in check_names if name not in CHECKS]
     if unknown:
@@ -490,7 +446,7 @@ def metamorphic(
         sys.exit(3)  # a check judged nothing or stopped early: never "ok"
 
 
-@main.command()
+@click.command()
 @click.option("--examples", "-n", type=EXAMPLES, default=200, show_default=True, help="Budget per planted bug.")
 @click.option("--correct-examples", type=EXAMPLES, default=150, show_default=True, help="Examples per correct kernel.")
 @click.option("--seed", default=0, show_default=True)
@@ -517,8 +473,3 @@ def selftest(examples: int, correct_examples: int, seed: int, as_json: bool) -> 
     if not all(r.ok for r in results):
         sys.exit(1)
 
-
-from pa_oracle.fuzz.triage.cli import golden, triage  # noqa: E402  (imports its heavy parts inside the commands)
-
-main.add_command(triage)
-main.add_command(golden)

@@ -7,10 +7,11 @@ conformance test, a report header with backend versions, and pytest-xdist GPU pi
 
 The plugin is **inert unless a ``--pa-*`` option is given**: installed in an environment, it
 changes no other pytest session (no kernel library is imported, no header line, no
-``CUDA_VISIBLE_DEVICES``), and it never loads a Hypothesis profile (the conformance test sets its
+``CUDA_VISIBLE_DEVICES``, no Hypothesis home), and it never loads a Hypothesis profile (the conformance test sets its
 own settings per run, so a project's profile stays in force). With ``--pa-backend``/``--pa-kernel``
-and no test paths of the user's it collects ``fuzz/test_conformance.py`` by itself. Findings land in ``--pa-out`` (default ``./pa-findings``),
-never in pytest's tmp dirs, which pytest deletes.
+and no test paths of the user's it collects ``fuzz/test_conformance.py`` by itself. Findings land in
+``--pa-out`` (default ``./pa-findings``), never in pytest's tmp dirs, which pytest deletes;
+Hypothesis' cache goes to the user's cache folder, not ``./.hypothesis``.
 
 Under xdist (with a ``--pa-*`` option, e.g. ``--pa-pin-gpus``) the controller hands worker ``gwN``
 the N-th visible GPU (round-robin) and the worker sets ``CUDA_VISIBLE_DEVICES`` in
@@ -69,6 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(XdistGpuPinning(), "pa_oracle_gpu_pinning")
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
     config.addinivalue_line("markers", "slow: compiles kernels or runs long fuzz campaigns")
+    from pa_oracle.fuzz.hypothesis_home import keep_hypothesis_out_of_the_working_directory
+
+    keep_hypothesis_out_of_the_working_directory()  # no ./.hypothesis: a run writes under --pa-out only
     if any(config.getoption(name) for name in _SELECTING):
         _collect_conformance(config)
 

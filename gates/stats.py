@@ -1,6 +1,9 @@
-"""Exact statistics for the accuracy gates, in pure Python: McNemar's test on paired per-question
-outcomes, Wilson score bounds on one accuracy, and the accuracy drop each check detects (power
-from the binomial distribution, no normal approximation in the tests themselves).
+"""Exact statistics for the accuracy gates, from the standard libraries: McNemar's exact test on
+paired per-question outcomes (``statsmodels``' ``mcnemar(exact=True)``, one-sided from
+``scipy.stats.binomtest``), Wilson score bounds on one accuracy (``proportion_confint(method=
+"wilson")``), and the accuracy drop each check detects (power from the binomial distribution,
+``scipy.stats.binom``; no normal approximation in the tests themselves). scipy and statsmodels
+are imported when a function first needs them (``pip install 'paged-attention-oracle[eval]'``).
 
 Conventions: a *loss* is a question the reference answers right and the backend wrong (McNemar's
 ``b``), a *win* the reverse (``c``). Rates are fractions of all questions.
@@ -10,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
-from functools import lru_cache
-from math import comb, exp, inf, lgamma, log, log1p, sqrt
-from statistics import NormalDist
+from math import inf
+from typing import Any
 
 _NEGLIGIBLE = 1e-15  # a count this improbable is left out of a power sum
+
+
+def _binom() -> Any:
+    from scipy.stats import binom
+
+    return binom
 
 
 # ---------------------------------------------------------------- binomial distribution
@@ -30,12 +37,10 @@ def _check_rate(name: str, p: float) -> None:
 
 
 def binomial_pmf(k: int, n: int, p: float) -> float:
-    """P(X = k) for X ~ Binomial(n, p), in log space (no overflow for n in the thousands)."""
+    """P(X = k) for X ~ Binomial(n, p)."""
     _check_count(k, n)
     _check_rate("p", p)
-    if p in (0.0, 1.0):
-        return float(k == (n if p == 1.0 else 0))
-    return exp(lgamma(n + 1) - lgamma(k + 1) - lgamma(n - k + 1) + k * log(p) + (n - k) * log1p(-p))
+    return float(_binom().pmf(k, n, p))
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
@@ -44,7 +49,7 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
         return 0.0
     if k >= n:
         return 1.0
-    return min(1.0, sum(binomial_pmf(i, n, p) for i in range(k + 1)))
+    return float(_binom().cdf(k, n, p))
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:
@@ -53,14 +58,7 @@ def binomial_tail(k: int, n: int, p: float) -> float:
         return 1.0
     if k > n:
         return 0.0
-    return min(1.0, sum(binomial_pmf(i, n, p) for i in range(k, n + 1)))
-
-
-def half_tail_at_least(k: int, n: int) -> Fraction:
-    """P(X >= k) for X ~ Binomial(n, 1/2), exactly (integer arithmetic); k may lie outside [0, n]."""
-    if n < 0:
-        raise ValueError(f"need n >= 0, got {n}")
-    return Fraction(sum(comb(n, i) for i in range(max(k, 0), n + 1)), 2**n)
+    return float(_binom().sf(k - 1, n, p))
 
 
 # ---------------------------------------------------------------- McNemar
@@ -75,33 +73,26 @@ class McNemar:
 
 
 def mcnemar_exact(losses: int, wins: int) -> McNemar:
-    """Exact McNemar test; no discordant pair gives p = 1 both ways.
-
-    Equivalent to ``scipy.stats.binomtest(losses, losses + wins, 0.5)`` (two-sided and
-    ``alternative="greater"``).
-    """
+    """Exact McNemar test: two-sided from ``statsmodels``' ``mcnemar(exact=True)``, one-sided
+    ``scipy.stats.binomtest(losses, losses + wins, 0.5, alternative="greater")``; no discordant
+    pair gives p = 1 both ways."""
     if losses < 0 or wins < 0:
         raise ValueError(f"discordant counts must be >= 0, got losses={losses}, wins={wins}")
-    n = losses + wins
-    upper = half_tail_at_least(losses, n)
-    lower = 1 - half_tail_at_least(losses + 1, n)
-    return McNemar(losses, wins, float(min(Fraction(1), 2 * min(upper, lower))), float(upper))
+    if losses + wins == 0:
+        return McNemar(losses, wins, 1.0, 1.0)
+    from scipy.stats import binomtest
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    two_sided = float(mcnemar([[0, losses], [wins, 0]], exact=True).pvalue)
+    worse = float(binomtest(losses, losses + wins, 0.5, alternative="greater").pvalue)
+    return McNemar(losses, wins, min(1.0, two_sided), min(1.0, worse))
 
 
-@lru_cache(maxsize=4096)
-def _critical_losses(discordant: int, alpha: Fraction) -> int:
+def _critical_losses(discordant: Any, alpha: float) -> Any:
     """Smallest loss count the one-sided exact test rejects at ``alpha`` among ``discordant``
-    pairs (``discordant + 1`` when none is rejected)."""
-    limit = alpha.numerator * 2**discordant  # P(X >= k) <= alpha  <=>  tail * denominator <= limit
-    tail, term = 0, 1  # term = comb(discordant, k), k walking down from the top
-    k = discordant
-    while k >= 0:
-        if (tail + term) * alpha.denominator > limit:
-            return k + 1
-        tail += term
-        term = term * k // (discordant - k + 1)
-        k -= 1
-    return 0
+    pairs (``discordant + 1`` when none is rejected): one past the smallest k with P(X > k) <= alpha
+    (``binom.isf``), element-wise on an array of pair counts."""
+    return _binom().isf(alpha, discordant, 0.5) + 1
 
 
 def mcnemar_power(n: int, *, loss_rate: float, win_rate: float, alpha: float = 0.05) -> float:
@@ -109,6 +100,8 @@ def mcnemar_power(n: int, *, loss_rate: float, win_rate: float, alpha: float = 0
     of ``n`` questions is independently a loss with probability ``loss_rate`` and a win with
     ``win_rate`` (exact: a sum over the number of discordant pairs, skipping counts whose
     probability is below 1e-15)."""
+    import numpy as np
+
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
     _check_rate("loss_rate", loss_rate)
@@ -119,13 +112,13 @@ def mcnemar_power(n: int, *, loss_rate: float, win_rate: float, alpha: float = 0
     if discordance == 0:
         return 0.0
     share = loss_rate / discordance
-    alpha_exact = Fraction(alpha)
-    power = 0.0
-    for d in range(n + 1):
-        weight = binomial_pmf(d, n, discordance)
-        if weight > _NEGLIGIBLE:
-            power += weight * binomial_tail(_critical_losses(d, alpha_exact), d, share)
-    return min(power, 1.0)
+    binom = _binom()
+    discordant = np.arange(n + 1)
+    weight = binom.pmf(discordant, n, discordance)
+    kept = weight > _NEGLIGIBLE
+    discordant, weight = discordant[kept], weight[kept]
+    rejected = binom.sf(_critical_losses(discordant, alpha) - 1, discordant, share)  # P(X >= critical)
+    return min(float(np.sum(weight * rejected)), 1.0)
 
 
 def _smallest_drop(power_at: Callable[[float], float], high: float, target: float) -> float:
@@ -169,42 +162,41 @@ def mcnemar_detectable_drop(
 
 
 # ---------------------------------------------------------------- Wilson score bounds
-def _z(tail: float) -> float:
+def _wilson(successes: Any, n: int, tail: float) -> tuple[Any, Any]:
+    """The Wilson score interval with ``tail`` probability on each side (statsmodels), element-wise."""
+    from statsmodels.stats.proportion import proportion_confint
+
     if not 0 < tail < 0.5:
         raise ValueError(f"tail probability must lie in (0, 0.5), got {tail}")
-    return NormalDist().inv_cdf(1 - tail)
-
-
-def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
-    _check_count(successes, n)
     if n == 0:
         raise ValueError("a Wilson interval needs at least one trial")
-    p_hat, z2 = successes / n, z * z
-    center = (p_hat + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * sqrt(p_hat * (1 - p_hat) / n + z2 / (4 * n * n))
-    return max(0.0, center - half), min(1.0, center + half)
+    return proportion_confint(successes, n, alpha=2 * tail, method="wilson")
 
 
 def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
     """Two-sided Wilson score interval (no continuity correction) for ``successes / n``."""
-    return _wilson(successes, n, _z((1 - confidence) / 2))
+    _check_count(successes, n)
+    low, high = _wilson(successes, n, (1 - confidence) / 2)
+    return max(0.0, float(low)), min(1.0, float(high))
 
 
 def wilson_lower_bound(successes: int, n: int, *, alpha: float = 0.05) -> float:
     """One-sided Wilson lower bound at level ``1 - alpha`` (the lower end of the two-sided
     ``1 - 2 alpha`` interval)."""
-    return _wilson(successes, n, _z(alpha))[0]
+    _check_count(successes, n)
+    return max(0.0, float(_wilson(successes, n, alpha)[0]))
 
 
 def _largest_failing_count(n: int, threshold: float, alpha: float) -> int:
     """Largest correct count whose Wilson lower bound lies below ``threshold`` (-1 if none);
     the bound rises with the count, so the check fails exactly on counts 0..this one."""
-    failing = -1
-    for k in range(n + 1):
-        if wilson_lower_bound(k, n, alpha=alpha) >= threshold:
-            break
-        failing = k
-    return failing
+    import numpy as np
+
+    if n == 0:
+        return -1
+    bounds = np.maximum(0.0, _wilson(np.arange(n + 1), n, alpha)[0])
+    passing = np.flatnonzero(bounds >= threshold)
+    return int(passing[0]) - 1 if passing.size else n
 
 
 def wilson_check_power(n: int, *, accuracy: float, expected: float, margin: float, alpha: float = 0.05) -> float:
@@ -217,12 +209,12 @@ def wilson_check_power(n: int, *, accuracy: float, expected: float, margin: floa
 def wilson_margin(n: int, *, expected: float, alpha: float = 0.05) -> float:
     """The smallest margin for which the Wilson check fails a backend at exactly the expected
     accuracy with probability <= ``alpha`` (binomial sampling of ``n`` questions)."""
+    import numpy as np
+
     _check_rate("expected", expected)
-    tolerated, cdf = -1, 0.0  # largest count that may fail: P(X <= tolerated | expected) <= alpha
-    while tolerated < n and cdf + binomial_pmf(tolerated + 1, n, expected) <= alpha:
-        tolerated += 1
-        cdf += binomial_pmf(tolerated, n, expected)
-    if tolerated == n:
+    # largest count that may fail: P(X <= tolerated | expected) <= alpha (-1: not even 0 may)
+    tolerated = int(np.searchsorted(_binom().cdf(np.arange(n + 1), n, expected), alpha, side="right")) - 1
+    if tolerated >= n:
         return 0.0
     # threshold = the next count's bound: that count passes, every count up to `tolerated` fails
     return max(0.0, expected - wilson_lower_bound(tolerated + 1, n, alpha=alpha))

@@ -69,6 +69,7 @@ def fuzz_backend(
     ledger: list[Entry] | None = None,
     resume: BackendResult | None = None,
     checkpoint: Callable[[BackendResult], None] | None = None,
+    on_case: Callable[[BackendResult, bool], None] | None = None,  # after each judged case (False: shrinking)
 ) -> BackendResult:
     """Fuzz one backend until it ran ``examples`` cases (counting those of ``resume``), the monotonic
     ``deadline`` passed, or a finding.
@@ -151,6 +152,8 @@ def fuzz_backend(
             raise _Stop
         if searching:
             _count(result, outcome)
+        if on_case:
+            on_case(result, searching)
         if outcome.is_finding:
             failing.append(outcome)
             if outcome.message.startswith("hang:"):
@@ -265,6 +268,7 @@ def run_campaign(
     case_timeout: float = CASE_TIMEOUT,
     out_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    on_case: Callable[[BackendResult, bool], None] | None = None,
 ) -> list[BackendResult]:
     """Fuzz ``backends`` one after another on ``shard``, continuing ``state`` and saving it to
     ``state_file`` after every chunk. ``examples`` is the campaign's total per backend (this shard
@@ -308,7 +312,7 @@ def run_campaign(
             backend, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline, limits=limits,
             out_dir=out_dir, kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
             progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
-            resume=state.results[backend.name], checkpoint=checkpoint,
+            resume=state.results[backend.name], checkpoint=checkpoint, on_case=on_case,
         )
     return [state.results[b.name] for b in backends]
 

@@ -203,7 +203,7 @@ def _fake_runs(monkeypatch, outcomes: dict[str, list[bool]]):
 
 def _gate(*args: str, model: str = "some/model"):
     from click.testing import CliRunner
-    from pa_oracle.fuzz.cli import main
+    from pa_oracle.cli import main
 
     return CliRunner().invoke(main, ["gate", "gsm8k", "--model", model, *args])
 

@@ -87,7 +87,7 @@ def test_sharded_gate_merges_into_the_unsharded_verdict(monkeypatch, tmp_path):
         assert [q["doc_id"] for q in data["questions"]] == list(range(i - 1, 40, 3))
         folders.append(str(tmp_path / "parts" / "gsm8k" / f"hf_eager-vs-hf_sdpa-shard-{i}-of-3"))
     from click.testing import CliRunner
-    from pa_oracle.fuzz.cli import main
+    from pa_oracle.cli import main
 
     merged = CliRunner().invoke(main, ["gate", "gsm8k-merge", *folders, "--json", "--out", str(tmp_path / "merged")])
     assert merged.exit_code == 1, merged.output

@@ -150,3 +150,98 @@ def test_vllm_ratio_rule_lets_a_six_point_drop_through_at_250_questions():
     drop = ratio_rule_detectable_drop(250, expected=0.756)
     assert 0.08 < drop < 0.095, drop
     assert drop > mcnemar_detectable_drop(250, baseline=0.756, discordance=0.05)
+
+
+# --- the library-backed functions agree with the pure-Python ones they replaced ---------------
+# (tests/gates/pure_python_stats.py: gates/stats.py as it was, exact sums and the closed-form Wilson)
+
+import json  # noqa: E402
+
+import pa_oracle.gates.stats as stats  # noqa: E402
+from pa_oracle import golden  # noqa: E402
+
+from tests.gates import pure_python_stats as pure  # noqa: E402
+
+GRID_N = (0, 1, 2, 7, 50, 250, 1319)
+GRID_P = (0.0, 1e-3, 0.05, 0.3, 0.5, 0.72, 0.99, 1.0)
+
+
+def _close(new: float, old: float, rel: float = 1e-9, abs_: float = 1e-14) -> bool:
+    return new == pytest.approx(old, rel=rel, abs=abs_)
+
+
+def test_binomial_agrees_with_the_pure_python_sums():
+    for n in GRID_N:
+        for p in GRID_P:
+            for k in sorted({0, 1, n // 3, n // 2, n - 1, n} - {-1}):
+                if 0 <= k <= n:
+                    assert _close(stats.binomial_pmf(k, n, p), pure.binomial_pmf(k, n, p)), (k, n, p)
+            for k in (-1, 0, 1, n // 4, n // 2, n - 1, n, n + 1):
+                assert _close(stats.binomial_cdf(k, n, p), pure.binomial_cdf(k, n, p)), (k, n, p)
+                assert _close(stats.binomial_tail(k, n, p), pure.binomial_tail(k, n, p)), (k, n, p)
+
+
+def test_mcnemar_agrees_with_the_exact_integer_test_on_a_grid():
+    pairs = [(b, c) for b in range(41) for c in range(41)] + [(130, 100), (300, 250), (12, 400), (660, 659)]
+    for b, c in pairs:
+        new, old = stats.mcnemar_exact(b, c), pure.mcnemar_exact(b, c)
+        assert _close(new.p_two_sided, old.p_two_sided) and _close(new.p_backend_worse, old.p_backend_worse), (b, c)
+        for alpha in (0.01, 0.05, 0.1):  # the gate's verdict is p <= alpha
+            assert (new.p_backend_worse <= alpha) == (old.p_backend_worse <= alpha), (b, c, alpha)
+
+
+def test_the_critical_loss_count_is_the_exact_ones():
+    import numpy as np
+    from fractions import Fraction
+
+    for alpha in (0.01, 0.05, 0.1):
+        new = stats._critical_losses(np.arange(1501), alpha)
+        assert [int(k) for k in new] == [pure._critical_losses(d, Fraction(alpha)) for d in range(1501)], alpha
+
+
+def test_wilson_agrees_with_the_closed_form_on_every_count():
+    for n in GRID_N[1:]:
+        for k in range(n + 1):
+            for confidence in (0.8, 0.9, 0.95, 0.99):
+                assert stats.wilson_interval(k, n, confidence=confidence) == pytest.approx(
+                    pure.wilson_interval(k, n, confidence=confidence), abs=1e-12), (k, n, confidence)
+            for alpha in (0.01, 0.05):
+                assert _close(stats.wilson_lower_bound(k, n, alpha=alpha), pure.wilson_lower_bound(k, n, alpha=alpha),
+                              abs_=1e-12), (k, n, alpha)
+
+
+@pytest.mark.parametrize("n", [20, 250, 1319])
+def test_power_margin_and_detectable_drops_agree(n):
+    for loss_rate, win_rate in ((0.0, 0.0), (0.02, 0.01), (0.05, 0.05), (0.1, 0.03)):
+        assert _close(stats.mcnemar_power(n, loss_rate=loss_rate, win_rate=win_rate),
+                      pure.mcnemar_power(n, loss_rate=loss_rate, win_rate=win_rate), rel=1e-8, abs_=1e-12)
+    for expected in (0.05, 0.1387, 0.45, 0.9):
+        assert stats.wilson_margin(n, expected=expected) == pytest.approx(pure.wilson_margin(n, expected=expected), abs=1e-12)
+        # each with its own margin, as the gate uses them: the count at the margin's edge has a bound
+        # equal to expected - margin up to rounding, and the two round it differently
+        margin, old_margin = stats.wilson_margin(n, expected=expected), pure.wilson_margin(n, expected=expected)
+        for accuracy in (expected, expected - 0.03):
+            assert _close(stats.wilson_check_power(n, accuracy=accuracy, expected=expected, margin=margin),
+                          pure.wilson_check_power(n, accuracy=accuracy, expected=expected, margin=old_margin), rel=1e-8)
+        assert stats.wilson_detectable_drop(n, expected=expected, margin=margin) == pytest.approx(
+            pure.wilson_detectable_drop(n, expected=expected, margin=old_margin), abs=2e-5)
+    assert stats.mcnemar_detectable_drop(n, baseline=0.14, discordance=0.02) == pytest.approx(
+        pure.mcnemar_detectable_drop(n, baseline=0.14, discordance=0.02), abs=2e-5)
+
+
+def test_the_golden_gsm8k_verdicts_do_not_change():
+    """For every expected result in golden/gsm8k and every count of right answers, the Wilson
+    check passes or fails as it did with the pure-Python statistics."""
+    files = sorted(golden.gsm8k_dir().glob("*.json"))
+    assert files, golden.gsm8k_dir()
+    for path in files:
+        data = json.loads(path.read_text())
+        n = data["n"]
+        for filter_name, target in data["accuracy"].items():
+            for alpha in (0.05, 0.01):
+                margin, old_margin = stats.wilson_margin(n, expected=target, alpha=alpha), pure.wilson_margin(n, expected=target, alpha=alpha)
+                assert margin == pytest.approx(old_margin, abs=1e-12), (path.name, filter_name)
+                for right in range(n + 1):
+                    fails = stats.wilson_lower_bound(right, n, alpha=alpha) < target - margin
+                    failed = pure.wilson_lower_bound(right, n, alpha=alpha) < target - old_margin
+                    assert fails == failed, (path.name, filter_name, alpha, right)

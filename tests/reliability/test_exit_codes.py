@@ -17,6 +17,7 @@ from pa_oracle.fuzz.run.runner import OracleDisagreement
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
 import pa_oracle.cli
+import pa_oracle.fuzz.campaign.engine
 
 TINY = ["--max-batch", "2", "--max-kv-len", "12"]
 GQA_BUG = "pa_oracle.fuzz.quality.planted:wrong_gqa_map"
@@ -178,7 +179,7 @@ def test_an_internal_error_is_one_line_and_the_trace_goes_to_a_file_under_out(tm
     def boom(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise ZeroDivisionError("boom in the campaign")
 
-    monkeypatch.setattr(pa_oracle.fuzz.cli, "run_campaign", boom)
+    monkeypatch.setattr(pa_oracle.fuzz.campaign.engine, "run_campaign", boom)
     result = cli("fuzz", "-b", "sdpa-math", "-n", "2", "--out", str(tmp_path))
     assert_clean(result, TOOL_FAILED, "internal error: ZeroDivisionError: boom in the campaign (full trace: ")
     error_lines = [line for line in result.output.splitlines() if "boom" in line]
@@ -191,7 +192,7 @@ def test_an_oracle_disagreement_exits_3_not_1(tmp_path, monkeypatch) -> None:
     def disagree(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OracleDisagreement("the fused oracle failed the kernel but the torch reference passes it")
 
-    monkeypatch.setattr(pa_oracle.fuzz.cli, "run_campaign", disagree)
+    monkeypatch.setattr(pa_oracle.fuzz.campaign.engine, "run_campaign", disagree)
     result = cli("fuzz", "-b", "sdpa-math", "-n", "2", "--out", str(tmp_path))
     assert_clean(result, TOOL_FAILED, "oracle disagreement (a bug in pa-oracle, not a finding)")
 
@@ -215,7 +216,7 @@ def test_an_interrupt_exits_130_not_1(tmp_path, monkeypatch) -> None:
     def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pa_oracle.fuzz.cli, "run_campaign", interrupted)
+    monkeypatch.setattr(pa_oracle.fuzz.campaign.engine, "run_campaign", interrupted)
     assert_clean(cli("fuzz", "-b", "sdpa-math", "-n", "2", "--out", str(tmp_path)), INTERRUPTED, "--resume continues it")
 
 
