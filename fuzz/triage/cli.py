@@ -165,7 +165,7 @@ def golden_add(finding: Path, name: str | None, reason: str | None, issue: str |
 @click.option("--gpu", default="NVIDIA H200", show_default=True, help="The GPU the finding was seen on.")
 def golden_report(case_path: Path, backend_name: str, out_dir: Path, gpu: str) -> None:
     """Write OUT/repro.py and OUT/ISSUE.md for a golden case from what its ``meta.found_by`` recorded,
-    without running the kernel. A hand-written ``## Why`` section of an existing ISSUE.md is kept."""
+    without running the kernel. An existing ISSUE.md's hand-written ``## Why`` section and title are kept."""
     from pa_oracle.backends import discover
     from pa_oracle.fuzz.triage.upstream import NoUpstreamRepro, seen_from_meta, write_upstream
     from pa_oracle.oracle.tensors import load_case
@@ -179,11 +179,12 @@ def golden_report(case_path: Path, backend_name: str, out_dir: Path, gpu: str) -
         raise click.UsageError(f"unknown backend {backend_name!r}; known: {', '.join(sorted(known))}")
     backend = known[backend_name]()
     issue = out_dir / "ISSUE.md"
-    why = None
-    if issue.exists() and "\n## Why\n" in issue.read_text():
-        why = issue.read_text().split("\n## Why\n", 1)[1]
+    why = title = None
+    if issue.exists() and "\n## Why\n" in issue.read_text():  # hand-written: keep its title and its Why
+        text = issue.read_text()
+        why, title = text.split("\n## Why\n", 1)[1], text.splitlines()[0].removeprefix("# ")
     try:
-        written = write_upstream(out_dir, case, backend, seen_from_meta(case.meta, gpu), explanation=why)
+        written = write_upstream(out_dir, case, backend, seen_from_meta(case.meta, gpu), explanation=why, title=title)
     except NoUpstreamRepro as exc:
         raise click.UsageError(str(exc)) from None
     click.echo("wrote " + ", ".join(str(p) for p in written.values()))

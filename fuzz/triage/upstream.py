@@ -300,12 +300,12 @@ def repro_script(case: Case, backend: Backend, seen: Seen, tensors: Tensors | No
 
 
 def issue_markdown(case: Case, backend: Backend, seen: Seen, findings: list[str] | None = None,
-                   explanation: str | None = None) -> str:
+                   explanation: str | None = None, title: str | None = None) -> str:
     """ISSUE.md: versions and GPU, the minimal case, the call, what is wrong, and (``explanation``) why."""
     lay, heads, opts = case.layout, case.heads, case.options
     on = {k: v for k, v in vars(opts).items() if v not in (None, False, 0.0, -1) and not (k.endswith("scale") and v == 1.0)}
     lines = [
-        f"# {backend.name}: {seen.message.splitlines()[0] if seen.message else seen.status}", "",
+        f"# {title or backend.name + ': ' + (seen.message.splitlines()[0] if seen.message else seen.status)}", "",
         "## Environment", "",
         *[f"- {k}: {v}" for k, v in seen.versions.items()],
         f"- GPU: {seen.gpu or 'not recorded'}", "",
@@ -326,7 +326,7 @@ def issue_markdown(case: Case, backend: Backend, seen: Seen, findings: list[str]
 
 
 def write_upstream(out_dir: Path, case: Case, backend: Backend, seen: Seen, *, findings: list[str] | None = None,
-                   explanation: str | None = None, tensors: Tensors | None = None) -> dict[str, Path]:
+                   explanation: str | None = None, title: str | None = None, tensors: Tensors | None = None) -> dict[str, Path]:
     """Write DIR/repro.py (+ inputs.npz if large) and DIR/ISSUE.md; raises NoUpstreamRepro."""
     source, npz = repro_script(case, backend, seen, tensors)
     out_dir = Path(out_dir)
@@ -337,7 +337,7 @@ def write_upstream(out_dir: Path, case: Case, backend: Backend, seen: Seen, *, f
     if npz is not None:
         written["inputs"] = out_dir / "inputs.npz"
         written["inputs"].write_bytes(npz)
-    written["issue"].write_text(issue_markdown(case, backend, seen, findings, explanation))
+    written["issue"].write_text(issue_markdown(case, backend, seen, findings, explanation, title))
     return written
 
 
