@@ -66,7 +66,7 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
             click.echo(f"\nminimized for {result.focus} in {m.runs} runs: {m.work.case.summary()}")
         for label, loc in result.localized:
             for check in loc.patterns:
-                click.echo(f"  [{label}] {check.name}: {check.finding}")
+                click.echo(f"  [{label}] {check.name}{' (ambiguous)' if check.result == 'ambiguous' else ''}: {check.finding}")
         click.echo(f"\nreport: {written['markdown']}  {written['html']}")
         if result.repro:
             click.echo(f"repro:  {result.repro}")

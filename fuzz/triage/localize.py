@@ -30,7 +30,16 @@ from pa_oracle.oracle.tolerance import Tolerance, Verdict
 
 MAX_PROBED_PAIRS = 48  # wrong (row, head) pairs probed, worst first
 
-CheckResult = Literal["pattern", "no pattern", "n/a"]
+CheckResult = Literal["pattern", "ambiguous", "no pattern", "n/a"]
+
+# which check a key label speaks for: one key can carry labels of several (at kv_len 1 the last key is the
+# first key and the window's edge), and then no check may claim it alone
+_FAMILY = {
+    "the last key": "page boundary", "first slot of a page": "page boundary", "last slot of a full page": "page boundary",
+    "the first key": "first key",
+    "the causal diagonal": "causal diagonal", "one past the causal diagonal": "causal diagonal", "a future key": "causal diagonal",
+    "the window's left edge": "window edge", "one outside the window": "window edge",
+}
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,8 @@ class Localization:
 
     @property
     def patterns(self) -> list[Check]:
-        return [c for c in self.checks if c.result == "pattern"]
+        """The checks that found something: a pattern, or keys that the case cannot tell apart."""
+        return [c for c in self.checks if c.result in ("pattern", "ambiguous")]
 
 
 # --- per-row probes ------------------------------------------------------------------------------
@@ -424,6 +434,20 @@ def _toggle_share(loc: Localization, label: str, dropped: bool | None = None) ->
     return hits, len(loc.toggles)
 
 
+def _claim(loc: Localization, name: str, finding: str, evidence: list[str]) -> Check:
+    """A toggle-based pattern of check ``name``, or "ambiguous" when every fitted key also carries another
+    check's label: the case cannot tell them apart (a larger witness can)."""
+    common = set.intersection(*({_FAMILY.get(label, label) for label in t.labels} for t in loc.toggles))
+    rivals = sorted(common - {name})
+    if not rivals:
+        return Check(name, "pattern", finding, tuple(evidence))
+    labels = sorted({label for t in loc.toggles for label in t.labels})
+    return Check(name, "ambiguous",
+                 f"the key that explains the error is at once {', '.join(labels)} on every fitted pair: this case cannot tell "
+                 f"{name} from {', '.join(rivals)}; a larger case is needed to separate them (the original case's "
+                 "localization may)", tuple([f"if it is the {name}: {finding}"] + evidence))
+
+
 def _toggle_evidence(loc: Localization, k: int = 3) -> list[str]:
     if not loc.toggles:
         return []
@@ -449,13 +473,13 @@ def _check_pages(rows: _Rows, loc: Localization) -> Check:
         slots = {rows.kv_len[t.row] - 1 - (rows.kv_len[t.row] - 1) // ps * ps for t in loc.toggles}
         dropped = all(t.dropped for t in loc.toggles)
         verb = "without its last key" if dropped else "with one key more"
-        return Check("page boundary", "pattern",
-                     f"the kernel's value is the oracle's {verb} (slot {_fmt(slots)} of the last page) on every fitted pair: "
-                     "an off-by-one in the last page length", tuple(_toggle_evidence(loc)))
+        return _claim(loc, "page boundary",
+                      f"the kernel's value is the oracle's {verb} (slot {_fmt(slots)} of the last page) on every fitted pair: "
+                      "an off-by-one in the last page length", _toggle_evidence(loc))
     hits, fitted = _toggle_share(loc, "first slot of a page")
     if fitted and hits == fitted:
-        return Check("page boundary", "pattern", "the key that explains the error is the first slot of a page on every fitted pair",
-                     tuple(_toggle_evidence(loc)))
+        return _claim(loc, "page boundary", "the key that explains the error is the first slot of a page on every fitted pair",
+                      _toggle_evidence(loc))
     if not bad_rows:
         return Check("page boundary", "n/a", "no wrong row")
     good_rows = {r for r in range(len(rows.request)) if rows.kv_len[r] > 0} - bad_rows
@@ -498,7 +522,7 @@ def _check_causal(rows: _Rows, loc: Localization) -> Check:
     for label in ("the causal diagonal", "one past the causal diagonal", "a future key"):
         hits, fitted = _toggle_share(loc, label)
         if fitted and hits == fitted:
-            return Check("causal diagonal", "pattern", f"the error is explained by {label} on every fitted pair", tuple(evidence))
+            return _claim(loc, "causal diagonal", f"the error is explained by {label} on every fitted pair", evidence)
     bad = {rows.request[r] for r in _wrong_rows(loc)}
     requests = set(rows.request)
     shifted = {b for b in requests if rows.case.layout.kv_lens[b] != rows.case.layout.qo_lens[b]}
@@ -515,8 +539,8 @@ def _check_window(rows: _Rows, loc: Localization) -> Check:
     for label in ("the window's left edge", "one outside the window"):
         hits, fitted = _toggle_share(loc, label)
         if fitted and hits == fitted:
-            return Check("window edge", "pattern", f"the error is explained by {label} on every fitted pair: a window off by one",
-                         tuple(_toggle_evidence(loc)))
+            return _claim(loc, "window edge", f"the error is explained by {label} on every fitted pair: a window off by one",
+                          _toggle_evidence(loc))
     return Check("window edge", "no pattern", "no window-edge pattern found", tuple(_toggle_evidence(loc)))
 
 
