@@ -222,6 +222,14 @@ class Backend:
         """Capture one call of ``case`` in a CUDA graph over static copies of ``tensors``."""
         raise Unsupported(f"{self.name} declares no CUDA-graph path")
 
+    def call_source(self, case: Case) -> str | None:
+        """The kernel call exactly as ``run`` makes it, as standalone Python source for an upstream
+        repro (``pa-oracle triage --upstream``), or None: this adapter has no upstream repro. The
+        source may use only torch, math and the kernel's library, and the names the repro defines
+        (``pa_oracle.fuzz.triage.upstream.PRELUDE_NAMES``); it must set ``out`` [total_q, Hq, Dvo]
+        and ``lse`` (natural log [total_q, Hq], or None), converted as ``run`` converts them."""
+        return None
+
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
 

@@ -63,6 +63,22 @@ class FlashAttnVarlenPaged(_FlashAttn):
     description = "flash_attn_varlen_func with a paged block_table"
     capabilities = _FLASH_ATTN.replace(page_size_multiple=256)
 
+    def call_source(self, case: Case) -> str | None:
+        return """\
+from flash_attn import flash_attn_varlen_func
+
+cu_k = [0]
+for n in kv_lens:
+    cu_k.append(cu_k[-1] + n)
+out, lse, _ = flash_attn_varlen_func(
+    q, k_cache, v_cache, index(qo_indptr), index(cu_k), max(qo_lens), max(kv_lens),
+    softmax_scale=sm_scale, causal=causal, window_size=(window_left, 0 if causal else -1), softcap=logits_soft_cap,
+    alibi_slopes=None if alibi_slopes is None else torch.tensor(alibi_slopes, dtype=torch.float32, device=device),
+    return_attn_probs=True, block_table=index(block_table),
+)
+lse = torch.where(lse == math.inf, -math.inf, lse.float()).transpose(0, 1)  # [H, total_q]; +inf: a row with no key
+"""
+
     def run(self, plan: Case, tensors: Tensors) -> KernelOutput:
         from flash_attn import flash_attn_varlen_func
 
@@ -131,6 +147,36 @@ class _KvCache(_FlashAttn):
             softcap=case.options.logits_soft_cap, alibi_slopes=plan["alibi_slopes"],
             num_splits=self.num_splits, return_softmax_lse=True,
         )
+
+    def call_source(self, case: Case) -> str | None:
+        if self.paged:
+            caches, table = "k_cache, v_cache", "index(block_table)"
+        else:
+            caches, table = "contiguous(k_cache), contiguous(v_cache)", "None"
+        gather = "" if self.paged else """\
+def contiguous(cache):  # [B, max_kv, Hkv, D]: each request's tokens gathered from its pages (zero padding)
+    dense = cache.new_zeros(B, max(max(kv_lens), 1), *cache.shape[2:])
+    request = torch.repeat_interleave(torch.arange(B), torch.tensor(kv_lens)).to(device)
+    position = torch.cat([torch.arange(n) for n in kv_lens]).to(device)
+    dense[request, position] = cache.flatten(0, 1)[torch.tensor(token_slots, device=device)]
+    return dense
+
+
+"""
+        return gather + f"""\
+from flash_attn import flash_attn_with_kvcache
+
+out, lse = flash_attn_with_kvcache(
+    q.view(B, qo_lens[0], num_qo_heads, head_dim_qk), {caches},
+    cache_seqlens=index(kv_lens), block_table={table},
+    softmax_scale=sm_scale, causal=causal, window_size=(window_left, 0 if causal else -1),
+    softcap=logits_soft_cap,
+    alibi_slopes=None if alibi_slopes is None else torch.tensor(alibi_slopes, dtype=torch.float32, device=device),
+    num_splits={self.num_splits}, return_softmax_lse=True,
+)
+out, lse = out.flatten(0, 1), lse.transpose(1, 2).flatten(0, 1)  # [B, sq, H, D], [B, H, sq] -> rows
+lse = torch.where(lse == math.inf, -math.inf, lse.float())  # +inf: a row with no key
+"""
 
     @staticmethod
     def _rows(raw: RawOutput) -> RawOutput:

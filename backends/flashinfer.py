@@ -58,6 +58,15 @@ def _standard_alibi(case: Case) -> bool:
     return slopes is None or all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(slopes, alibi_slopes(len(slopes))))
 
 
+# the conversions of ``_FlashInferBackend._finish``, as repro source
+_FINISH_SOURCE = """\
+lse = lse_base2.float() * math.log(2.0)  # FlashInfer's LSE is base 2
+if alibi_slopes is not None:  # FlashInfer's ALiBi bias is slope * (j - i) from the first query: a per-row constant
+    offset = torch.tensor([k - n for n, k in zip(qo_lens, kv_lens) for _ in range(n)], device=device)
+    lse = lse - offset[:, None] * torch.tensor(alibi_slopes, device=device)
+"""
+
+
 class _FlashInferBackend(Backend):
     """Shared plan/run plumbing; subclasses build and plan their wrapper."""
 
@@ -185,6 +194,23 @@ class _PagedWrapper(_FlashInferBackend):
 class _PagedDecode(_PagedWrapper):
     use_tensor_cores: ClassVar[bool]
     capabilities = _FLASHINFER.replace(min_qo_len=1, max_qo_len=1)
+
+    def call_source(self, case: Case) -> str | None:
+        hnd = self.kv_layout == "HND"
+        caches = "(k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous())" if hnd else "(k_cache, v_cache)"
+        return f"""\
+import flashinfer
+
+workspace = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, {self.kv_layout!r}, use_tensor_cores={self.use_tensor_cores})
+wrapper.plan(
+    index(kv_indptr), index(kv_indices), index(kv_last_page_len), num_qo_heads, num_kv_heads, head_dim_qk, page_size,
+    pos_encoding_mode="ALIBI" if alibi_slopes is not None else "NONE", window_left=window_left,
+    logits_soft_cap=logits_soft_cap or None, sm_scale=sm_scale, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+)
+fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+out, lse_base2 = wrapper.run(q, {caches}, return_lse=True, **({{"k_scale": k_scale, "v_scale": v_scale}} if fp8 else {{}}))
+{_FINISH_SOURCE}"""
 
     def plan(self, case: Case) -> tuple[Case, Any]:
         import flashinfer

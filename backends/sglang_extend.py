@@ -143,6 +143,38 @@ class SglangExtend(Backend):
             "extend_slots": as_tensor(idx.extend_slots, torch.int64),
         }
 
+    def call_source(self, case: Case) -> str | None:
+        idx = extend_indices(case)
+        return f"""\
+import inspect
+
+from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+
+# each request's first kv_len - qo_len keys are the prefix (read from the pool), its last qo_len the extend part
+prefix_indptr = {list(idx.kv_indptr)}
+prefix_slots = {list(idx.kv_indices)}
+extend_slots = {list(idx.extend_slots)}
+k_buffer, v_buffer = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+slots = torch.tensor(extend_slots, dtype=torch.int64, device=device)
+k_extend, v_extend = k_buffer[slots], v_buffer[slots]
+if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # the extend rows in the model dtype, as SGLang has them
+    k_extend = (k_extend.float() * k_scale).to(q.dtype)
+    v_extend = (v_extend.float() * v_scale).to(q.dtype)
+out = torch.full((q.shape[0], num_qo_heads, head_dim_vo), math.nan, dtype=q.dtype, device=device)
+kwargs = dict(
+    q_extend=q, k_extend=k_extend, v_extend=v_extend, o_extend=out, k_buffer=k_buffer, v_buffer=v_buffer,
+    qo_indptr=index(qo_indptr), kv_indptr=index(prefix_indptr),
+    kv_indices=torch.tensor(prefix_slots, dtype=torch.int64, device=device), custom_mask=None, is_causal=causal,
+    mask_indptr=None, max_len_extend=max(qo_lens), sm_scale=sm_scale, logit_cap=logits_soft_cap,
+    sliding_window_size=window_left,
+    sinks=None if sinks is None else torch.tensor(sinks, dtype=torch.float32, device=device),
+)
+if {{"k_scale", "v_scale"}} <= set(inspect.signature(extend_attention_fwd).parameters):
+    kwargs.update(k_scale=k_scale, v_scale=v_scale)
+extend_attention_fwd(**kwargs)
+lse = None  # this kernel returns no LSE
+"""
+
     def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
         fn, params = _kernel()
         case: Case = plan["case"]

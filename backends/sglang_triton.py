@@ -52,6 +52,27 @@ class _SglangDecode(Backend):
             "num_kv_splits": torch.full((lay.batch_size,), self.num_kv_splits, dtype=torch.int32, device=device),
         }
 
+    def call_source(self, case: Case) -> str | None:
+        return f"""\
+from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+
+NUM_KV_SPLITS = {self.num_kv_splits}
+token_indptr = [0]
+for n in kv_lens:
+    token_indptr.append(token_indptr[-1] + n)
+out = q.new_empty(B, num_qo_heads, head_dim_vo)
+attn_logits = torch.empty(B, num_qo_heads, NUM_KV_SPLITS, head_dim_vo, dtype=torch.float32, device=device)
+attn_lse = torch.empty(B, num_qo_heads, NUM_KV_SPLITS, dtype=torch.float32, device=device)
+decode_attention_fwd(
+    q, k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:]), out,
+    index(token_indptr), torch.tensor(token_slots, dtype=torch.int64, device=device),
+    attn_logits, attn_lse, torch.full((B,), NUM_KV_SPLITS, dtype=torch.int32, device=device), NUM_KV_SPLITS,
+    sm_scale, k_scale, v_scale, logit_cap=logits_soft_cap,
+    sinks=None if sinks is None else torch.tensor(sinks, dtype=torch.float32, device=device),
+)
+lse = None  # this kernel returns no LSE
+"""
+
     def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
         from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
 

@@ -153,6 +153,25 @@ class UserKernel(Backend):
         shown = f"a {type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list)) else type(result).__name__
         raise ContractViolation(f"{self.name} returned {shown}; expected out or (out, lse)")
 
+    def call_source(self, case: Case) -> str | None:
+        """The function imported by its module name and called with the keywords ``run`` passes it."""
+        module, function = self.fn.__module__, self.fn.__name__
+        if module in ("__main__", "builtins") or "<" in self.fn.__qualname__ or self.fn.__qualname__ != function:
+            return None  # not importable by name from a standalone script
+        opts = case.options
+        kwargs = {name: f"index({name})" for name in _LAYOUT_KWARGS}
+        kwargs.update(causal="causal", sm_scale="sm_scale", window_left="window_left", logits_soft_cap="logits_soft_cap",
+                      k_scale="k_scale", v_scale="v_scale")
+        for name, values in (("alibi_slopes", opts.alibi_slopes), ("sinks", opts.sinks)):
+            kwargs[name] = "None" if values is None else f"torch.tensor({name}, dtype=torch.float32, device=device)"
+        if not self._takes_all:
+            kwargs = {k: v for k, v in kwargs.items() if k in self._params}
+        args = ",\n    ".join(f"{k}={v}" for k, v in kwargs.items())
+        return (f"from {module} import {function}\n\n"
+                f"result = {function}(\n    q, k_cache, v_cache,\n    {args},\n)\n"
+                "out, lse = (result, None) if isinstance(result, torch.Tensor) else result\n")
+
+
 
 @dataclass(frozen=True)
 class UserPlan:

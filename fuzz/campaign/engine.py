@@ -26,6 +26,7 @@ from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.coverage import declared
 from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
 from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_folder, rescue
+from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
 from pa_oracle.fuzz.draw.strategies import Limits, cases
@@ -116,6 +117,9 @@ def fuzz_backend(
     stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
     internal: list[Exception] = []  # errors of the tool itself while judging a case
 
+    def judge(case: Case) -> Outcome:
+        return isolated.check(case, deadline) if isolated is not None else check_case(backend, case, tolerance)
+
     def prop(case: Case) -> None:
         searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
         out_of_time = deadline is not None and time.monotonic() > deadline
@@ -191,6 +195,7 @@ def fuzz_backend(
                 result.notes.append(broke)
             if failing:
                 result.status = "finding"
+                failing[-1] = fewer_requests(failing[-1], judge, lambda c: bool(ledger) and known_finding(ledger, c, backend.name, versions))
                 _record_finding(result, failing[-1], backend, out_dir, kernel_spec)
             elif broke is not None and not broke.startswith(OUT_OF_TIME):
                 result.status = "incomplete"

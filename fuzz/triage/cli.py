@@ -20,8 +20,10 @@ from pa_oracle.oracle.case import CaseError
 @click.option("--no-minimize", is_flag=True, help="Skip delta debugging; localize the case as given.")
 @click.option("--budget", default=200, show_default=True, help="Kernel runs the minimization may spend.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+@click.option("--upstream", "upstream_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write DIR/repro.py (standalone: torch, numpy and the kernel's library) and DIR/ISSUE.md.")
 def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...], out_dir: Path | None,
-           no_minimize: bool, budget: int, as_json: bool) -> None:
+           no_minimize: bool, budget: int, as_json: bool, upstream_dir: Path | None) -> None:
     """Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the
     error and write triage.md / triage.html; exit 1 if any backend fails the case."""
     from pa_oracle.backends import BackendSpecError, available, resolve
@@ -49,6 +51,8 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
     say = (lambda _: None) if as_json else (lambda line: click.echo(line, err=True))
     result = run_triage(case, case_json, backends, out_dir, minimize_case=not no_minimize, budget=budget, progress=say)
     written = write_report(result, out_dir)
+    if upstream_dir is not None:
+        written.update(_write_upstream(result, backends, upstream_dir))
     if as_json:
         click.echo(json.dumps(_summary(result, written), indent=1))
     else:
@@ -62,7 +66,7 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
             click.echo(f"\nminimized for {result.focus} in {m.runs} runs: {m.work.case.summary()}")
         for label, loc in result.localized:
             for check in loc.patterns:
-                click.echo(f"  [{label}] {check.name}: {check.finding}")
+                click.echo(f"  [{label}] {check.name}{' (ambiguous)' if check.result == 'ambiguous' else ''}: {check.finding}")
         click.echo(f"\nreport: {written['markdown']}  {written['html']}")
         if result.repro:
             click.echo(f"repro:  {result.repro}")
@@ -70,6 +74,32 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
         sys.exit(3)  # a backend the tool could not judge, or no verdict at all
     if result.failing:
         sys.exit(1)
+
+
+def _write_upstream(result, backends, upstream_dir: Path) -> dict[str, Path]:  # type: ignore[no-untyped-def]
+    """The upstream repro of the focus backend on the case triage ends with (the minimized one if any)."""
+    import torch
+    from pa_oracle.fuzz.triage.upstream import NoUpstreamRepro, Seen, write_upstream
+    from pa_oracle.oracle.tensors import load_case
+
+    if result.focus is None:
+        click.echo("no upstream repro: no backend fails the case", err=True)
+        return {}
+    backend = next(b for b in backends if b.name == result.focus)
+    case = load_case(result.case_path)
+    row = next(r for r in result.survey if r.backend == result.focus)
+    status, message = row.status, row.message
+    if result.minimized is not None and result.minimized.reduced:
+        status, message = result.minimized.outcome.status, result.minimized.outcome.message
+    label, loc = result.localized[0] if result.localized else (None, None)
+    findings = [f"{c.name}: {c.finding}" for c in loc.patterns] if loc is not None else []
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and backend.device == "cuda" else "cpu"
+    try:
+        return {f"upstream {k}": v for k, v in write_upstream(upstream_dir, case, backend, Seen(status, message, backend.versions(), gpu),
+                                                             findings=findings).items()}
+    except NoUpstreamRepro as exc:
+        click.echo(str(exc), err=True)
+        return {}
 
 
 def _summary(result, written) -> dict:  # type: ignore[no-untyped-def]
@@ -126,3 +156,35 @@ def golden_add(finding: Path, name: str | None, reason: str | None, issue: str |
         for backend, verdict in done.verdicts.items():
             click.echo(f"  {backend}: {verdict}", err=True)
         click.echo(f"added {done.case_path} (+ {done.tensors_path.name}) and a {done.entry['status']} entry in {done.ledger_path}")
+
+
+@golden.command("report")
+@click.argument("case_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--backend", "-b", "backend_name", required=True, help="The adapter whose call the repro makes.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True, help="Report folder.")
+@click.option("--gpu", default="NVIDIA H200", show_default=True, help="The GPU the finding was seen on.")
+def golden_report(case_path: Path, backend_name: str, out_dir: Path, gpu: str) -> None:
+    """Write OUT/repro.py and OUT/ISSUE.md for a golden case from what its ``meta.found_by`` recorded,
+    without running the kernel. An existing ISSUE.md's hand-written ``## Why`` section and title are kept."""
+    from pa_oracle.backends import discover
+    from pa_oracle.fuzz.triage.upstream import NoUpstreamRepro, seen_from_meta, write_upstream
+    from pa_oracle.oracle.tensors import load_case
+
+    try:
+        case = load_case(case_path)
+    except CaseError as exc:
+        raise click.UsageError(str(exc)) from None
+    known = discover()  # the kernel's library need not be installed here: the repro runs where it is
+    if backend_name not in known:
+        raise click.UsageError(f"unknown backend {backend_name!r}; known: {', '.join(sorted(known))}")
+    backend = known[backend_name]()
+    issue = out_dir / "ISSUE.md"
+    why = title = None
+    if issue.exists() and "\n## Why\n" in issue.read_text():  # hand-written: keep its title and its Why
+        text = issue.read_text()
+        why, title = text.split("\n## Why\n", 1)[1], text.splitlines()[0].removeprefix("# ")
+    try:
+        written = write_upstream(out_dir, case, backend, seen_from_meta(case.meta, gpu), explanation=why, title=title)
+    except NoUpstreamRepro as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo("wrote " + ", ".join(str(p) for p in written.values()))

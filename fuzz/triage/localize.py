@@ -1,8 +1,8 @@
 """Where a failing kernel is wrong and what the error follows, as checks with evidence.
 
 Wrong (row, qo head) pairs are those whose error exceeds the verdict's allowed maximum (out or
-LSE). Per pair, two probes explain the kernel's value with the oracle's semantics (``pa_oracle.oracle.case``)
-in float64 on that row alone: *one key toggled* (the oracle with key ``j`` dropped, or a masked
+LSE). Per pair, two probes explain the kernel's value with terms read off the oracle itself
+(``pa_oracle.oracle.reference``: no attention semantics are restated here): *one key toggled* (the oracle with key ``j`` dropped, or a masked
 key added: an off-by-one at the last page, the window edge or the causal diagonal) and *another
 kv head* (a wrong GQA map). Checks then test row sets against page alignment, the causal diagonal,
 the window edge, empty rows, declared KV splits and the LSE's base, and say "no pattern" when
@@ -11,6 +11,7 @@ none fits. Heuristics: a check that finds no pattern proves nothing either way.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -22,14 +23,23 @@ import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.run.runner import Outcome, check_case
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.reference import LOG2_E, Reference, gather_kv, reference
+from pa_oracle.oracle.reference import LOG2_E, Reference, reference
 from pa_oracle.oracle.report import Location, worst_elements
-from pa_oracle.oracle.tensors import Tensors, make_tensors
+from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, token_addresses
 from pa_oracle.oracle.tolerance import Tolerance, Verdict
 
 MAX_PROBED_PAIRS = 48  # wrong (row, head) pairs probed, worst first
 
-CheckResult = Literal["pattern", "no pattern", "n/a"]
+CheckResult = Literal["pattern", "ambiguous", "no pattern", "n/a"]
+
+# which check a key label speaks for: one key can carry labels of several (at kv_len 1 the last key is the
+# first key and the window's edge), and then no check may claim it alone
+_FAMILY = {
+    "the last key": "page boundary", "first slot of a page": "page boundary", "last slot of a full page": "page boundary",
+    "the first key": "first key",
+    "the causal diagonal": "causal diagonal", "one past the causal diagonal": "causal diagonal", "a future key": "causal diagonal",
+    "the window's left edge": "window edge", "one outside the window": "window edge",
+}
 
 
 @dataclass(frozen=True)
@@ -113,14 +123,18 @@ class Localization:
 
     @property
     def patterns(self) -> list[Check]:
-        return [c for c in self.checks if c.result == "pattern"]
+        """The checks that found something: a pattern, or keys that the case cannot tell apart."""
+        return [c for c in self.checks if c.result in ("pattern", "ambiguous")]
 
 
 # --- per-row probes ------------------------------------------------------------------------------
 
 
 class _Rows:
-    """Per-row facts and float64 keys/values per request for the probes."""
+    """Per-row facts and, for the probes, each row's per-key softmax terms read off the oracle itself
+    (``pa_oracle.oracle.reference``), so that no attention semantics live here: the reference run with a
+    one-hot V gives each key's attention weight (0: masked), run again with causal and window off it
+    gives every key's logit, and run with every kv head replaced by one gives that head's reading."""
 
     def __init__(self, cap: Capture) -> None:
         case, lay = cap.case, cap.case.layout
@@ -130,55 +144,46 @@ class _Rows:
         self.position = [lay.position_of_row(r) for r in range(lay.total_q)]
         self.kv_len = [lay.kv_lens[b] for b in self.request]
         self.qo_len = [lay.qo_lens[b] for b in self.request]
-        self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        if cap.tensors is not None:
-            keys, values = gather_kv(case, cap.tensors, torch.float64)
-            self.keys, self.values = list(keys.split(list(lay.kv_lens))), list(values.split(list(lay.kv_lens)))
+        self._reads: dict[int, Reference] = {}
+        if cap.tensors is None:
+            return
+        _, values = gather_kv(case, cap.tensors, torch.float64)
+        self.values = list(values.split(list(lay.kv_lens)))
+        onehot = _one_hot_values(case, cap.tensors)
+        as_is = _weights(case, onehot)
+        unmasked = _weights(case.replace(options=dataclasses.replace(case.options, causal=False, window_left=-1, sinks=None)), onehot)
+        self._weight, self._lse = as_is.out, as_is.lse  # [total_q, Hq, max_kv]: weight of key j; log of the keys' sum
+        with torch.no_grad():
+            self._logit = torch.log(unmasked.out) + unmasked.lse[..., None]  # -inf: a weight that underflows
 
-    def logits(self, row: int, head: int, kv_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(logits [K], attended [K] bool, values [K, Dvo]) of one query row and head against the
-        keys of kv head ``kv_head``, following ``pa_oracle.oracle.case`` (cap, ALiBi, causal, window)."""
-        case, opts = self.case, self.case.options
-        b, p = self.request[row], self.position[row]
-        k, v = self.keys[b][:, kv_head], self.values[b][:, kv_head]
-        s = case.sm_scale * (k @ self.cap.tensors.q[row, head].to(torch.float64))
-        if opts.logits_soft_cap > 0:
-            s = opts.logits_soft_cap * torch.tanh(s / opts.logits_soft_cap)
-        j = torch.arange(len(s))
-        if opts.alibi_slopes is not None:
-            s = s - opts.alibi_slopes[head] * (p - j).abs().to(torch.float64)
-        attend = torch.ones(len(s), dtype=torch.bool)
-        if opts.causal:
-            attend &= j <= p
-        if opts.window_left >= 0:
-            attend &= j >= p - opts.window_left
-        return s, attend, v
-
-    def _sink(self, head: int) -> float | None:
-        sinks = self.case.options.sinks
-        return None if sinks is None else sinks[head]
+    def logits(self, row: int, head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits [K], attended [K] bool, values [K, Dvo]) of one query row and head over its request's keys."""
+        n = self.kv_len[row]
+        v = self.values[self.request[row]][:, head // self.case.heads.group_size]
+        return self._logit[row, head, :n], self._weight[row, head, :n] > 0, v
 
     def attend(self, row: int, head: int, kv_head: int) -> tuple[torch.Tensor, float]:
-        """(out [Dvo], lse) of the row: the oracle's value, recomputed for one row."""
-        s, attend, v = self.logits(row, head, kv_head)
-        if not attend.any():
-            return torch.zeros(v.shape[-1], dtype=torch.float64), -math.inf
-        m = s[attend].max()
-        w = torch.exp(s - m) * attend
-        z = w.sum()
-        sink = self._sink(head)
-        total = z + (math.exp(sink - m) if sink is not None else 0.0)
-        return (w @ v) / total, float(m + torch.log(z))
+        """(out [Dvo], lse) of the row as the oracle computes it when qo head ``head`` reads kv head ``kv_head``."""
+        if kv_head not in self._reads:
+            self._reads[kv_head] = reference(self.case, _one_kv_head(self.cap.tensors, kv_head))
+        ref = self._reads[kv_head]
+        return ref.out[row, head], float(ref.lse[row, head])
 
     def toggled(self, row: int, head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(out [K, Dvo], lse [K], dropped [K]): the oracle with each key ``j`` toggled in turn."""
-        s, attend, v = self.logits(row, head, head // self.case.heads.group_size)
-        m = s.max() if len(s) else torch.tensor(0.0, dtype=torch.float64)
+        """(out [K, Dvo], lse [K], dropped [K]): the oracle's row with each key ``j`` toggled in turn
+        (an attended key dropped, a masked one added): softmax algebra on the oracle's own terms."""
+        s, attend, v = self.logits(row, head)
+        weight = self._weight[row, head, : len(s)]
+        m = s.max() if len(s) and bool(torch.isfinite(s).any()) else torch.tensor(0.0, dtype=torch.float64)
         w = torch.exp(s - m)
         z = (w * attend).sum()
-        sink = self._sink(head)
-        sink_w = math.exp(sink - m) if sink is not None else 0.0
+        total = float(weight.sum())  # z / (z + sink mass): the sink's share of the denominator, from the oracle
+        sinks = self.case.options.sinks
+        if total > 0:
+            sink_w = float(z) * (1.0 / total - 1.0)
+        else:  # no attended key: the oracle's out is 0 whatever the sink; its mass is the option's
+            sink_w = 0.0 if sinks is None else math.exp(sinks[head] - float(m))
         sign = torch.where(attend, -1.0, 1.0).to(torch.float64)
         numer = (w * attend) @ v + (sign * w)[:, None] * v
         z_j = z + sign * w
@@ -186,6 +191,30 @@ class _Rows:
         out = torch.where(empty[:, None], 0.0, numer / torch.where(empty, 1.0, z_j + sink_w)[:, None])
         lse = torch.where(empty, -math.inf, m + torch.log(torch.where(empty, 1.0, z_j)))
         return out, lse, attend
+
+
+def _one_hot_values(case: Case, tensors: Tensors) -> Tensors:
+    """The case's q and K with V replaced by one-hot rows: key ``j`` of every request has value e_j
+    (divided by ``v_scale``, which the oracle multiplies back for fp8), so the oracle's output is each key's weight."""
+    lay = case.layout
+    width = max(max(lay.kv_lens, default=0), 1)
+    pages, slots = token_addresses(case)
+    position = torch.cat([torch.arange(n) for n in lay.kv_lens]) if sum(lay.kv_lens) else torch.zeros(0, dtype=torch.long)
+    pool = torch.zeros(lay.num_pages, lay.page_size, case.heads.num_kv_heads, width, dtype=torch.float64)
+    pool[pages, slots, :, position] = 1.0 / case.options.v_scale if case.options.is_fp8 else 1.0
+    return Tensors(tensors.q, tensors.k_cache, pool)
+
+
+def _weights(case: Case, onehot: Tensors) -> Reference:
+    """The oracle on one-hot values: ``out[row, head, j]`` is key j's weight, ``lse`` the log of the keys' sum."""
+    heads = dataclasses.replace(case.heads, head_dim_vo=onehot.v_cache.shape[-1])
+    return reference(case.replace(heads=heads, tensors_file=None), onehot, engine="torch")
+
+
+def _one_kv_head(tensors: Tensors, kv_head: int) -> Tensors:
+    """K and V with every kv head replaced by ``kv_head``: each qo head then reads that one."""
+    k, v = tensors.k_cache, tensors.v_cache
+    return Tensors(tensors.q, k[:, :, kv_head : kv_head + 1].expand_as(k).contiguous(), v[:, :, kv_head : kv_head + 1].expand_as(v).contiguous())
 
 
 def _key_labels(rows: _Rows, row: int, key: int) -> tuple[str, ...]:
@@ -260,7 +289,7 @@ def localize(cap: Capture) -> Localization:
     score, wrong, threshold = _scores(cap)
     loc = Localization(case, cap.backend, cap.outcome.status, score, wrong, threshold, verdict, worst_elements(case, verdict.error))
     rows = _Rows(cap)
-    if cap.out is not None and rows.keys:
+    if cap.out is not None and rows.values:
         _probe(cap, rows, loc)
     loc.checks = [
         _check_tensors(cap, loc),
@@ -405,6 +434,20 @@ def _toggle_share(loc: Localization, label: str, dropped: bool | None = None) ->
     return hits, len(loc.toggles)
 
 
+def _claim(loc: Localization, name: str, finding: str, evidence: list[str]) -> Check:
+    """A toggle-based pattern of check ``name``, or "ambiguous" when every fitted key also carries another
+    check's label: the case cannot tell them apart (a larger witness can)."""
+    common = set.intersection(*({_FAMILY.get(label, label) for label in t.labels} for t in loc.toggles))
+    rivals = sorted(common - {name})
+    if not rivals:
+        return Check(name, "pattern", finding, tuple(evidence))
+    labels = sorted({label for t in loc.toggles for label in t.labels})
+    return Check(name, "ambiguous",
+                 f"the key that explains the error is at once {', '.join(labels)} on every fitted pair: this case cannot tell "
+                 f"{name} from {', '.join(rivals)}; a larger case is needed to separate them (the original case's "
+                 "localization may)", tuple([f"if it is the {name}: {finding}"] + evidence))
+
+
 def _toggle_evidence(loc: Localization, k: int = 3) -> list[str]:
     if not loc.toggles:
         return []
@@ -430,13 +473,13 @@ def _check_pages(rows: _Rows, loc: Localization) -> Check:
         slots = {rows.kv_len[t.row] - 1 - (rows.kv_len[t.row] - 1) // ps * ps for t in loc.toggles}
         dropped = all(t.dropped for t in loc.toggles)
         verb = "without its last key" if dropped else "with one key more"
-        return Check("page boundary", "pattern",
-                     f"the kernel's value is the oracle's {verb} (slot {_fmt(slots)} of the last page) on every fitted pair: "
-                     "an off-by-one in the last page length", tuple(_toggle_evidence(loc)))
+        return _claim(loc, "page boundary",
+                      f"the kernel's value is the oracle's {verb} (slot {_fmt(slots)} of the last page) on every fitted pair: "
+                      "an off-by-one in the last page length", _toggle_evidence(loc))
     hits, fitted = _toggle_share(loc, "first slot of a page")
     if fitted and hits == fitted:
-        return Check("page boundary", "pattern", "the key that explains the error is the first slot of a page on every fitted pair",
-                     tuple(_toggle_evidence(loc)))
+        return _claim(loc, "page boundary", "the key that explains the error is the first slot of a page on every fitted pair",
+                      _toggle_evidence(loc))
     if not bad_rows:
         return Check("page boundary", "n/a", "no wrong row")
     good_rows = {r for r in range(len(rows.request)) if rows.kv_len[r] > 0} - bad_rows
@@ -479,7 +522,7 @@ def _check_causal(rows: _Rows, loc: Localization) -> Check:
     for label in ("the causal diagonal", "one past the causal diagonal", "a future key"):
         hits, fitted = _toggle_share(loc, label)
         if fitted and hits == fitted:
-            return Check("causal diagonal", "pattern", f"the error is explained by {label} on every fitted pair", tuple(evidence))
+            return _claim(loc, "causal diagonal", f"the error is explained by {label} on every fitted pair", evidence)
     bad = {rows.request[r] for r in _wrong_rows(loc)}
     requests = set(rows.request)
     shifted = {b for b in requests if rows.case.layout.kv_lens[b] != rows.case.layout.qo_lens[b]}
@@ -496,8 +539,8 @@ def _check_window(rows: _Rows, loc: Localization) -> Check:
     for label in ("the window's left edge", "one outside the window"):
         hits, fitted = _toggle_share(loc, label)
         if fitted and hits == fitted:
-            return Check("window edge", "pattern", f"the error is explained by {label} on every fitted pair: a window off by one",
-                         tuple(_toggle_evidence(loc)))
+            return _claim(loc, "window edge", f"the error is explained by {label} on every fitted pair: a window off by one",
+                          _toggle_evidence(loc))
     return Check("window edge", "no pattern", "no window-edge pattern found", tuple(_toggle_evidence(loc)))
 
 

@@ -13,6 +13,7 @@ from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.triage.localize import Localization, capture, localize
 from pa_oracle.fuzz.triage.minimize import Minimized, minimize
+from pa_oracle.fuzz.triage.necessity import necessary_options
 from pa_oracle.fuzz.triage.workload import Workload
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.report import repro_command
@@ -153,6 +154,17 @@ def _minimize_and_localize(
             }
             result.minimized_path = result.minimized.work.save(Path(out_dir) / "minimized", meta)
             minimized_case = load_case(result.minimized_path)
-            result.localized.append(("minimized case", localize(capture(backend, minimized_case, tolerance, check))))
+            result.localized.append(("minimized case", _localized(backend, minimized_case, tolerance, check, say)))
     say(f"localizing on {backend.name} ...")
     result.localized.append(("original case", localize(capture(backend, case, tolerance, check))))
+    if len(result.localized) == 1:  # not minimized: say which options the case as given needs
+        result.localized[0][1].checks.append(necessary_options(case, backend, check))
+
+
+def _localized(backend: Backend, case: Case, tolerance: Tolerance, check: Callable[[Case], Outcome],
+               say: Callable[[str], None]) -> Localization:
+    """Localize ``case`` and say which of its options the failure needs (a kernel run per option on)."""
+    loc = localize(capture(backend, case, tolerance, check))
+    say("turning each option off ...")
+    loc.checks.append(necessary_options(case, backend, check))
+    return loc

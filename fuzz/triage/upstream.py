@@ -1,0 +1,347 @@
+"""Upstream-ready reports: ``DIR/repro.py``, a script that needs only torch, numpy and the kernel's own
+library (never this project), and ``DIR/ISSUE.md``.
+
+The script holds the case's exact tensors (raw bits, compressed, base64 inside it; an
+``inputs.npz`` beside it when they are too large), the kernel call as the adapter makes it
+(``Backend.call_source``), a short float64 reference and the allowed error this project's
+tolerance model derives for the case. It exits 1 when the problem reproduces, 0 when it does not,
+2 when it could not run the kernel for another reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import sys
+import textwrap
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pa_oracle.backends.base import Backend
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.reference import plain_attention, reference
+from pa_oracle.oracle.tensors import Tensors, make_tensors, token_slots
+from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
+
+EMBED_LIMIT = 96 << 10  # compressed tensor bytes embedded in repro.py; more go to inputs.npz beside it
+_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+# names the repro defines before the kernel call (``Backend.call_source`` may use these)
+PRELUDE_NAMES = (
+    "device", "q", "k_cache", "v_cache", "B", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len",
+    "qo_lens", "kv_lens", "page_size", "num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo",
+    "sm_scale", "causal", "window_left", "logits_soft_cap", "alibi_slopes", "sinks", "k_scale", "v_scale",
+    "block_table", "token_slots", "index",
+)
+
+
+class NoUpstreamRepro(Exception):
+    """The adapter provides no call source: no standalone repro can be written for it."""
+
+
+@dataclass
+class Seen:
+    """What the finding showed where it was found (the numbers ISSUE.md quotes)."""
+
+    status: str  # fail or crash
+    message: str
+    versions: dict[str, str] = field(default_factory=dict)
+    gpu: str = ""
+
+
+def allowed_errors(case: Case, tensors: Tensors, tolerance: Tolerance = Tolerance()) -> dict[str, float]:
+    """The case's error limits (they depend on the case only: the reference and the controls)."""
+    ref = reference(case, tensors)
+    dtype = getattr(torch, case.options.q_dtype)
+    controls = [plain_attention(case, tensors, dtype, reorder_ops=r) for r in (False, True)]
+    verdict: Verdict = compare(case, out=ref.out.to(dtype), lse=ref.lse.float(), ref=ref, controls=controls, tolerance=tolerance)
+    assert verdict.out is not None and verdict.lse is not None
+    return {"out_max": verdict.out.limit_max, "out_mean": verdict.out.limit_mean, "lse_max": verdict.lse.limit_max}
+
+
+def _tensor_bits(tensors: Tensors) -> tuple[bytes, dict[str, str]]:
+    """The tensors as an npz of raw bits (fp8 and bf16 have no numpy dtype) and their torch dtypes."""
+    arrays, dtypes = {}, {}
+    for name, t in tensors.as_dict().items():
+        t = t.detach().cpu().contiguous()
+        arrays[name] = t.view(getattr(torch, np.dtype(_BITS[t.element_size()]).name)).numpy()
+        dtypes[name] = str(t.dtype).removeprefix("torch.")
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue(), dtypes
+
+
+def _literal(value: Any) -> str:
+    return json.dumps(value).replace("true", "True").replace("false", "False").replace("null", "None")
+
+
+def _prelude(case: Case) -> str:
+    lay, heads, opts = case.layout, case.heads, case.options
+    values = {
+        "qo_indptr": list(lay.qo_indptr), "kv_indptr": list(lay.kv_indptr), "kv_indices": list(lay.kv_indices),
+        "kv_last_page_len": list(lay.kv_last_page_len), "page_size": lay.page_size,
+        "num_qo_heads": heads.num_qo_heads, "num_kv_heads": heads.num_kv_heads,
+        "head_dim_qk": heads.head_dim_qk, "head_dim_vo": heads.head_dim_vo,
+        "sm_scale": case.sm_scale, "causal": opts.causal, "window_left": opts.window_left,
+        "logits_soft_cap": opts.logits_soft_cap,
+        "alibi_slopes": None if opts.alibi_slopes is None else list(opts.alibi_slopes),
+        "sinks": None if opts.sinks is None else list(opts.sinks),
+        "k_scale": opts.k_scale, "v_scale": opts.v_scale,
+    }
+    lines = [f"{name} = {_literal(value)}" for name, value in values.items()]
+    lines += [
+        "qo_lens = [b - a for a, b in zip(qo_indptr, qo_indptr[1:])]",
+        "kv_lens = [0 if b == a else (b - a - 1) * page_size + n for a, b, n in zip(kv_indptr, kv_indptr[1:], kv_last_page_len)]",
+        "B = len(qo_lens)",
+        f"block_table = {_literal(lay.block_table(pad=0))}  # per request its pages, padded with page 0",
+        f"token_slots = {_literal(token_slots(case).tolist())}  # page * page_size + slot of every key, request-major",
+    ]
+    return "\n".join(lines)
+
+
+_TEMPLATE = '''\
+#!/usr/bin/env python3
+"""{title}
+
+Standalone reproducer: needs only torch, numpy{library}. Exit 1: the problem reproduces;
+0: it does not (fixed?); 2: the kernel could not be run for another reason.
+Generated by `pa-oracle triage --upstream` (paged-attention-oracle) from case {case_id}.
+"""
+import base64
+import io
+import math
+import sys
+import traceback
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# ---- the case: a paged KV pool [num_pages, page_size, num_kv_heads, head_dim] (NHD), CSR page table
+{prelude}
+# what was seen where it was found ({seen_where})
+SEEN_STATUS = {seen_status!r}
+SEEN = {seen_message!r}
+# the largest errors this case allows (paged-attention-oracle's tolerance model: 3x the error of a plain
+# computation in the same dtype, plus twice the rounding bound; mean: 2x the plain mean error)
+ALLOWED = {allowed}
+
+device = "cuda" if torch.cuda.is_available() and {cuda_ok} else "cpu"
+DTYPES = {dtypes}
+TENSORS = {tensors}  # zlib-compressed npz of the raw bits, base64 (None: inputs.npz beside this script)
+
+
+def index(xs):
+    return torch.tensor(xs, dtype=torch.int32, device=device)
+
+
+def load_tensors():
+    raw = zlib.decompress(base64.b64decode(TENSORS)) if TENSORS else Path(__file__).with_name("inputs.npz").read_bytes()
+    arrays = np.load(io.BytesIO(raw))
+    return [torch.from_numpy(arrays[n]).view(getattr(torch, DTYPES[n])).to(device) for n in ("q", "k_cache", "v_cache")]
+
+
+def reference(q, k_cache, v_cache):
+    """float64: s = sm_scale * q.k; s = cap * tanh(s / cap); s -= slope * |p - j|; query i of a request
+    sits at p = kv_len - qo_len + i (bottom-right); causal keeps j <= p, a window keeps j >= p - window_left;
+    a sink adds exp(sink) to the denominator only; a row with no key has out 0 and lse -inf."""
+    group = num_qo_heads // num_kv_heads
+    out = torch.zeros(q.shape[0], num_qo_heads, head_dim_vo, dtype=torch.float64)
+    lse = torch.full((q.shape[0], num_qo_heads), -math.inf, dtype=torch.float64)
+    slots = torch.tensor(token_slots, dtype=torch.long)
+    keys = k_cache.cpu().flatten(0, 1)[slots].double() * k_scale
+    values = v_cache.cpu().flatten(0, 1)[slots].double() * v_scale
+    first = 0
+    for b in range(B):
+        rows, n = slice(qo_indptr[b], qo_indptr[b + 1]), kv_lens[b]
+        k, v = keys[first : first + n], values[first : first + n]
+        first += n
+        p = torch.arange(qo_lens[b])[:, None] + n - qo_lens[b]
+        j = torch.arange(n)[None, :]
+        for h in range(num_qo_heads):
+            s = sm_scale * q[rows, h].cpu().double() @ k[:, h // group].T
+            if logits_soft_cap > 0:
+                s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
+            if alibi_slopes is not None:
+                s = s - alibi_slopes[h] * (p - j).abs()
+            keep = torch.ones_like(s, dtype=torch.bool)
+            if causal:
+                keep &= j <= p
+            if window_left >= 0:
+                keep &= j >= p - window_left
+            s = s.masked_fill(~keep, -math.inf)
+            m = s.amax(-1, keepdim=True).clamp(min=-1e300) if n else torch.zeros(s.shape[0], 1, dtype=torch.float64)
+            w = torch.exp(s - m)
+            z = w.sum(-1, keepdim=True)
+            lse[rows, h] = torch.where(z[:, 0] > 0, (m + torch.log(z))[:, 0], -math.inf)
+            if sinks is not None:
+                z = z + torch.exp(sinks[h] - m)
+            out[rows, h] = torch.where(keep.any(-1, keepdim=True), (w @ v[:, h // group]) / z, 0.0)
+    return out, lse
+
+
+def call_kernel(q, k_cache, v_cache):
+    # ---- the kernel call, exactly as paged-attention-oracle's {backend!r} adapter makes it
+{call}
+    return out, lse
+
+
+def judge(out, lse, ref_out, ref_lse):
+    problems = []
+    out = out.detach().cpu().double()
+    if tuple(out.shape) != tuple(ref_out.shape):
+        return [f"out has shape {{tuple(out.shape)}}, expected {{tuple(ref_out.shape)}}"]
+    empty = torch.isinf(ref_lse)
+    err = (out - ref_out).abs().nan_to_num(nan=math.inf)
+    if not torch.isfinite(out).all():
+        problems.append(f"out has {{int((~torch.isfinite(out)).sum())}} non-finite elements")
+    if ((out != 0).any(-1) & empty).any():
+        problems.append(f"{{int(((out != 0).any(-1) & empty).sum())}} rows with no key to attend are not exactly 0")
+    live = err[~empty]
+    if live.numel() and live.max() > ALLOWED["out_max"]:
+        row, head, d = (int(i) for i in torch.unravel_index(torch.argmax(err.masked_fill(empty[..., None], 0.0)), err.shape))
+        problems.append(f"out max error {{float(live.max()):.4g}} > {{ALLOWED['out_max']:.4g}} allowed: out[{{row}}, {{head}}, {{d}}] "
+                        f"expected {{float(ref_out[row, head, d]):.6g}}, got {{float(out[row, head, d]):.6g}}")
+    elif live.numel() and live.mean() > ALLOWED["out_mean"]:
+        problems.append(f"out mean error {{float(live.mean()):.4g}} > {{ALLOWED['out_mean']:.4g}} allowed "
+                        f"(max error {{float(live.max()):.4g}}, {{ALLOWED['out_max']:.4g}} allowed)")
+    if lse is not None:
+        lse = lse.detach().cpu().double()
+        wrong_empty = empty & (lse != -math.inf)
+        if wrong_empty.any():
+            problems.append(f"{{int(wrong_empty.sum())}} rows with no key have lse {{lse[wrong_empty][:3].tolist()}}, expected -inf")
+        lse_err = (lse - ref_lse).abs().nan_to_num(nan=math.inf).masked_fill(empty, 0.0)
+        if lse_err.max() > ALLOWED["lse_max"]:
+            row, head = (int(i) for i in torch.unravel_index(torch.argmax(lse_err), lse_err.shape))
+            wrong = int((lse_err > ALLOWED["lse_max"]).sum())
+            problems.append(f"lse wrong on {{wrong}} of {{lse_err.numel()}} (row, head): lse[{{row}}, {{head}}] expected "
+                            f"{{float(ref_lse[row, head]):.6g}}, got {{float(lse[row, head]):.6g}} ({{ALLOWED['lse_max']:.3g}} allowed)")
+    return problems
+
+
+def main():
+    print(f"torch {{torch.__version__}}, device {{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}}")
+    print(f"seen where found: {{SEEN}}")
+    q, k_cache, v_cache = load_tensors()
+    ref_out, ref_lse = reference(q, k_cache, v_cache)
+    try:
+        out, lse = call_kernel(q, k_cache, v_cache)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        if SEEN_STATUS == "crash":
+            print(f"REPRODUCED: the call raises {{type(exc).__name__}}: {{exc}}")
+            return 1
+        print(f"COULD NOT RUN the kernel: {{type(exc).__name__}}: {{exc}}")
+        return 2
+    same_shape = tuple(out.shape) == tuple(ref_out.shape)
+    err = (out.detach().cpu().double() - ref_out).abs() if same_shape else None
+    stats = f"out error: max {{float(err.max()):.4g}}, mean {{float(err.mean()):.4g}}" if same_shape and err.numel() else "no comparable output"
+    if lse is not None and tuple(lse.shape) == tuple(ref_lse.shape):
+        live = ~torch.isinf(ref_lse)
+        if live.any():
+            stats += f"; lse error max {{float((lse.detach().cpu().double() - ref_lse).abs()[live].max()):.4g}}"
+    print(stats)
+    problems = judge(out, lse, ref_out, ref_lse)
+    for line in problems:
+        print("  " + line)
+    if problems:
+        print("REPRODUCED")
+        return 1
+    print("NOT REPRODUCED: the kernel agrees with the float64 reference" + (" (it raised where found)" if SEEN_STATUS == "crash" else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def kernel_library(backend: Backend, call: str) -> str:
+    """The import name of the library the call needs: the adapter's ``package``, else the call's first import."""
+    if backend.package:
+        return backend.package
+    found = [m for m in re.findall(r"^(?:from|import)\s+([A-Za-z_]\w*)", call, re.MULTILINE)
+             if m not in sys.stdlib_module_names and m not in ("torch", "numpy")]
+    return found[0] if found else "the kernel's module"
+
+
+def repro_script(case: Case, backend: Backend, seen: Seen, tensors: Tensors | None = None,
+                 tolerance: Tolerance = Tolerance()) -> tuple[str, bytes | None]:
+    """(repro.py source, inputs.npz bytes when the tensors are too large to embed, else None)."""
+    call = backend.call_source(case)
+    if call is None:
+        raise NoUpstreamRepro(f"no upstream repro for this adapter: {backend.name} provides no call source (Backend.call_source)")
+    tensors = tensors if tensors is not None else make_tensors(case, "cpu")
+    npz, dtypes = _tensor_bits(tensors)
+    packed = zlib.compress(npz, 9)
+    embedded = len(packed) <= EMBED_LIMIT
+    library = f" and {kernel_library(backend, call)}"
+    source = _TEMPLATE.format(
+        title=f"{backend.name}: {seen.message.splitlines()[0] if seen.message else seen.status}",
+        library=library, case_id=case.case_id, prelude=_prelude(case),
+        seen_where=", ".join(f"{k} {v}" for k, v in seen.versions.items()) + (f", {seen.gpu}" if seen.gpu else ""),
+        seen_status=seen.status, seen_message=seen.message.splitlines()[0] if seen.message else "",
+        allowed=_literal(allowed_errors(case, tensors, tolerance)),
+        cuda_ok=repr("cuda" in backend.capabilities.devices), dtypes=_literal(dtypes),
+        tensors=repr(base64.b64encode(packed).decode()) if embedded else "None",
+        backend=backend.name, call=textwrap.indent(call.strip("\n"), "    "),
+    )
+    return source, None if embedded else npz
+
+
+def issue_markdown(case: Case, backend: Backend, seen: Seen, findings: list[str] | None = None,
+                   explanation: str | None = None, title: str | None = None) -> str:
+    """ISSUE.md: versions and GPU, the minimal case, the call, what is wrong, and (``explanation``) why."""
+    lay, heads, opts = case.layout, case.heads, case.options
+    on = {k: v for k, v in vars(opts).items() if v not in (None, False, 0.0, -1) and not (k.endswith("scale") and v == 1.0)}
+    lines = [
+        f"# {title or backend.name + ': ' + (seen.message.splitlines()[0] if seen.message else seen.status)}", "",
+        "## Environment", "",
+        *[f"- {k}: {v}" for k, v in seen.versions.items()],
+        f"- GPU: {seen.gpu or 'not recorded'}", "",
+        "## Minimal case", "",
+        f"- batch {lay.batch_size}: qo_lens {list(lay.qo_lens)}, kv_lens {list(lay.kv_lens)}, page size {lay.page_size}",
+        f"- heads: {heads.num_qo_heads} query / {heads.num_kv_heads} kv, head dim {heads.head_dim_qk}"
+        + (f" / {heads.head_dim_vo}" if heads.head_dim_vo != heads.head_dim_qk else ""),
+        f"- options: {', '.join(f'{k}={v}' for k, v in on.items())}; sm_scale {case.sm_scale:.6g}",
+        "", "`python repro.py` runs it (torch, numpy and the kernel's library only); it prints the expected and the",
+        "actual numbers and exits 1 while the problem reproduces.", "",
+        "## The call", "", "```python", (backend.call_source(case) or "").strip("\n"), "```", "",
+        "## What is wrong", "", f"- {seen.message.splitlines()[0] if seen.message else seen.status}",
+        *[f"- {line}" for line in findings or ()], "",
+    ]
+    if explanation:
+        lines += ["## Why", "", explanation.strip("\n"), ""]
+    return "\n".join(lines)
+
+
+def write_upstream(out_dir: Path, case: Case, backend: Backend, seen: Seen, *, findings: list[str] | None = None,
+                   explanation: str | None = None, title: str | None = None, tensors: Tensors | None = None) -> dict[str, Path]:
+    """Write DIR/repro.py (+ inputs.npz if large) and DIR/ISSUE.md; raises NoUpstreamRepro."""
+    source, npz = repro_script(case, backend, seen, tensors)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = {"repro": out_dir / "repro.py", "issue": out_dir / "ISSUE.md"}
+    written["repro"].write_text(source)
+    written["repro"].chmod(0o755)
+    if npz is not None:
+        written["inputs"] = out_dir / "inputs.npz"
+        written["inputs"].write_bytes(npz)
+    written["issue"].write_text(issue_markdown(case, backend, seen, findings, explanation, title))
+    return written
+
+
+def seen_from_meta(meta: Mapping[str, Any], gpu: str = "") -> Seen:
+    """The Seen of a golden case: its ``meta.found_by`` (status, message, versions)."""
+    found = meta.get("found_by") or {}
+    return Seen(found.get("status", "fail"), found.get("message", ""), dict(found.get("versions") or {}), gpu)
