@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# issue 14, helper "families": short H200 campaigns for the attention-family adapters (custom/tree masks,
+# mask->causal plan reuse, MLA, sinks) and flex-families on CUDA. Each campaign is narrowed to kernels
+# FlashInfer ships prebuilt (bf16, head_dim 64/128) where it can; MLA and the sink wrapper JIT-compile one
+# variant each. Total wall time < 5 min (each campaign has its own --time-budget and a hard timeout).
+# Prints per backend: status, examples, passed/unsupported, worst error ratio (kernel error / control error),
+# the options its cases covered, and any finding (first line + case summary). Success: every backend runs
+# (status done/budget, examples > 0, not "unavailable"/error), worst ratio < 1 on passes; a finding is a lead
+# (saved under $OUT/families/findings/<backend>/) to triage, not yet a confirmed upstream bug.
+set -u
+L="$OUT/families"; T=/tmp/families; mkdir -p "$L" "$T"
+export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
+export PYTHONPATH="${PYTHONPATH:-}:$PWD"
+echo "flashinfer $(python3 -c 'import flashinfer; print(flashinfer.__version__)' 2>/dev/null || echo none), torch $(python3 -c 'import torch; print(torch.__version__)')"
+START=$(date +%s)
+campaign() {  # NAME BUDGET_S [--only ...]
+  local name=$1 budget=$2; shift 2
+  local left=$(( 280 - ($(date +%s) - START) ))
+  if [ $left -lt 20 ]; then echo "$name: skipped (out of time)" | tee -a "$L/campaigns.log"; return; fi
+  [ $budget -gt $(( left - 15 )) ] && budget=$(( left - 15 ))
+  timeout $(( budget + 15 )) python3 -m pa_oracle fuzz -b "$name" -n 400 --time-budget "$budget" --json \
+    --out "$T/$name" "$@" > "$T/$name.json" 2> "$T/$name.err"
+  echo "$name: rc=$? after $(( $(date +%s) - START )) s; $(tail -c 300 "$T/$name.err" | tr '\n' ' ' | tail -c 200)" >> "$L/campaigns.log"
+}
+BF16_PREBUILT=(--only q_dtypes=bfloat16 --only kv_dtypes= --only head_dims=64,128)
+campaign flashinfer-prefill-mask 45 "${BF16_PREBUILT[@]}"
+campaign flashinfer-prefill-mask-replan 30 "${BF16_PREBUILT[@]}"
+campaign flashinfer-mla 60 --only q_dtypes=bfloat16 --only kv_dtypes=
+campaign flashinfer-sinks 45 --only q_dtypes=bfloat16 --only head_dims=128 --only window_left=false
+campaign flex-families 45 --only q_dtypes=bfloat16 --only head_dims=64,576
+campaign flashinfer-mla-fa3 40 --only q_dtypes=bfloat16 --only kv_dtypes=
+cat "$L/campaigns.log"
+python3 - "$T" "$L" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+tmp, logs = Path(sys.argv[1]), Path(sys.argv[2])
+summary = {}
+for path in sorted(tmp.glob("*.json")):
+    try:
+        rows = json.loads(path.read_text() or "[]")
+    except json.JSONDecodeError:
+        print(f"== {path.stem}: no JSON summary; stderr tail:\n{(tmp / (path.stem + '.err')).read_text()[-800:]}")
+        continue
+    for r in rows:
+        counts = r.get("coverage", {}).get("counts", {})
+        options = {k: sorted(v) for k, v in counts.items() if k in ("causal", "window", "sinks", "logits_soft_cap", "head_dim", "kv_dtype", "page_size", "group_size", "fp8_scales")}
+        finding = r.get("finding") or {}
+        print(f"== {r['backend']}: {r['status']}, {r['examples']} examples, {r.get('passed')} passed, "
+              f"{r.get('unsupported')} unsupported, worst ratio {r.get('worst_ratio')}, {r.get('seconds')} s")
+        print(f"   options covered: {options}")
+        if finding:
+            print(f"   FINDING: {json.dumps(finding)[:700]}")
+        summary[r["backend"]] = {k: r.get(k) for k in ("status", "examples", "passed", "unsupported", "worst_ratio", "seconds")} | {"options": options, "finding": finding}
+(logs / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+found = logs / "findings"
+for d in tmp.iterdir():
+    if d.is_dir():
+        for case in d.rglob("case.json"):
+            target = found / d.name / case.parent.name
+            target.mkdir(parents=True, exist_ok=True)
+            for f in case.parent.iterdir():
+                if f.is_file() and f.suffix in (".json", ".md") and f.stat().st_size < 200_000:
+                    shutil.copy(f, target / f.name)
+PY
