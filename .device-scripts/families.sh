@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # issue 14, helper "families": short H200 campaigns for the attention-family adapters (custom/tree masks,
-# mask->causal plan reuse, MLA, sinks) and flex-families on CUDA. Each campaign is narrowed to kernels
+# mask->causal plan reuse, MLA on FlashInfer fa2/fa3 and SGLang's Triton decode/extend, sinks) and
+# flex-families (tree masks in mask_mod, sinks via score_mod, MLA) on CUDA. Each campaign is narrowed to kernels
 # FlashInfer ships prebuilt (bf16, head_dim 64/128) where it can; MLA and the sink wrapper JIT-compile one
 # variant each. Total wall time < 5 min (each campaign has its own --time-budget and a hard timeout).
 # Prints per backend: status, examples, passed/unsupported, worst error ratio (kernel error / control error),
@@ -24,12 +25,14 @@ campaign() {  # NAME BUDGET_S [--only ...]
   echo "$name: rc=$? after $(( $(date +%s) - START )) s; $(tail -c 300 "$T/$name.err" | tr '\n' ' ' | tail -c 200)" >> "$L/campaigns.log"
 }
 BF16_PREBUILT=(--only q_dtypes=bfloat16 --only kv_dtypes= --only head_dims=64,128)
-campaign flashinfer-prefill-mask 45 "${BF16_PREBUILT[@]}"
-campaign flashinfer-prefill-mask-replan 30 "${BF16_PREBUILT[@]}"
-campaign flashinfer-mla 60 --only q_dtypes=bfloat16 --only kv_dtypes=
-campaign flashinfer-sinks 45 --only q_dtypes=bfloat16 --only head_dims=128 --only window_left=false
-campaign flex-families 45 --only q_dtypes=bfloat16 --only head_dims=64,576
-campaign flashinfer-mla-fa3 40 --only q_dtypes=bfloat16 --only kv_dtypes=
+campaign flashinfer-prefill-mask 40 "${BF16_PREBUILT[@]}"
+campaign flashinfer-prefill-mask-replan 25 "${BF16_PREBUILT[@]}"
+campaign flashinfer-mla 50 --only q_dtypes=bfloat16 --only kv_dtypes=
+campaign flashinfer-sinks 40 --only q_dtypes=bfloat16 --only head_dims=128 --only window_left=false
+campaign flex-families 35 --only q_dtypes=bfloat16 --only head_dims=64,576
+campaign sglang-decode-mla 25 --only q_dtypes=bfloat16
+campaign sglang-extend-mla 25 --only q_dtypes=bfloat16
+campaign flashinfer-mla-fa3 30 --only q_dtypes=bfloat16 --only kv_dtypes=
 cat "$L/campaigns.log"
 python3 - "$T" "$L" <<'PY'
 import json, shutil, sys
