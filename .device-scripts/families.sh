@@ -7,7 +7,7 @@
 # Prints per backend: status, examples, passed/unsupported, worst error ratio (kernel error / control error),
 # the options its cases covered, and any finding (first line + case summary). Success: every backend runs
 # (status done/budget, examples > 0, not "unavailable"/error), worst ratio < 1 on passes; a finding is a lead
-# (saved under $OUT/families/findings/<backend>/) to triage, not yet a confirmed upstream bug.
+# (its case saved as $OUT/families/finding-<backend>.json) to triage, not yet a confirmed upstream bug.
 set -u
 L="$OUT/families"; T=/tmp/families; mkdir -p "$L" "$T"
 export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
@@ -56,13 +56,10 @@ for path in sorted(tmp.glob("*.json")):
             print(f"   FINDING: {json.dumps(finding)[:700]}")
         summary[r["backend"]] = {k: r.get(k) for k in ("status", "examples", "passed", "unsupported", "worst_ratio", "seconds")} | {"options": options, "finding": finding}
 (logs / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-found = logs / "findings"
-for d in tmp.iterdir():
-    if d.is_dir():
-        for case in d.rglob("case.json"):
-            target = found / d.name / case.parent.name
-            target.mkdir(parents=True, exist_ok=True)
-            for f in case.parent.iterdir():
-                if f.is_file() and f.suffix in (".json", ".md") and f.stat().st_size < 200_000:
-                    shutil.copy(f, target / f.name)
+copied = 0
+for d in sorted(tmp.iterdir()):  # the first finding of each backend, flat ($OUT/families/finding-NAME.json), 4 at most
+    cases = sorted(d.rglob("case.json")) if d.is_dir() else []
+    if cases and copied < 4:
+        shutil.copy(cases[0], logs / f"finding-{d.name}.json")
+        copied += 1
 PY

@@ -167,3 +167,13 @@ def test_an_mla_sidecar_must_hold_v_as_the_latent_slice(tmp_path) -> None:  # ty
     broken = Tensors(tensors.q, tensors.k_cache, tensors.k_cache[..., :8].clone() + 1)
     with pytest.raises(CaseError, match="first head_dim_vo dims of k_cache"):
         load_tensors(case, save_tensors(broken, tmp_path / "b.npz"))
+
+
+def test_the_fused_engine_declines_masked_and_mla_cases() -> None:
+    masked = Case(Layout.from_lengths([2], [5], 2), Heads(2, 1, 4, 4), custom_mask=CustomMask(tree_parents=((-1, 0),)))
+    latent = Case(Layout.from_lengths([2], [5], 2), Heads(2, 1, 12, 8, mla=True))
+    for case in (masked, latent):
+        tensors = make_tensors(case)
+        assert reference(case, tensors, engine="auto").engine == "torch"
+        with pytest.raises(ValueError, match="declines"):
+            reference(case, tensors, engine="fused")
