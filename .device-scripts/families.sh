@@ -25,14 +25,15 @@ campaign() {  # NAME BUDGET_S [--only ...]
   echo "$name: rc=$? after $(( $(date +%s) - START )) s; $(tail -c 300 "$T/$name.err" | tr '\n' ' ' | tail -c 200)" >> "$L/campaigns.log"
 }
 BF16_PREBUILT=(--only q_dtypes=bfloat16 --only kv_dtypes= --only head_dims=64,128)
-campaign flashinfer-prefill-mask 40 "${BF16_PREBUILT[@]}"
+campaign flashinfer-prefill-mask 35 "${BF16_PREBUILT[@]}"
 campaign flashinfer-prefill-mask-replan 25 "${BF16_PREBUILT[@]}"
+campaign flashinfer-prefill-packed-mask 20 "${BF16_PREBUILT[@]}"
 campaign flashinfer-mla 50 --only q_dtypes=bfloat16 --only kv_dtypes=
 campaign flashinfer-sinks 40 --only q_dtypes=bfloat16 --only head_dims=128 --only window_left=false
 campaign flex-families 35 --only q_dtypes=bfloat16 --only head_dims=64,576
 campaign sglang-decode-mla 25 --only q_dtypes=bfloat16
 campaign sglang-extend-mla 25 --only q_dtypes=bfloat16
-campaign flashinfer-mla-fa3 30 --only q_dtypes=bfloat16 --only kv_dtypes=
+campaign flashinfer-mla-fa3 25 --only q_dtypes=bfloat16 --only kv_dtypes=
 cat "$L/campaigns.log"
 python3 - "$T" "$L" <<'PY'
 import json, shutil, sys

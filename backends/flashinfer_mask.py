@@ -2,9 +2,17 @@
 speculative decoding's draft trees, and the same wrapper planned again without one.
 
 FlashInfer's custom mask replaces causal (``causal`` only acts without a mask), so the adapter
-ANDs the case's causal test into the mask it packs, as the oracle defines; the window is passed
-as ``window_left`` (FlashInfer applies it on top of the mask). The mask is packed here, per
-request, little-endian (``segment_packbits``'s layout, ``oracle.case.flashinfer_packed_mask``).
+ANDs the case's causal test into the mask, as the oracle defines; the window is passed as
+``window_left`` (FlashInfer's kernel applies it on top of the mask, ``variants.cuh``).
+
+Two ways in: ``flashinfer-prefill-mask`` passes ``custom_mask`` (the flat boolean mask, what
+serving engines pass; ``plan`` packs it with ``segment_packbits``, per request, and keeps the byte
+offsets). ``flashinfer-prefill-packed-mask`` passes ``packed_custom_mask`` as the docstring says
+to make it (``flashinfer.quantization.packbits`` of the flat mask, little-endian). Read from
+0.6.18's ``plan``: with ``packed_custom_mask`` it keeps ``mask_indptr`` in *elements*
+(``_compute_page_mask_indptr``) while the kernel adds it to the byte pointer, so a batch of more
+than one request reads other bytes: that adapter is expected to fail there (a lead to confirm on
+the GPU, not yet a confirmed finding).
 
 ``flashinfer-prefill-mask-replan`` checks plan reuse (FlashInfer PR #1028): one wrapper is first
 planned and run with a stale mask (the complement of the case's, or a random one for a case
@@ -14,13 +22,13 @@ case switches back to causal attention fails.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from pa_oracle.backends.base import register
 from pa_oracle.backends.flashinfer import _FLASHINFER, FlashInferPrefillFA2, _workspace
-from pa_oracle.oracle.case import Case, flashinfer_packed_mask
+from pa_oracle.oracle.case import Case
 
 
 def effective_masks(case: Case) -> list[np.ndarray]:
@@ -44,11 +52,15 @@ class FlashInferPrefillMask(FlashInferPrefillFA2):
     capabilities = _FLASHINFER.replace(custom_mask=(True,), alibi=False, empty_requests=False)
     cuda_graphs = False
 
+    packed: ClassVar[bool] = False  # True: ``packed_custom_mask`` (packbits of the flat mask); False: ``custom_mask``
+
     def _mask_kwargs(self, masks: list[np.ndarray] | None, device: str) -> dict[str, Any]:
         if masks is None:
             return {}
-        packed, _ = flashinfer_packed_mask(masks)
-        return {"packed_custom_mask": torch.from_numpy(packed).to(device)}
+        flat = np.concatenate([m.reshape(-1) for m in masks])
+        if self.packed:
+            return {"packed_custom_mask": torch.from_numpy(np.packbits(flat, bitorder="little")).to(device)}
+        return {"custom_mask": torch.from_numpy(flat).to(device)}
 
     def _planned(self, wrapper: Any, case: Case, device: str, masks: list[np.ndarray] | None = None) -> Any:
         lay = case.layout
@@ -65,6 +77,13 @@ class FlashInferPrefillMask(FlashInferPrefillFA2):
 
     def write_layout(self, plan: Any, case: Case) -> None:
         raise NotImplementedError(f"{self.name}: the mask is planned with the layout; a new layout needs a new plan")
+
+
+@register
+class FlashInferPrefillPackedMask(FlashInferPrefillMask):
+    name = "flashinfer-prefill-packed-mask"
+    description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2') with packed_custom_mask (packbits)"
+    packed = True
 
 
 @register
