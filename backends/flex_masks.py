@@ -37,6 +37,12 @@ class FlexFamilies(Flex):
                 head_dims=(16, 32, 64, 128, 80, 576, 192), returns_lse=True, mla_dims=((80, 64), (576, 512), (192, 128)),
             )
 
+    def unsupported_reason(self, case: Case) -> str | None:
+        reason = super().unsupported_reason(case)
+        if reason is None and case.custom_mask is None and not case.heads.mla and case.options.sinks is None:
+            return "unsupported: a case of no family (no mask, MLA or sinks) is the plain flex backend's"
+        return reason
+
     def plan(self, case: Case) -> dict[str, Any]:
         lay, device = case.layout, self.device
         batch = lay.batch_size

@@ -101,3 +101,8 @@ def test_family_strategies_draw_trees_masks_and_mla_within_capabilities() -> Non
 
     draw()
     assert {(False, None), (True, None), (False, "tree"), (False, "bits"), (True, "tree")} <= seen
+
+
+def test_flex_families_leaves_plain_cases_to_flex() -> None:
+    reason = get_backend("flex-families").unsupported_reason(Case(LAYOUT, Heads(2, 1, 8, 8)))
+    assert reason is not None and "plain flex" in reason
