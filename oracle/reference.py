@@ -269,6 +269,8 @@ def reference(
     this code to ~1e-15 in tests/oracle/test_fused.py); ``"auto"`` (default: ``default_engine()``)
     takes the fused kernel where it applies and no ``chunk_size`` is given, else this code. The
     result's ``engine`` says which ran; the fuzz runner re-judges every failure with ``"torch"``.
+    The fused kernel declines custom-mask and MLA cases (``auto`` runs this code on them,
+    ``fused`` raises): a masked case is computed one request at a time (``_masked_attention``).
 
     ``lse_base`` is ``"e"`` (natural log) or ``"2"`` (FlashInfer's convention). Rows with no key
     to attend give out 0 and lse -inf. ``sm_scale`` multiplies q before the dot products (one pass
