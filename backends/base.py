@@ -98,6 +98,10 @@ class Capabilities:
     custom_sm_scale: bool = True
     fp8_scales: bool = True  # k_scale / v_scale other than 1
     returns_lse: bool = True
+    # the attention families (issue 14); off by default, so no existing kernel draws them
+    custom_mask: tuple[bool, ...] = (False,)  # (False, True): optional; (True,): mask cases only
+    mla: tuple[bool, ...] = (False,)  # the latent layout (``Heads.mla``); (True,): MLA only
+    mla_dims: tuple[tuple[int, int], ...] | None = None  # (head_dim_qk, head_dim_vo) pairs; None: any
 
     def replace(self, **changes: Any) -> Capabilities:
         return dataclasses.replace(self, **changes)
@@ -130,6 +134,12 @@ class Capabilities:
             (self.sinks or opts.sinks is None, "sinks"),
             (self.custom_sm_scale or opts.sm_scale is None, "custom sm_scale"),
             (self.fp8_scales or (opts.k_scale == 1 and opts.v_scale == 1), "fp8 scales != 1"),
+            ((case.custom_mask is not None) in self.custom_mask, f"custom_mask={case.custom_mask is not None}"),
+            (heads.mla in self.mla, f"mla={heads.mla}"),
+            (
+                not heads.mla or self.mla_dims is None or (heads.head_dim_qk, heads.head_dim_vo) in self.mla_dims,
+                f"mla dims {heads.head_dim_qk}/{heads.head_dim_vo}",
+            ),
         ]
         failed = [why for ok, why in checks if not ok]
         return "unsupported: " + ", ".join(failed) if failed else None

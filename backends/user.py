@@ -9,7 +9,12 @@ The function takes the canonical layout directly::
 same device, ``out`` [total_q, Hq, Dvo] in q's dtype, ``lse`` natural log [total_q, Hq]. Optional
 keywords ``alibi_slopes`` / ``sinks`` (float32 [Hq]) and ``k_scale`` / ``v_scale`` (floats; fp8 KV)
 are passed when the signature has them. An option the function does not accept is held at its
-neutral value for it (never drawn). ``@declare(...)`` narrows further, with ``Capabilities`` fields::
+neutral value for it (never drawn). A function that names ``custom_mask`` (and ``mask_indptr``)
+is also given custom-mask cases: FlashInfer's packed form, each request's ``[qo_len, kv_len]``
+mask flattened row-major and packed little-endian (uint8), ``mask_indptr`` (int32 [B + 1]) its
+byte offsets; None for a case without a mask. ``@declare(mla=(True,))`` asks for MLA cases:
+one latent KV head, ``v_cache`` the view ``k_cache[..., :d_ckv]``, q's first ``d_ckv`` dims
+``q_nope``, the rest ``q_pe``. ``@declare(...)`` narrows further, with ``Capabilities`` fields::
 
     @declare(q_dtypes=("bfloat16",), page_sizes=(16, 32), devices=("cuda",))
     def my_attention(...): ...
@@ -26,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput
-from pa_oracle.oracle.case import FP8_DTYPES, Case
+from pa_oracle.oracle.case import FP8_DTYPES, Case, flashinfer_packed_mask
 from pa_oracle.oracle.tensors import Tensors
 
 ATTRIBUTE = "pa_oracle_capabilities"
@@ -80,6 +85,8 @@ def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
         raise ValueError(f"kernel {fn.__name__} must accept keyword arguments {missing}")
     flags: dict[str, Any] = {field: accepts(kw) for kw, field in _OPTION_FLAGS.items()}
     flags["causal"] = (False, True) if accepts("causal") else (False,)
+    if "custom_mask" in params:  # named only: a **kwargs kernel keeps drawing what it drew
+        flags["custom_mask"] = (False, True)
     fp8 = accepts("k_scale") and accepts("v_scale")
     flags["fp8_scales"] = fp8
     caps = Capabilities(**flags)
@@ -121,6 +128,11 @@ class UserKernel(Backend):
             values = getattr(opts, name)
             if values is not None:
                 inputs[name] = torch.tensor(values, dtype=torch.float32, device=device)
+        masks = case.masks()
+        if masks is not None:
+            packed, mask_indptr = flashinfer_packed_mask(masks)
+            inputs["custom_mask"] = torch.from_numpy(packed).to(device)
+            inputs["mask_indptr"] = torch.from_numpy(mask_indptr).to(device)
         return UserPlan(case, inputs)
 
     def plan_inputs(self, plan: Any) -> dict[str, torch.Tensor]:
@@ -143,6 +155,8 @@ class UserKernel(Backend):
             "alibi_slopes": plan.inputs.get("alibi_slopes"),
             "sinks": plan.inputs.get("sinks"),
         }
+        if "custom_mask" in plan.inputs or "custom_mask" in self._params:  # a **kwargs kernel sees none unless masked
+            kwargs["custom_mask"], kwargs["mask_indptr"] = plan.inputs.get("custom_mask"), plan.inputs.get("mask_indptr")
         if not self._takes_all:
             kwargs = {k: v for k, v in kwargs.items() if k in self._params}
         result = self.fn(tensors.q, tensors.k_cache, tensors.v_cache, **kwargs)

@@ -20,10 +20,24 @@ Semantics (every backend adapter converts *from* these, the oracle follows them 
 * A query row with no key to attend has output exactly 0 and LSE exactly ``-inf``.
 * fp8 KV: the cache stores ``round(k / k_scale)`` in the fp8 dtype; the value is
   ``stored * k_scale`` (likewise V with ``v_scale``).
+* ``custom_mask`` (``CustomMask``, optional): per request a boolean ``[qo_len, kv_len]`` matrix,
+  row ``i`` the request's query ``i``, column ``j`` its key ``j`` (so bottom-right aligned like
+  every other mask). It is ANDed with ``causal`` and the window: a key is attended iff the mask,
+  the causal test (if on) and the window test (if on) all allow it. Logit terms (soft cap, ALiBi)
+  and sinks are unchanged; a row the combination leaves without keys is an empty row (out 0,
+  LSE -inf, the sink does not matter). A draft tree (``tree_parents``) is the mask of speculative
+  decoding: each query is a tree node whose key is one of the request's last ``qo_len`` keys; it
+  attends every earlier (prefix) key, itself and its ancestors. A chain is the causal mask.
+* MLA (``Heads.mla``): one latent KV head; the cache row is ``[ckv | kpe]`` of ``head_dim_qk``
+  dims and V is a view of its first ``head_dim_vo`` (``d_ckv``) dims (``v_cache`` is
+  ``k_cache[..., :head_dim_vo]``). q's first ``d_ckv`` dims are ``q_nope`` (absorbed), the rest
+  ``q_pe``. The attention math is MQA's: ``s = sm_scale * (q_nope.ckv + q_pe.kpe)``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import hashlib
 import json
@@ -36,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.schema import convert
 
@@ -247,6 +262,7 @@ class Heads:
     num_kv_heads: int
     head_dim_qk: int
     head_dim_vo: int
+    mla: bool = False  # the latent layout: V is the first head_dim_vo dims of the one K head
 
     def __post_init__(self) -> None:
         for name in ("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo"):
@@ -255,6 +271,24 @@ class Heads:
             raise CaseError(
                 f"num_qo_heads={self.num_qo_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
+        if not isinstance(self.mla, bool):
+            raise CaseError(f"mla: expected bool, got {type(self.mla).__name__} {_brief(self.mla)}")
+        if self.mla and self.num_kv_heads != 1:
+            raise CaseError(f"mla: the latent cache has one KV head, got num_kv_heads={self.num_kv_heads}")
+        if self.mla and not self.head_dim_vo < self.head_dim_qk:
+            raise CaseError(
+                f"mla: head_dim_vo (d_ckv) must be < head_dim_qk (d_ckv + d_kpe), got {self.head_dim_vo} and {self.head_dim_qk}"
+            )
+
+    @property
+    def d_ckv(self) -> int:
+        """MLA: the latent (``q_nope``, V) dims."""
+        return self.head_dim_vo
+
+    @property
+    def d_kpe(self) -> int:
+        """MLA: the rope (``q_pe``) dims."""
+        return self.head_dim_qk - self.head_dim_vo
 
     @property
     def group_size(self) -> int:
@@ -311,6 +345,90 @@ class Options:
 
 
 @dataclass(frozen=True)
+class CustomMask:
+    """Per-request boolean masks (module docstring), given one of two ways:
+
+    * ``tree_parents``: per request one parent per query, ``-1`` for a root (it attends the
+      prefix only, and itself) or the index ``< i`` of an earlier query of the same request;
+    * ``bits``: every request's ``[qo_len, kv_len]`` mask flattened row-major, requests one after
+      another, as one bit string packed little-endian (bit ``t`` is bit ``t % 8`` of byte
+      ``t // 8``, numpy ``packbits(bitorder="little")``), base64; the padding bits are 0.
+    """
+
+    tree_parents: tuple[tuple[int, ...], ...] | None = None
+    bits: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tree_parents is None) == (self.bits is None):
+            raise CaseError("custom_mask: give exactly one of tree_parents and bits")
+        if self.tree_parents is not None:
+            if isinstance(self.tree_parents, (str, bytes)) or not isinstance(self.tree_parents, Iterable):
+                raise CaseError(f"custom_mask.tree_parents: expected a list of lists, got {_brief(self.tree_parents)}")
+            parents = tuple(_ints(f"custom_mask.tree_parents[{b}]", p) for b, p in enumerate(self.tree_parents))
+            for b, p in enumerate(parents):
+                for i, parent in enumerate(p):
+                    if not -1 <= parent < i:
+                        raise CaseError(f"custom_mask.tree_parents[{b}][{i}]={parent}: a parent is -1 (root) or an earlier query 0..{i - 1}")
+            object.__setattr__(self, "tree_parents", parents)
+        elif not isinstance(self.bits, str):
+            raise CaseError(f"custom_mask.bits: expected a base64 str, got {type(self.bits).__name__}")
+
+    @classmethod
+    def from_dense(cls, masks: list[np.ndarray]) -> CustomMask:
+        """The ``bits`` form of per-request boolean ``[qo_len, kv_len]`` arrays."""
+        flat = np.concatenate([np.asarray(m, dtype=bool).reshape(-1) for m in masks] or [np.zeros(0, bool)])
+        return cls(bits=base64.b64encode(np.packbits(flat, bitorder="little").tobytes()).decode())
+
+    def dense(self, layout: Layout) -> list[np.ndarray]:
+        """Per request the boolean ``[qo_len, kv_len]`` mask (before causal and window)."""
+        qo_lens, kv_lens = layout.qo_lens, layout.kv_lens
+        if self.tree_parents is not None:
+            if len(self.tree_parents) != layout.batch_size:
+                raise CaseError(f"custom_mask.tree_parents has {len(self.tree_parents)} requests, the layout {layout.batch_size}")
+            masks = []
+            for b, (parents, qo, kv) in enumerate(zip(self.tree_parents, qo_lens, kv_lens)):
+                if len(parents) != qo:
+                    raise CaseError(f"custom_mask.tree_parents[{b}] has {len(parents)} nodes, request {b} has qo_len {qo}")
+                if qo > kv:
+                    raise CaseError(f"custom_mask.tree_parents[{b}]: the tree's {qo} nodes need qo_len <= kv_len, got kv_len {kv}")
+                mask = np.zeros((qo, kv), dtype=bool)
+                mask[:, : kv - qo] = True
+                for i, parent in enumerate(parents):
+                    mask[i, kv - qo + i] = True
+                    if parent >= 0:
+                        mask[i, kv - qo :] |= mask[parent, kv - qo :]
+                masks.append(mask)
+            return masks
+        assert self.bits is not None
+        sizes = [q * k for q, k in zip(qo_lens, kv_lens)]
+        total = sum(sizes)
+        try:
+            raw = base64.b64decode(self.bits, validate=True)
+        except (binascii.Error, ValueError):
+            raise CaseError("custom_mask.bits: not valid base64") from None
+        if len(raw) != -(-total // 8):
+            raise CaseError(f"custom_mask.bits: {len(raw)} bytes, the layout's masks need {-(-total // 8)} ({total} bits)")
+        flat = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
+        if flat[total:].any():
+            raise CaseError("custom_mask.bits: the padding bits after the last mask must be 0")
+        starts = np.cumsum([0, *sizes])
+        return [flat[a:e].astype(bool).reshape(q, k) for a, e, q, k in zip(starts, starts[1:], qo_lens, kv_lens)]
+
+    def as_json(self) -> dict[str, Any]:
+        if self.tree_parents is not None:
+            return {"tree_parents": [list(p) for p in self.tree_parents]}
+        return {"bits": self.bits}
+
+
+def flashinfer_packed_mask(masks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """FlashInfer's ``packed_custom_mask`` and ``mask_indptr``: each request's mask flattened
+    row-major and packed little-endian on its own (``segment_packbits``), byte offsets per request."""
+    packed = [np.packbits(np.asarray(m, dtype=bool).reshape(-1), bitorder="little") for m in masks]
+    indptr = np.cumsum([0, *(len(p) for p in packed)]).astype(np.int32)
+    return (np.concatenate(packed) if packed else np.zeros(0, np.uint8)).astype(np.uint8), indptr
+
+
+@dataclass(frozen=True)
 class Case:
     """A complete paged-attention call: layout, heads, options and how to make its tensors.
 
@@ -325,8 +443,13 @@ class Case:
     distribution: str = "normal"
     tensors_file: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    custom_mask: CustomMask | None = None
 
     def __post_init__(self) -> None:
+        if self.custom_mask is not None:
+            if not isinstance(self.custom_mask, CustomMask):
+                raise CaseError(f"custom_mask: expected a CustomMask, got {type(self.custom_mask).__name__}")
+            self.custom_mask.dense(self.layout)  # checks it against the layout
         object.__setattr__(self, "seed", _int("seed", self.seed, 0, SEED_LIMIT - 1, "a 64-bit generator seed"))
         if self.distribution not in DISTRIBUTIONS:
             raise CaseError(f"distribution must be one of {DISTRIBUTIONS}, got {_brief(self.distribution)}")
@@ -338,6 +461,10 @@ class Case:
                 raise CaseError(
                     f"options.{name} has {len(values)} entries, expected num_qo_heads={self.heads.num_qo_heads}"
                 )
+
+    def masks(self) -> list[np.ndarray] | None:
+        """Per request the custom ``[qo_len, kv_len]`` mask, or None without one."""
+        return None if self.custom_mask is None else self.custom_mask.dense(self.layout)
 
     @property
     def sm_scale(self) -> float:
@@ -361,6 +488,10 @@ class Case:
             flags.append(f"soft_cap={o.logits_soft_cap:g}")
         if o.alibi_slopes:
             flags.append("alibi")
+        if self.custom_mask is not None:
+            flags.append("tree_mask" if self.custom_mask.tree_parents is not None else "custom_mask")
+        if h.mla:
+            flags.append("mla")
         if o.sinks:
             flags.append("sinks")
         if o.is_fp8:
@@ -398,6 +529,8 @@ class Case:
                 raise CaseError(f"{where}: {name}.{exc}") from None
         try:
             top = {k: v for k, v in _given(raw).items() if k in ("seed", "distribution", "tensors_file", "meta")}
+            if raw.custom_mask is not UNSET and raw.custom_mask is not None:
+                top["custom_mask"] = CustomMask(**_given(raw.custom_mask))
             case = cls(**parts, **top)
         except CaseError as exc:
             raise CaseError(f"{where}: {exc}") from None
@@ -476,6 +609,7 @@ class _HeadsFile(msgspec.Struct, forbid_unknown_fields=True):
     num_kv_heads: int
     head_dim_qk: int
     head_dim_vo: int
+    mla: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 _Unset = msgspec.UnsetType
@@ -495,6 +629,11 @@ class _OptionsFile(msgspec.Struct, forbid_unknown_fields=True):
     v_scale: _Number | _Unset = UNSET
 
 
+class _CustomMaskFile(msgspec.Struct, forbid_unknown_fields=True):
+    tree_parents: list[list[int]] | _Unset = UNSET
+    bits: str | _Unset = UNSET
+
+
 class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
     schema_version: int
     layout: _LayoutFile
@@ -505,6 +644,7 @@ class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
     tensors_file: str | None | _Unset = UNSET
     meta: dict[str, Any] | _Unset = UNSET
     case_id: str | _Unset = UNSET
+    custom_mask: _CustomMaskFile | None | _Unset = UNSET
 
 
 def _given(struct: msgspec.Struct | _Unset) -> dict[str, Any]:
@@ -515,14 +655,22 @@ def _given(struct: msgspec.Struct | _Unset) -> dict[str, Any]:
 
 
 def _case_body(case: Case) -> dict[str, Any]:
-    return {
+    """What the case_id hashes. A family field that is off is left out, so the ids of every case
+    written before it existed stay."""
+    heads = dataclasses.asdict(case.heads)
+    if not case.heads.mla:
+        del heads["mla"]
+    body = {
         "layout": dataclasses.asdict(case.layout),
-        "heads": dataclasses.asdict(case.heads),
+        "heads": heads,
         "options": dataclasses.asdict(case.options),
         "seed": case.seed,
         "distribution": case.distribution,
         "tensors_file": case.tensors_file,
     }
+    if case.custom_mask is not None:
+        body["custom_mask"] = case.custom_mask.as_json()
+    return body
 
 
 def alibi_slopes(num_heads: int) -> tuple[float, ...]:

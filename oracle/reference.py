@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from pa_oracle.oracle.buckets import Bucket, Plan, plan_buckets
 from pa_oracle.oracle.case import Case
@@ -268,6 +269,8 @@ def reference(
     this code to ~1e-15 in tests/oracle/test_fused.py); ``"auto"`` (default: ``default_engine()``)
     takes the fused kernel where it applies and no ``chunk_size`` is given, else this code. The
     result's ``engine`` says which ran; the fuzz runner re-judges every failure with ``"torch"``.
+    The fused kernel declines custom-mask and MLA cases (``auto`` runs this code on them,
+    ``fused`` raises): a masked case is computed one request at a time (``_masked_attention``).
 
     ``lse_base`` is ``"e"`` (natural log) or ``"2"`` (FlashInfer's convention). Rows with no key
     to attend give out 0 and lse -inf. ``sm_scale`` multiplies q before the dot products (one pass
@@ -287,13 +290,20 @@ def reference(
     engine = engine or default_engine()
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if engine != "torch" and chunk_size is None:
+    if case.custom_mask is not None:  # neither the buckets nor the fused kernel take masks (yet)
+        if engine == "fused":
+            raise ValueError("engine='fused' declines custom-mask cases; use 'auto' or 'torch'")
+        result = _masked_attention(case, tensors, torch.float64, chunk_size=chunk_size, logit_noise=logit_noise)
+        return result._replace(lse=result.lse * LOG2_E if lse_base == "2" else result.lse)
+    if engine != "torch" and chunk_size is None and not case.heads.mla:  # fused: no strided latent V (yet)
         from pa_oracle.oracle.fused import fused_reference  # local: pa_oracle.oracle.fused imports this module
 
         fast = fused_reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise)
         if fast is not None:
             return fast._replace(engine="fused")
     if engine == "fused":
+        if case.heads.mla:
+            raise ValueError("engine='fused' declines MLA cases; use 'auto' or 'torch'")
         raise ValueError("engine='fused' needs CUDA tensors, Triton, no chunk_size and a case it takes (pa_oracle.oracle.fused)")
     dtype, device, heads = torch.float64, tensors.q.device, case.heads
     plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, case.sm_scale)
@@ -335,6 +345,9 @@ def plain_attention(
     second control): the same precision, rounded differently.
     """
     heads = case.heads
+    if case.custom_mask is not None:
+        result = _masked_attention(case, tensors, dtype, control=True, reorder_ops=reorder_ops)
+        return result.out, result.lse
     plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, case.sm_scale if reorder_ops else 1.0)
     logit_scale = 1.0 if reorder_ops else case.sm_scale
     out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
@@ -355,6 +368,96 @@ def plain_attention(
         _put_rows(out, bucket, torch.where(empty[..., None], 0.0, bucket_out))
         _put_rows(lse, bucket, torch.where(empty, float("-inf"), bucket_lse))
     return out, lse
+
+
+def _allowed(case: Case, mask: np.ndarray, b: int, device: torch.device) -> torch.Tensor:
+    """Request ``b``'s attended keys [qo_len, kv_len]: its custom mask AND causal AND window."""
+    qo, kv = mask.shape
+    allowed = torch.from_numpy(mask.copy()).to(device)
+    q_pos = torch.arange(kv - qo, kv, device=device)[:, None]
+    k_pos = torch.arange(kv, device=device)[None, :]
+    if case.options.causal:
+        allowed &= k_pos <= q_pos
+    if case.options.window_left >= 0:
+        allowed &= k_pos >= q_pos - case.options.window_left
+    return allowed
+
+
+def _masked_attention(
+    case: Case, tensors: Tensors, dtype: torch.dtype, *, chunk_size: int | None = None, logit_noise: bool = False,
+    control: bool = False, reorder_ops: bool = False,
+) -> Reference:
+    """The case with a custom mask, one request at a time (masked cases are draft trees and short
+    prefills: no buckets). ``control=False``: the definition in ``dtype`` (float64), chunked and
+    merged as ``reference``; ``control=True``: ``plain_attention``'s steps in ``dtype``."""
+    heads, opts, lay = case.heads, case.options, case.layout
+    masks = case.masks()
+    assert masks is not None
+    device = tensors.q.device
+    keys, values = gather_kv(case, tensors, dtype)
+    kv_start = [0]
+    for n in lay.kv_lens:
+        kv_start.append(kv_start[-1] + n)
+    hkv, group = heads.num_kv_heads, heads.group_size
+    out = torch.zeros(lay.total_q, heads.num_qo_heads, heads.head_dim_vo, dtype=dtype, device=device)
+    lse = torch.full(out.shape[:2], float("-inf"), dtype=dtype, device=device)
+    noise = torch.zeros_like(out) if logit_noise else None
+    like = torch.empty(0, dtype=dtype, device=device)
+    sink, slopes = _per_head(case, opts.sinks, like), _per_head(case, opts.alibi_slopes, like)
+    q_scale = case.sm_scale if (reorder_ops or not control) else 1.0
+    for b, mask in enumerate(masks):
+        qo, kv = mask.shape
+        if qo == 0 or kv == 0:
+            continue
+        rows = slice(lay.qo_indptr[b], lay.qo_indptr[b + 1])
+        qb = tensors.q[rows].to(dtype) * q_scale if q_scale != 1.0 else tensors.q[rows].to(dtype)
+        qb = qb.view(qo, hkv, group, -1).permute(1, 2, 0, 3).reshape(hkv, 1, group * qo, -1)
+        kb = keys[kv_start[b] : kv_start[b + 1]].permute(1, 0, 2)[:, None]  # [Hkv, 1, kv, D]
+        vb = values[kv_start[b] : kv_start[b + 1]].permute(1, 0, 2)[:, None]
+        allowed = _allowed(case, mask, b, device)
+        distance = (torch.arange(kv - qo, kv, device=device)[:, None] - torch.arange(kv, device=device)).abs().to(dtype)
+        step = kv if control else (chunk_size or kv)
+        state = None
+        for start in range(0, kv, step):
+            cols = slice(start, min(start + step, kv))
+            s = torch.matmul(qb, kb[:, :, cols].transpose(-1, -2)).view(hkv, 1, group, qo, -1)
+            if control and not reorder_ops:
+                s = s * case.sm_scale
+            if opts.logits_soft_cap > 0:
+                s = torch.tanh(s / opts.logits_soft_cap) * opts.logits_soft_cap
+            if slopes is not None:
+                s = s - slopes[..., None] * distance[:, cols]
+            s = s.masked_fill(~allowed[:, cols], float("-inf"))
+            if control:
+                state = _plain_state(s, vb[:, :, cols], sink, dtype)
+                break
+            part = _attend(s, vb[:, :, cols], logit_noise, may_be_empty=True)
+            state = part if state is None else _merge(state, part)
+        assert state is not None
+        shrink = None if (sink is None or control) else torch.sigmoid(state.lse - sink)[..., None]
+        o = state.out if shrink is None else state.out * shrink
+
+        def rows_of(x: torch.Tensor) -> torch.Tensor:  # [Hkv, 1, G, qo, ...] -> [qo, Hq, ...]
+            return x[:, 0].movedim(2, 0).flatten(1, 2)
+
+        out[rows], lse[rows] = rows_of(o), rows_of(state.lse)
+        if noise is not None:
+            assert state.noise_v is not None and state.noise_w is not None
+            n = state.noise_v + o.abs() * state.noise_w[..., None]
+            noise[rows] = rows_of(n if shrink is None else n * shrink)
+    return Reference(out, lse, noise)
+
+
+def _plain_state(s: torch.Tensor, v: torch.Tensor, sink: torch.Tensor | None, dtype: torch.dtype) -> _State:
+    """``plain_attention``'s softmax of ``s`` [..., kv] (sink column appended) and weighting in ``dtype``."""
+    n_keys = s.shape[-1]
+    empty = torch.isinf(s.amax(-1))
+    lse = torch.where(empty, float("-inf"), torch.logsumexp(s, dim=-1))
+    if sink is not None:
+        s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1).to(s.dtype)], dim=-1)
+    p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1).to(dtype)
+    out = torch.where(empty[..., None], 0.0, _weigh(p[..., :n_keys], v))
+    return _State(lse, out, None, None)
 
 
 def merge_states(

@@ -35,7 +35,18 @@ class Tensors:
     v_cache: torch.Tensor
 
     def to(self, device: str | torch.device) -> Tensors:
-        return Tensors(self.q.to(device), self.k_cache.to(device), self.v_cache.to(device))
+        k_cache = self.k_cache.to(device)
+        if self.v_is_latent_view():  # MLA: V stays a view of the latent cache
+            return Tensors(self.q.to(device), k_cache, k_cache[..., : self.v_cache.shape[-1]])
+        return Tensors(self.q.to(device), k_cache, self.v_cache.to(device))
+
+    def v_is_latent_view(self) -> bool:
+        """True when ``v_cache`` is ``k_cache[..., :d]`` (the MLA layout), the same memory."""
+        k, v = self.k_cache, self.v_cache
+        return (
+            v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.shape[:-1] == k.shape[:-1]
+            and v.shape[-1] <= k.shape[-1] and v.dtype == k.dtype
+        )
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {"q": self.q, "k_cache": self.k_cache, "v_cache": self.v_cache}
@@ -93,17 +104,27 @@ def make_tensors(case: Case, device: str | torch.device = "cpu") -> Tensors:
     q = _master(gen, (layout.total_q, heads.num_qo_heads, heads.head_dim_qk), case.distribution, "q")
     total_kv = sum(layout.kv_lens)
     k = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_qk), case.distribution, "k")
-    v = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_vo), case.distribution, "v")
     pages, slots = (t.to(device) for t in token_addresses(case))
-    caches = []
-    for values, scale in ((k, opts.k_scale), (v, opts.v_scale)):
-        # the pool is made on the device: a huge-pool case would not fit twice in host memory
-        pool = torch.full(
-            (layout.num_pages, layout.page_size, heads.num_kv_heads, values.shape[-1]), POISON, device=device
-        ).to(kv_dtype)
-        pool[pages, slots] = (values / scale).to(torch.float32).to(kv_dtype).to(device)
-        caches.append(pool)
+    if heads.mla:  # one latent cache; V is a view of its first d_ckv dims (no V is drawn)
+        latent = _pool(case, k, opts.k_scale, kv_dtype, pages, slots, device)
+        return Tensors(q.to(q_dtype).to(device), latent, latent[..., : heads.head_dim_vo])
+    v = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_vo), case.distribution, "v")
+    caches = [_pool(case, x, scale, kv_dtype, pages, slots, device) for x, scale in ((k, opts.k_scale), (v, opts.v_scale))]
     return Tensors(q.to(q_dtype).to(device), caches[0], caches[1])
+
+
+def _pool(
+    case: Case, values: torch.Tensor, scale: float, kv_dtype: torch.dtype, pages: torch.Tensor, slots: torch.Tensor,
+    device: str | torch.device,
+) -> torch.Tensor:
+    """A poisoned pool holding ``values`` (logical token order) stored as ``values / scale``."""
+    layout = case.layout
+    # the pool is made on the device: a huge-pool case would not fit twice in host memory
+    pool = torch.full(
+        (layout.num_pages, layout.page_size, values.shape[1], values.shape[-1]), POISON, device=device
+    ).to(kv_dtype)
+    pool[pages, slots] = (values / scale).to(torch.float32).to(kv_dtype).to(device)
+    return pool
 
 
 def upload(host: torch.Tensor, device: str | torch.device) -> torch.Tensor:
@@ -232,6 +253,11 @@ def load_tensors(case: Case, path: str | Path) -> Tensors:
         _check_array_names(path, set(archive.files))
         loaded = {name: _read_array(case, path, archive, name) for name in _SIDECAR_ARRAYS}
     tensors = Tensors(**loaded)
+    if case.heads.mla:
+        latent_v = tensors.k_cache[..., : case.heads.head_dim_vo]
+        if not torch.equal(_raw_bits(latent_v), _raw_bits(tensors.v_cache)):
+            raise CaseError(f"{path}: an MLA case's v_cache must be the first head_dim_vo dims of k_cache, bit for bit")
+        tensors = Tensors(tensors.q, tensors.k_cache, latent_v)
     _check_referenced_finite(case, path, tensors)
     try:
         check_signal(case, tensors)

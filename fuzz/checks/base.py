@@ -58,8 +58,15 @@ class Check:
     prepare: Callable[[Backend], Capabilities | str] = lambda backend: backend.capabilities
 
     def capabilities(self, backend: Backend) -> Capabilities | str:
-        """What to draw for ``backend``, or why the check cannot apply to it."""
-        return self.prepare(backend)
+        """What to draw for ``backend``, or why the check cannot apply to it. Derived cases do not
+        carry a custom mask along (a reordered or cut layout would keep the old requests' masks):
+        the checks draw unmasked cases only."""
+        caps = self.prepare(backend)
+        if isinstance(caps, Capabilities) and True in caps.custom_mask:
+            if False not in caps.custom_mask:
+                return "the checks do not carry custom masks into derived cases, and this kernel takes masked cases only"
+            caps = caps.replace(custom_mask=(False,))
+        return caps
 
     def __call__(self, backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> CheckOutcome:
         """Run the check; an explicit refusal skips it, any other exception is a crash finding."""

@@ -32,6 +32,8 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "custom_scale": bool,  # sm_scale given, not 1/sqrt(head_dim_qk)
     "fp8_scales": bool,  # k_scale or v_scale other than 1
     "distribution": DISTRIBUTIONS,
+    "custom_mask": ("none", "tree", "bits"),  # how the case's custom mask is given (oracle.case.CustomMask)
+    "mla": bool,  # the latent layout (Heads.mla)
 }
 
 
@@ -68,4 +70,6 @@ def case_features(case: Case) -> dict[str, Feature]:
         "custom_scale": opts.sm_scale is not None,
         "fp8_scales": opts.k_scale != 1.0 or opts.v_scale != 1.0,
         "distribution": case.distribution,
+        "custom_mask": "none" if case.custom_mask is None else "tree" if case.custom_mask.tree_parents is not None else "bits",
+        "mla": heads.mla,
     }

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 from pa_oracle.backends.base import Capabilities
+from pa_oracle.fuzz.draw import families
 from pa_oracle.oracle.case import DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, alibi_slopes
 
 PAGE_SIZES = (16, 1, 2, 3, 5, 8, 32, 64, 128, 256)  # shrinks toward the first
@@ -157,4 +158,7 @@ def cases(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits =
     opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps), label="options")
     distribution = draw(st.sampled_from(DISTRIBUTIONS), label="distribution")
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
-    return Case(layout, head, opts, seed=seed, distribution=distribution)
+    case = Case(layout, head, opts, seed=seed, distribution=distribution)
+    if caps.custom_mask != (False,) or caps.mla != (False,):  # off by default: existing kernels draw as before
+        case = draw(families.extend(case, caps, max_prefix=limits.max_kv_len), label="families")
+    return case

@@ -33,13 +33,20 @@ BUGS = {
     "fp8_scale_ignored": "k_scale and v_scale are accepted and ignored (flashinfer#1416)",
     "split_merge_nan": "split-KV in two halves merged with a formula that makes NaN of two empty halves (vllm#39148)",
     "finite_lse_sentinel": "an empty row returns LSE -5e4 instead of -inf (flashinfer#4401)",
+    # the attention families (issue 14)
+    "mask_bit_order_reversed": "the packed custom mask is read big-endian within each byte (FlashInfer packs little-endian)",
+    "sinks_ignored_for_prefill": "the sink is applied for q_len 1 only, ignored for q_len > 1 (vllm#52148)",
+    "sink_by_kv_head": "the sink is indexed by the kv head, not the qo head (Modular#6198)",
+    "nope_pe_swapped": "MLA: q read as [q_pe | q_nope] against a [ckv | kpe] cache",
+    "mla_log2e_missing": "MLA: exp2 softmax without log2(e) folded into sm_scale (flashinfer#787)",
 }
-CORRECT = ("correct_attention", "correct_float64", "correct_split_kv")
+CORRECT = ("correct_attention", "correct_float64", "correct_split_kv", "correct_masked_sinks", "correct_mla")
 
 
 def _paged_attention(
     q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal, sm_scale, window_left,
     logits_soft_cap, k_scale=1.0, v_scale=1.0, bug: str = "", compute_dtype=torch.float32, split: bool = False,
+    sinks=None, custom_mask=None, mask_indptr=None, mla: bool = False,
 ):
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_qo_heads = q.shape[1]
@@ -70,7 +77,15 @@ def _paged_attention(
         k = flat_k[:kv_len].to(compute_dtype)[:, kv_head_of] * k_scale
         v = flat_v[:kv_len].to(compute_dtype)[:, kv_head_of] * v_scale
         kv_len = k.shape[0]
-        s = torch.einsum("qhd,khd->hqk", q[q0:q1].to(compute_dtype), k) * sm_scale
+        qb = q[q0:q1].to(compute_dtype)
+        if mla:  # the latent row is [ckv | kpe]: two dot products, as MLA kernels take q_nope and q_pe
+            d_ckv = v_cache.shape[-1]
+            if bug == "nope_pe_swapped":
+                qb = torch.roll(qb, -(qb.shape[-1] - d_ckv), dims=-1)
+            s = torch.einsum("qhd,khd->hqk", qb[..., :d_ckv], k[..., :d_ckv]) + torch.einsum("qhd,khd->hqk", qb[..., d_ckv:], k[..., d_ckv:])
+            s = s * (sm_scale * math.log(2.0) if bug == "mla_log2e_missing" else sm_scale)
+        else:
+            s = torch.einsum("qhd,khd->hqk", qb, k) * sm_scale
         if logits_soft_cap > 0 and bug != "soft_cap_after_masking":
             s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
         offset = 0 if bug == "top_left_causal" else kv_len - qo_len
@@ -81,6 +96,8 @@ def _paged_attention(
             keep &= k_pos <= q_pos
         if window_left >= 0:
             keep &= k_pos >= q_pos - window_left + (1 if bug == "window_off_by_one" else 0)
+        if custom_mask is not None:
+            keep &= _unpack_mask(custom_mask[int(mask_indptr[b]) : int(mask_indptr[b + 1])], qo_len, kv_len, bug == "mask_bit_order_reversed")
         s = s.masked_fill(~keep, float("-inf"))
         if logits_soft_cap > 0 and bug == "soft_cap_after_masking":
             s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
@@ -88,6 +105,9 @@ def _paged_attention(
             o, row_lse = _split_in_two(s, v, nan_on_empty_pair=bug == "split_merge_nan")
         else:
             o, row_lse = _softmax_weighted(s, v)
+        if sinks is not None and not (bug == "sinks_ignored_for_prefill" and qo_len > 1):
+            sink = sinks[kv_head_of] if bug == "sink_by_kv_head" else sinks  # [Hq]
+            o = o * torch.sigmoid(row_lse - sink.to(row_lse.dtype)[:, None]).T[..., None]
         if bug == "nan_on_empty":
             o = torch.where(torch.isinf(row_lse).T[..., None], float("nan"), o)
         if bug == "finite_lse_sentinel":
@@ -97,6 +117,15 @@ def _paged_attention(
     if bug == "lse_base_two":
         lse = lse / math.log(2.0)
     return out, lse
+
+
+def _unpack_mask(packed: torch.Tensor, qo_len: int, kv_len: int, big_endian: bool) -> torch.Tensor:
+    """One request's [qo_len, kv_len] mask from FlashInfer's packed bytes (bit t: bit t % 8 of byte t // 8)."""
+    shifts = torch.arange(8, device=packed.device)
+    if big_endian:
+        shifts = 7 - shifts
+    bits = (packed.long()[:, None] >> shifts) & 1
+    return bits.flatten()[: qo_len * kv_len].view(qo_len, kv_len).bool()
 
 
 def _softmax_weighted(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,6 +178,21 @@ def _planted_fp8(bug: str):  # type: ignore[no-untyped-def]
     return kernel
 
 
+def _planted_family(bug: str, *, mla: bool = False):  # type: ignore[no-untyped-def]
+    """A kernel taking sinks and FlashInfer's packed custom mask (``mla``: MLA cases only)."""
+    def kernel(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal, sm_scale,
+               window_left, logits_soft_cap, sinks, custom_mask, mask_indptr):
+        return _paged_attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                                kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale,
+                                window_left=window_left, logits_soft_cap=logits_soft_cap, bug=bug, sinks=sinks,
+                                custom_mask=custom_mask, mask_indptr=mask_indptr, mla=mla)
+
+    kernel.__name__ = kernel.__qualname__ = bug or ("correct_mla" if mla else "correct_masked_sinks")
+    if mla:  # small latent dims keep the CPU selftest fast
+        kernel.pa_oracle_capabilities = {"mla": (True,), "mla_dims": ((12, 8), (24, 16))}  # type: ignore[attr-defined]
+    return kernel
+
+
 wrong_gqa_map = _planted("wrong_gqa_map")
 top_left_causal = _planted("top_left_causal")
 window_off_by_one = _planted("window_off_by_one")
@@ -161,6 +205,13 @@ lse_base_two = _planted("lse_base_two")
 fp8_scale_ignored = _planted_fp8("fp8_scale_ignored")
 split_merge_nan = _planted("split_merge_nan", split=True)
 finite_lse_sentinel = _planted("finite_lse_sentinel")
+mask_bit_order_reversed = _planted_family("mask_bit_order_reversed")
+sinks_ignored_for_prefill = _planted_family("sinks_ignored_for_prefill")
+sink_by_kv_head = _planted_family("sink_by_kv_head")
+nope_pe_swapped = _planted_family("nope_pe_swapped", mla=True)
+mla_log2e_missing = _planted_family("mla_log2e_missing", mla=True)
+correct_masked_sinks = _planted_family("")
+correct_mla = _planted_family("", mla=True)
 
 correct_attention = _planted("")
 correct_attention.__name__ = correct_attention.__qualname__ = "correct_attention"

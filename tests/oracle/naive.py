@@ -18,6 +18,7 @@ def naive_attention(case: Case, tensors: Tensors) -> tuple[list, list]:
     group = heads.num_qo_heads // heads.num_kv_heads
     out = [[[0.0] * heads.head_dim_vo for _ in range(heads.num_qo_heads)] for _ in range(lay.total_q)]
     lse = [[float("-inf")] * heads.num_qo_heads for _ in range(lay.total_q)]
+    masks = case.masks()
     for b in range(lay.batch_size):
         pages = lay.kv_indices[lay.kv_indptr[b] : lay.kv_indptr[b + 1]]
         kv_len = 0 if not pages else (len(pages) - 1) * lay.page_size + lay.kv_last_page_len[b]
@@ -32,6 +33,8 @@ def naive_attention(case: Case, tensors: Tensors) -> tuple[list, list]:
                     if opts.causal and j > p:
                         continue
                     if opts.window_left >= 0 and j < p - opts.window_left:
+                        continue
+                    if masks is not None and not masks[b][i][j]:
                         continue
                     page, slot = pages[j // lay.page_size], j % lay.page_size
                     key = [x * opts.k_scale for x in k_cache[page][slot][kvh]]

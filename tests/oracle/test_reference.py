@@ -64,6 +64,7 @@ def _sdpa_fp64(case: Case, tensors: Tensors) -> torch.Tensor:
     keys = tensors.k_cache[pages, slots].double() * opts.k_scale
     values = tensors.v_cache[pages, slots].double() * opts.v_scale
     rows, start = [], 0
+    masks = case.masks()
     for b in range(lay.batch_size):
         qo, kv = lay.qo_lens[b], lay.kv_lens[b]
         q = tensors.q[lay.qo_indptr[b] : lay.qo_indptr[b + 1]].double().transpose(0, 1)
@@ -77,6 +78,8 @@ def _sdpa_fp64(case: Case, tensors: Tensors) -> torch.Tensor:
             keep &= k_pos <= q_pos
         if opts.window_left >= 0:
             keep &= k_pos >= q_pos - opts.window_left
+        if masks is not None:
+            keep &= torch.from_numpy(masks[b])
         bias = torch.zeros(case.heads.num_qo_heads, qo, kv, dtype=torch.float64)
         if opts.alibi_slopes:
             bias -= torch.tensor(opts.alibi_slopes, dtype=torch.float64)[:, None, None] * (q_pos - k_pos).abs()

@@ -1,0 +1,102 @@
+"""Strategies for the attention families of issue 14: MLA (the latent layout), draft-tree and
+arbitrary custom masks (speculative decoding), on top of a case ``strategies.cases`` drew.
+
+Verification model: ``extend(case, caps)`` turns a drawn case into one of a family only where
+``caps`` asks for it (``Capabilities.mla`` / ``custom_mask``: both off by default, so no existing
+kernel's seeds change). It keeps the case's options (windows, fp8 KV, sinks with GQA, soft cap),
+so masks meet windows and fp8, and MLA meets sinks and q_len > 1.
+
+- MLA: one latent KV head, (head_dim_qk, head_dim_vo) from ``MLA_DIMS`` (DeepSeek's absorbed
+  decode 576/512, its prefill 192/128, and small pairs for CPU), within ``caps.mla_dims``.
+- Trees: per request a draft tree of depth 1-8 and width 1-4 (at most ``MAX_TREE_NODES``
+  nodes, q_len_per_req up to 16) behind a prefix of keys; the queries are the tree's nodes.
+- Arbitrary masks: per request a random boolean ``[qo_len, kv_len]`` matrix (density drawn,
+  rows without any key included), packed as ``CustomMask.bits``.
+
+EXTENDING: a new family is one more ``draw`` in ``extend`` behind its own ``Capabilities`` flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import strategies as st
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.oracle.case import Case, CustomMask, Heads, Layout, Options
+
+MLA_DIMS = ((12, 8), (576, 512), (192, 128), (24, 16), (80, 64))  # (head_dim_qk, head_dim_vo): shrinks to small
+MAX_TREE_DEPTH, MAX_TREE_WIDTH, MAX_TREE_NODES = 8, 4, 16
+MASK_DENSITIES = (0.5, 0.1, 0.9, 0.0, 1.0)
+
+
+@st.composite
+def tree_parents(draw: st.DrawFn, max_depth: int = MAX_TREE_DEPTH, max_width: int = MAX_TREE_WIDTH,
+                 max_nodes: int = MAX_TREE_NODES) -> tuple[int, ...]:
+    """One draft tree, nodes in breadth-first order: ``parents[i]`` is -1 (a root, which follows
+    the prefix) or an earlier node. Each node has 0..``max_width`` children; a chain (width 1) is
+    the causal mask."""
+    depth = draw(st.integers(1, max_depth), label="tree depth")
+    width = draw(st.integers(1, max_width), label="tree width")
+    parents: list[int] = []
+    frontier = [-1]
+    for _ in range(depth):
+        level: list[int] = []
+        for parent in frontier:
+            for _ in range(draw(st.integers(1 if parent == frontier[0] else 0, width), label="children")):
+                if len(parents) == max_nodes:
+                    break
+                level.append(len(parents))
+                parents.append(parent)
+        if not level:
+            break
+        frontier = level
+    return tuple(parents)
+
+
+def _mla_heads(draw: st.DrawFn, case: Case, caps: Capabilities) -> Heads:
+    dims = [d for d in MLA_DIMS if caps.mla_dims is None or d in caps.mla_dims] or list(caps.mla_dims or ())
+    qk, vo = draw(st.sampled_from(dims), label="mla dims")
+    return Heads(case.heads.num_qo_heads, 1, qk, vo, mla=True)
+
+
+def _tree_case(draw: st.DrawFn, case: Case, caps: Capabilities, max_prefix: int) -> Case:
+    """``case``'s requests replaced by draft trees behind prefixes (same batch size and pages size)."""
+    lay = case.layout
+    trees = [draw(tree_parents(), label=f"tree[{b}]") for b in range(lay.batch_size)]
+    prefixes = [draw(st.integers(0, max_prefix), label=f"prefix[{b}]") for b in range(lay.batch_size)]
+    kv_lens = [p + len(t) for p, t in zip(prefixes, trees)]
+    needed = sum(-(-n // lay.page_size) for n in kv_lens)
+    order = draw(st.permutations(range(needed)), label="page_order")
+    layout = Layout.from_lengths([len(t) for t in trees], kv_lens, lay.page_size, page_order=order)
+    return case.replace(layout=layout, custom_mask=CustomMask(tree_parents=tuple(trees)))
+
+
+def _arbitrary_mask(draw: st.DrawFn, case: Case) -> CustomMask:
+    lay = case.layout
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="mask seed"))
+    masks = []
+    for b, (qo, kv) in enumerate(zip(lay.qo_lens, lay.kv_lens)):
+        density = draw(st.sampled_from(MASK_DENSITIES), label=f"mask density[{b}]")
+        masks.append(rng.random((qo, kv)) < density)
+    return CustomMask.from_dense(masks)
+
+
+@st.composite
+def extend(draw: st.DrawFn, case: Case, caps: Capabilities, max_prefix: int = 64) -> Case:
+    """``case`` made MLA and/or masked as ``caps`` admits (module docstring)."""
+    if True in caps.mla and (False not in caps.mla or draw(st.booleans(), label="mla")):
+        case = case.replace(heads=_mla_heads(draw, case, caps))
+        if case.options.is_fp8:  # one latent cache holds V too: one scale
+            case = case.replace(options=_same_scale(case))
+    if True in caps.custom_mask and (False not in caps.custom_mask or draw(st.booleans(), label="custom mask")):
+        kind = draw(st.sampled_from(("tree", "arbitrary")), label="mask kind")
+        if kind == "tree":
+            case = _tree_case(draw, case, caps, max_prefix)
+        else:
+            case = case.replace(custom_mask=_arbitrary_mask(draw, case))
+    return case
+
+
+def _same_scale(case: Case) -> Options:
+    return dataclasses.replace(case.options, v_scale=case.options.k_scale)
