@@ -115,3 +115,18 @@ def test_the_oracle_is_one_check_among_the_others() -> None:
     result = fuzz_backend(get_backend("sdpa-math"), check=ALL_CHECKS["reorder"], examples=4, limits=TINY, isolate=False)
     assert result.check == "reorder" and result.key == "sdpa-math:reorder" and result.is_complete, result.line()
     assert "sdpa-math reorder: ok" in result.line()
+
+
+def test_the_checks_of_one_backend_share_one_worker(tmp_path: Path, monkeypatch) -> None:
+    starts = []
+    real = IsolatedBackend._start
+
+    def counted(self, deadline=None):  # type: ignore[no-untyped-def]
+        starts.append(self.spec)
+        return real(self, deadline)
+
+    monkeypatch.setattr(IsolatedBackend, "_start", counted)
+    oracle, reorder = run_campaign([UserKernel.from_spec(CORRECT)], CampaignState({"seed": 0}), tmp_path / "checks.json",
+                                   examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"]))
+    assert (oracle.check, reorder.check) == ("oracle", "reorder") and oracle.passed == 3 and reorder.examples == 3
+    assert reorder.is_complete and starts == [CORRECT], starts

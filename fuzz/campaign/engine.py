@@ -76,6 +76,7 @@ def fuzz_backend(
     ledger: list[Entry] | None = None,
     resume: BackendResult | None = None,
     checkpoint: Callable[[BackendResult], None] | None = None,
+    workers: dict[str, Any] | None = None,
 ) -> BackendResult:
     """Run ``check`` (default: the comparison with the oracle) on one backend until it ran
     ``examples`` cases (counting those of ``resume``), the monotonic ``deadline`` passed, or a
@@ -87,7 +88,9 @@ def fuzz_backend(
     process: a crash of the process or a case running longer than ``case_timeout`` seconds is a
     finding, and the worker restarts; a case still running at ``deadline`` (but within its
     timeout) is out of time, not a finding. ``isolate_timeout`` is the older spelling of
-    ``isolate=True, case_timeout=...``.
+    ``isolate=True, case_timeout=...``. ``workers`` (backend name -> worker) keeps the worker for
+    the caller's next check of the same backend (the caller closes it); without it the worker is
+    closed at the end.
 
     The result's status is "done", "finding", "running" (the deadline came first), "exhausted"
     (the strategy drew nothing new) or "incomplete" with the reason in ``notes``: no example
@@ -122,8 +125,12 @@ def fuzz_backend(
         spec = isolatable(backend)  # what a worker can load it from (kernel_spec is for repro commands)
         if spec is None:
             result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
+        elif workers is not None and backend.name in workers:
+            isolated = workers[backend.name]
         else:
-            isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance, judge=check)
+            isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance)
+            if workers is not None:
+                workers[backend.name] = isolated
     strategy = cases(capabilities, limits)
     failing: list[Outcome] = []
     stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
@@ -149,7 +156,7 @@ def fuzz_backend(
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
         try:
             # a per-backend time split (worker start / first-case compile / judge) would be measured here
-            outcome = isolated.check(case, deadline) if isolated is not None else check.judge(case, backend, tolerance)
+            outcome = isolated.check(case, deadline, check) if isolated is not None else check.judge(case, backend, tolerance)
         except (OutOfTime, WorkerStartError) as exc:
             stopped.append(str(exc))
             if searching:
@@ -217,7 +224,7 @@ def fuzz_backend(
         if _judged_nothing(result) and checkpoint:
             checkpoint(result)
     finally:
-        if isolated is not None:
+        if isolated is not None and workers is None:
             isolated.close()
     return result
 
@@ -320,20 +327,25 @@ def run_campaign(
             total = sum(len(r.findings) for r in state.results.values())
             progress(f"  {label}{result.line()}; findings so far {total}")
 
-    for i, ((backend, check), key) in enumerate(todo):
-        deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
-        if progress:
-            pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
-            where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
-            what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
-            progress(f"{label}{what} on {where} ...")
-        fuzz_backend(
-            backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
-            limits=limits, tolerance=tolerance, out_dir=out_dir,
-            kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
-            progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
-            resume=state.results[key], checkpoint=checkpoint,
-        )
+    workers: dict[str, Any] = {}  # one worker per backend, shared by its checks (started on its first case)
+    try:
+        for i, ((backend, check), key) in enumerate(todo):
+            deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
+            if progress:
+                pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
+                where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
+                what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
+                progress(f"{label}{what} on {where} ...")
+            fuzz_backend(
+                backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
+                limits=limits, tolerance=tolerance, out_dir=out_dir,
+                kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
+                progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
+                resume=state.results[key], checkpoint=checkpoint, workers=workers,
+            )
+    finally:
+        for worker in workers.values():
+            worker.close()
     return [state.results[key] for key in keys]
 
 

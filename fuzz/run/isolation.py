@@ -73,21 +73,27 @@ def _load_backend(spec: str) -> Any:
     return UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
 
 
-def _serve(spec: str, capabilities: Any, tolerance: Tolerance, check: Check, conn: Connection) -> None:
-    """The worker: judge each case it is sent with ``check`` (the parent's tolerance) and send the
-    outcome back with every tensor on the CPU (verdict, kernel output, derived cases)."""
+def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection) -> None:
+    """The worker: judge each case it is sent with the check sent along (the parent's tolerance)
+    and send the outcome back with every tensor on the CPU (verdict, kernel output, derived cases).
+    One worker serves every check of its backend."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     backend = _load_backend(spec)
     backend.capabilities = capabilities
     conn.send("ready")
     while True:
         try:
-            request = conn.recv()
+            raw = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the parent is gone
+        try:
+            request = pickle.loads(raw)
+        except Exception as exc:  # noqa: BLE001 - e.g. a check this worker cannot find: the tool's failure, not the kernel's
+            conn.send_bytes(pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "")))
+            continue
         if request is None:
             return
-        case_json, keep_output = request
+        case_json, keep_output, check = request
         try:
             reply: Any = ("outcome", check.judge(Case.from_json(case_json), backend, tolerance, keep_output).on_cpu())
             payload = pickle.dumps(reply)
@@ -129,7 +135,7 @@ class IsolatedBackend:
 
     def _start(self, deadline: float | None = None) -> None:
         parent, child = self._ctx.Pipe()
-        args = (self.spec, self.backend.capabilities, self.tolerance, self.judge, child)
+        args = (self.spec, self.backend.capabilities, self.tolerance, child)
         self._process = self._ctx.Process(target=_serve, args=args, daemon=True)
         self._process.start()
         child.close()  # the parent's copy: a dead worker then reads as EOF
@@ -152,9 +158,11 @@ class IsolatedBackend:
         """The timeout of the next case: longer for the first case after a start."""
         return self.timeout * (self.first_case_factor if self._fresh else 1.0)
 
-    def check(self, case: Case, deadline: float | None = None) -> Outcome:
-        """Judge ``case`` in the worker within its case timeout, or until the monotonic ``deadline``
-        if that comes first (then a case still running is ``OutOfTime``)."""
+    def check(self, case: Case, deadline: float | None = None, judge: Check | None = None) -> Outcome:
+        """Judge ``case`` with ``judge`` (default: this proxy's) in the worker within its case
+        timeout, or until the monotonic ``deadline`` if that comes first (then a case still running
+        is ``OutOfTime``). A check travels by name (``pa_oracle.fuzz.checks.base.Check.__reduce__``)."""
+        judge = judge if judge is not None else self.judge
         if self._process is None or not self._process.is_alive():
             self._start(deadline)
         assert self._conn is not None
@@ -164,16 +172,16 @@ class IsolatedBackend:
         wait = max(time_left, 0.0) if budget_cut and time_left is not None else limit
         start = time.monotonic()
         try:
-            self._conn.send((case.to_json(), self.keep_output))
+            self._conn.send_bytes(pickle.dumps((case.to_json(), self.keep_output, judge)))
             answered = self._conn.poll(wait)
             reply = pickle.loads(self._conn.recv_bytes()) if answered else None
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
-            return self._died(case)
+            return self._died(case, judge.name)
         if reply is None:
             self.close(graceful=False)  # the next check starts a fresh worker
             if budget_cut:
                 raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {case.case_id}")
-            return Outcome(case, self.name, "crash", f"hang: no answer after {limit:g} s (worker restarted)", check=self.judge.name)
+            return Outcome(case, self.name, "crash", f"hang: no answer after {limit:g} s (worker restarted)", check=judge.name)
         self._fresh = False
         if reply[0] == "outcome":
             return reply[1]
@@ -182,9 +190,9 @@ class IsolatedBackend:
             raise OracleDisagreement(message)
         if kind == "CaseError":
             raise CaseError(message)  # the case cannot be judged at all: bad input, not a kernel's fault
-        return Outcome(case, self.name, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}", check=self.judge.name)
+        return Outcome(case, self.name, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}", check=judge.name)
 
-    def _died(self, case: Case) -> Outcome:
+    def _died(self, case: Case, check: str) -> Outcome:
         self._process.join(5)
         code = self._process.exitcode
         self.close()
@@ -194,7 +202,7 @@ class IsolatedBackend:
                 how = f"signal {signal.Signals(-code).name}"
             except ValueError:
                 how = f"signal {-code}"
-        return Outcome(case, self.name, "crash", f"worker process died ({how}) (worker restarted)", check=self.judge.name)
+        return Outcome(case, self.name, "crash", f"worker process died ({how}) (worker restarted)", check=check)
 
     def close(self, graceful: bool = True) -> None:
         if self._process is not None:
