@@ -4,10 +4,12 @@ import json
 import pickle
 from pathlib import Path
 
+import torch
 from click.testing import CliRunner
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.engine import fuzz_backend, run_campaign
+from pa_oracle.fuzz.campaign.findings import load_output
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, CampaignState, state_path
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS, CHECKS
@@ -78,6 +80,10 @@ def test_one_case_id_for_the_folder_the_file_the_record_replay_and_a_copy(tmp_pa
     replayed = CliRunner().invoke(main, ["replay", str(copy / "case.json")])
     assert replayed.exit_code == 1 and f"on case {written}" in replayed.output, replayed.output
     assert record.repro == repro_command(str(folder / "case.json"), result.backend, SLIGHTLY_OFF)
+    kept = load_output(copy / "output.npz")  # the kernel's raw output, for triage: no second run
+    assert result.finding is not None and result.finding.output is not None
+    assert torch.equal(kept.out, result.finding.output.out) and kept.out.dtype == result.finding.output.out.dtype
+    assert (kept.lse is None) == (result.finding.output.lse is None)
 
 
 def _meta(args: list[str]) -> object:
@@ -130,3 +136,15 @@ def test_the_checks_of_one_backend_share_one_worker(tmp_path: Path, monkeypatch)
                                    examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"]))
     assert (oracle.check, reorder.check) == ("oracle", "reorder") and oracle.passed == 3 and reorder.examples == 3
     assert reorder.is_complete and starts == [CORRECT], starts
+
+
+def test_a_kept_output_round_trips_bit_for_bit(tmp_path: Path) -> None:
+    from pa_oracle.backends.base import KernelOutput
+    from pa_oracle.fuzz.campaign.findings import save_output
+
+    out = torch.randn(3, 2, 8).to(torch.bfloat16)
+    out[0, 0, 0] = float("nan")
+    for lse in (torch.randn(3, 2), None):
+        kept = load_output(save_output(KernelOutput(out, lse), tmp_path / "output.npz"))
+        assert kept.out.dtype == torch.bfloat16 and torch.equal(kept.out.view(torch.int16), out.view(torch.int16))
+        assert (kept.lse is None and lse is None) or torch.equal(kept.lse, lse)

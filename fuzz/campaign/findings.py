@@ -4,7 +4,9 @@ replaced), holding every case it involved (``case.json`` + ``tensors.npz``, writ
 ``pa_oracle.oracle.tensors.write_case``), a ``report.md`` and the repro command
 (``pa_oracle.oracle.report.repro_command``).
 
-Layout: an oracle finding is ``BACKEND/CASE_ID/{case.json,tensors.npz,report.md}``; a finding of
+Layout: an oracle finding is ``BACKEND/CASE_ID/{case.json,tensors.npz,report.md}``, plus
+``output.npz`` (the kernel's raw ``out``/``lse``, ``load_output``) when the kernel returned a
+well-formed wrong output, so triage can read it instead of running the kernel again; a finding of
 another check is ``BACKEND/CHECK-CASE_ID/{original,...}/{case.json,tensors.npz}`` + ``report.md``.
 ``CASE_ID`` is the saved case's own id (it names its sidecar's content), so the folder name, the
 ``case_id`` in case.json, replay and triage all show the same id.
@@ -18,7 +20,10 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from pa_oracle.backends.base import Backend
+import numpy as np
+import torch
+
+from pa_oracle.backends.base import Backend, KernelOutput
 from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_folder, rescue
 from pa_oracle.fuzz.checks.registry import expectation
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK, Outcome
@@ -85,6 +90,8 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
     def write(tmp: Path, final: Path) -> None:
         for label, case, tensors in saved:
             write_case(case, tensors, tmp / label)
+        if outcome.output is not None:
+            save_output(outcome.output, tmp / first / OUTPUT_FILE)
         (tmp / "report.md").write_text(finding_report(outcome, backend.name, original, repro(final)))
 
     try:
@@ -95,6 +102,34 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
         case_json = original.replace(tensors_file=None).to_json()
         raise FindingNotSaved(parent, finding, exc, rescue("case.json", json.dumps(case_json, indent=1) + "\n")) from exc
     return SavedFinding(folder, original.case_id, repro(folder))
+
+
+OUTPUT_FILE = "output.npz"
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def save_output(output: KernelOutput, path: Path) -> Path:
+    """The kernel's raw output as bits plus dtype names (bf16 has no numpy dtype), like a sidecar."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, t in (("out", output.out), ("lse", output.lse)):
+        if t is not None:
+            t = t.detach().cpu().contiguous()
+            arrays[f"{name}__bits"] = t.view(_BITS[t.element_size()]).numpy()
+            arrays[f"{name}__dtype"] = np.array(str(t.dtype).removeprefix("torch."))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    return path
+
+
+def load_output(path: Path) -> KernelOutput:
+    """What ``save_output`` wrote (never unpickled): the kernel's ``out`` and ``lse`` (None if it gave none)."""
+    with np.load(path, allow_pickle=False) as archive:
+        tensors = {
+            name: torch.from_numpy(archive[f"{name}__bits"].copy()).view(getattr(torch, str(archive[f"{name}__dtype"])))
+            for name in ("out", "lse") if f"{name}__bits" in archive.files
+        }
+    return KernelOutput(tensors["out"], tensors.get("lse"))
 
 
 def _crash_verdict(outcome: Outcome) -> Verdict:
