@@ -214,7 +214,7 @@ def _parse_shard(text: str | None) -> Shard:
 
 
 _CONFIG_OPTIONS = {"seed": "seed", "max_batch": "max_batch", "max_kv_len": "max_kv_len", "only": "only",
-                   "backend_names": "backends", "kernels": "kernels", "shard_text": "shard"}
+                   "backend_names": "backends", "kernels": "kernels", "shard_text": "shard", "check_names": "checks"}
 
 
 def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any]) -> CampaignState:
@@ -223,7 +223,7 @@ def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any]) -> CampaignS
 
     state = CampaignState.load(path)
     for option, key in _CONFIG_OPTIONS.items():
-        if ctx.get_parameter_source(option) == ParameterSource.COMMANDLINE and asked[key] != state.config.get(key):
+        if key in asked and ctx.get_parameter_source(option) == ParameterSource.COMMANDLINE and asked[key] != state.config.get(key):
             raise click.UsageError(
                 f"--resume: the campaign in {path} was started with {key}={state.config.get(key)!r}, "
                 f"not {asked[key]!r}; drop the option or start a new --out"
@@ -376,74 +376,108 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--check", "-c", "check_names", multiple=True,
-              help="reorder, relabel, alone, merge, window, plan-reuse, stale-plan-pages, stale-plan-lengths, cuda-graph (repeatable). Default: all.")
+              help="reorder, relabel, alone, merge, window, plan-reuse, stale-plan-pages, stale-plan-lengths, cuda-graph, "
+                   "or oracle (the fuzz comparison) (repeatable). Default: all but oracle.")
 @click.option("--examples", "-n", type=EXAMPLES, default=30, show_default=True, help="Examples per backend and check.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--only", multiple=True, help="Narrow what is drawn (as for fuzz).")
 @click.option("--case", "case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Run the checks on this case instead of drawing cases.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
+@click.option("--time-budget", type=Seconds(), default=None, help="Seconds for the whole run, shared by the backends and checks.")
+@click.option("--isolate/--no-isolate", default=None, help="Run cases in a restartable worker process (default as for fuzz).")
+@click.option("--case-timeout", type=Seconds(), default=300.0, show_default=True, help="Seconds before an isolated case counts as a hang.")
+@click.option("--resume", is_flag=True, help="Continue the check campaign kept in --out (checks.json) at its next chunk.")
+@click.option("--overwrite", is_flag=True, help="Start a new check campaign in an --out that holds one (finding folders are kept).")
+@click.option("--rerun-findings", is_flag=True, help="With --resume: run again the checks that stopped at a violation.")
+@click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign; state in OUT/shards/checks-I-of-N.json.")
+@click.option("--merge", "merge_only", is_flag=True, help="Check nothing: merge the shard states in --out and print the summary.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def metamorphic(
     ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], check_names: tuple[str, ...], examples: int, seed: int,
-    only: tuple[str, ...], case_file: Path | None, out_dir: Path, as_json: bool,
+    only: tuple[str, ...], case_file: Path | None, out_dir: Path, time_budget: float | None, isolate: bool | None,
+    case_timeout: float, resume: bool, overwrite: bool, rerun_findings: bool, shard_text: str | None, merge_only: bool, as_json: bool,
 ) -> None:
     """Checks beyond output values: metamorphic relations (kernel vs kernel), plan reuse and stale
-    plans, CUDA-graph replay. Exit 1 on any violation. One campaign at a time per --out (a lock
-    file); a violation found again never replaces its saved folder."""
+    plans, CUDA-graph replay. Exit 1 on any violation. They run in fuzz's campaign engine: crash
+    isolation, --time-budget, --resume (state in OUT/checks.json), --shard/--merge. One campaign at
+    a time per --out (a lock file); a violation found again never replaces its saved folder."""
     import difflib
 
     from pa_oracle.backends.user import UserKernel
-    from pa_oracle.fuzz.campaign.check_engine import CHECKS, CheckResult, run_check, save_check_finding
-    from pa_oracle.fuzz.campaign.outdir import campaign_lock
+    from pa_oracle.fuzz.campaign.engine import judge_one, run_campaign
+    from pa_oracle.fuzz.campaign.outdir import campaign_lock, kept_campaign, refuse_replacing
+    from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, CampaignState, load_shards, merge_results, state_path
+    from pa_oracle.fuzz.checks.registry import ALL_CHECKS, CHECKS
+    from pa_oracle.fuzz.draw.strategies import Limits
     from pa_oracle.oracle.tensors import load_case
 
-    unknown = [name for name in check_names if name not in CHECKS]
+    unknown = [name for name in check_names if name not in ALL_CHECKS]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], CHECKS, n=3)
+        close = difflib.get_close_matches(unknown[0], ALL_CHECKS, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(CHECKS)})")
-    checks = [CHECKS[name] for name in check_names or CHECKS]
+        raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(ALL_CHECKS)})")
+    if resume and overwrite:
+        raise click.UsageError("--resume continues the campaign in --out and --overwrite starts a new one: give one of them")
+    shard = _parse_shard(shard_text)
+    if case_file and (resume or merge_only or shard_text):
+        raise click.UsageError("--case runs one saved case: it takes no --resume, --shard or --merge")
     remember_out_dir(ctx, out_dir)
     case = load_case(case_file) if case_file else None  # a CaseError exits 2 (pa_oracle.fuzz.exits)
-    backends = [narrow(b, only) for b in _select(backend_names, kernels)]
-    results: list[CheckResult] = []
-    with campaign_lock(out_dir):
-        for backend in backends:
-            spec = backend.name if isinstance(backend, UserKernel) else None
-            for check in checks:
-                if case is None:
-                    result = run_check(backend, check, examples=examples, base_seed=seed, out_dir=out_dir, kernel_spec=spec)
-                else:
-                    result = CheckResult(backend.name, check.name)
-                    outcome = check(backend, case)
-                    result.examples = 1
-                    result.holds, result.skipped = outcome.status == "holds", outcome.status == "skipped"
-                    result.exact = bool(outcome.exact) and outcome.status == "holds"
-                    if outcome.status == "skipped":
-                        result.skip_reasons[outcome.message] += 1
-                    if outcome.is_finding:
-                        result.finding = outcome
-                        result.finding_dir, result.repro = save_check_finding(outcome, backend, out_dir, spec)
-                results.append(result)
-                if not as_json:
-                    click.echo(result.line())
-                    if result.finding:
-                        click.echo(f"  report: {result.finding_dir / 'report.md'}\n  repro:  {result.repro}")
+    if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
+        chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
+    names = list(check_names or CHECKS)
+    with campaign_lock(out_dir, shard):
+        if case is not None:
+            results = [
+                judge_one(backend, ALL_CHECKS[name], case, out_dir=out_dir, isolate=isolate, case_timeout=case_timeout,
+                          kernel_spec=backend.name if isinstance(backend, UserKernel) else None)
+                for backend in chosen for name in names
+            ]
+        elif merge_only:
+            results = merge_results([list(s.results.values()) for s in load_shards(out_dir, CHECKS_CAMPAIGN)])
+        else:
+            path = state_path(out_dir, shard, CHECKS_CAMPAIGN)
+            asked = {"seed": seed, "max_batch": Limits.max_batch, "max_kv_len": Limits.max_kv_len, "only": list(only),
+                     "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard), "checks": names}
+            if not resume:
+                refuse_replacing([] if overwrite else kept_campaign(out_dir, path, 1, CHECKS_CAMPAIGN), out_dir)
+            state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
+            config = state.config
+            if resume:
+                chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
+            config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
+            config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
+            results = run_campaign(
+                chosen, state, path, examples=examples, time_budget=time_budget, shard=shard,
+                limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),
+                rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
+                progress=lambda line: click.echo(line, err=True), checks=tuple(ALL_CHECKS[n] for n in config.get("checks", names)),
+            )
     if as_json:
-        click.echo(json.dumps([{
-            "backend": r.backend, "check": r.check, "examples": r.examples, "held": r.holds, "bit_exact": r.exact,
-            "skipped": r.skipped, "not_applicable": r.not_applicable, "seconds": round(r.seconds, 2),
-            "violation": None if not r.finding else {
-                "status": r.finding.status, "message": r.finding.message.splitlines()[0],
-                "dir": str(r.finding_dir), "repro": r.repro,
-            },
-        } for r in results], indent=1))
-    if any(r.finding for r in results):
+        click.echo(json.dumps([_check_result_json(r) for r in results], indent=1))
+    else:
+        for r in results:
+            click.echo(r.line())
+            for f in r.findings:
+                click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}")
+    if any(r.findings for r in results):
         sys.exit(1)
-    if not all(r.is_complete for r in results):
-        sys.exit(3)  # a check judged nothing or stopped early: never "ok"
+    if not results or any(r.status == "incomplete" or (case is None and not r.is_complete) for r in results):
+        sys.exit(3)  # a check judged nothing, stopped early or could not judge the case: never "ok"
+
+
+def _check_result_json(r: BackendResult) -> dict[str, Any]:
+    finding = r.findings[-1] if r.findings else None
+    return {
+        "backend": r.backend, "check": r.check, "examples": r.examples, "held": r.passed, "bit_exact": r.exact,
+        "skipped": r.unsupported, "not_applicable": r.not_applicable, "seconds": round(r.seconds, 2),
+        "status": r.status, "notes": r.notes,
+        "violation": None if finding is None else {
+            "status": finding.status, "message": finding.message, "case_id": finding.case_id, "dir": finding.dir, "repro": finding.repro,
+        },
+    }
 
 
 @click.command()

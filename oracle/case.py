@@ -442,6 +442,7 @@ class Case:
     seed: int = 0
     distribution: str = "normal"
     tensors_file: str | None = None
+    tensors_sha256: str | None = None  # the sidecar's content (``pa_oracle.oracle.tensors.tensors_digest``)
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     custom_mask: CustomMask | None = None
 
@@ -455,6 +456,11 @@ class Case:
             raise CaseError(f"distribution must be one of {DISTRIBUTIONS}, got {_brief(self.distribution)}")
         if self.tensors_file is not None and not isinstance(self.tensors_file, str):
             raise CaseError(f"tensors_file: expected str or null, got {type(self.tensors_file).__name__}")
+        if self.tensors_file is None:
+            object.__setattr__(self, "tensors_sha256", None)  # the digest describes a sidecar: none, no digest
+        sha = self.tensors_sha256
+        if sha is not None and not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+            raise CaseError(f"tensors_sha256: expected 64 lowercase hex digits or null, got {_brief(sha)}")
         for name in ("alibi_slopes", "sinks"):
             values = getattr(self.options, name)
             if values is not None and len(values) != self.heads.num_qo_heads:
@@ -475,9 +481,15 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        """Short stable hash of everything that defines the case."""
-        body = json.dumps(_case_body(self), sort_keys=True).encode()
-        return hashlib.sha256(body).hexdigest()[:12]
+        """Short stable hash of everything that defines the case. A case with an npz sidecar is
+        identified by the sidecar's content (``tensors_sha256``), never by where the file is, so
+        the same case in two folders has one id; ``load_case`` fills the digest in. (Only a
+        sidecar case built in memory without a digest falls back to its ``tensors_file`` name.)"""
+        body = _case_body(self)
+        body.pop("tensors_sha256", None)
+        if self.tensors_file is not None and self.tensors_sha256 is not None:
+            body["tensors_file"] = f"sha256:{self.tensors_sha256}"
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
     def summary(self) -> str:
         lay, h, o = self.layout, self.heads, self.options
@@ -528,13 +540,14 @@ class Case:
             except CaseError as exc:
                 raise CaseError(f"{where}: {name}.{exc}") from None
         try:
-            top = {k: v for k, v in _given(raw).items() if k in ("seed", "distribution", "tensors_file", "meta")}
+            top = {k: v for k, v in _given(raw).items() if k in ("seed", "distribution", "tensors_file", "tensors_sha256", "meta")}
             if raw.custom_mask is not UNSET and raw.custom_mask is not None:
                 top["custom_mask"] = CustomMask(**_given(raw.custom_mask))
             case = cls(**parts, **top)
         except CaseError as exc:
             raise CaseError(f"{where}: {exc}") from None
-        if raw.case_id is not msgspec.UNSET and raw.case_id != case.case_id and case.tensors_file is None:
+        checkable = case.tensors_file is None or case.tensors_sha256 is not None  # else the id names a path
+        if raw.case_id is not msgspec.UNSET and raw.case_id != case.case_id and checkable:
             raise CaseError(f"{where}: case_id {raw.case_id} does not match the case's content ({case.case_id})")
         return case
 
@@ -642,6 +655,7 @@ class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
     seed: int | _Unset = UNSET
     distribution: str | _Unset = UNSET
     tensors_file: str | None | _Unset = UNSET
+    tensors_sha256: str | None | _Unset = UNSET
     meta: dict[str, Any] | _Unset = UNSET
     case_id: str | _Unset = UNSET
     custom_mask: _CustomMaskFile | None | _Unset = UNSET
@@ -667,7 +681,7 @@ def _case_body(case: Case) -> dict[str, Any]:
         "seed": case.seed,
         "distribution": case.distribution,
         "tensors_file": case.tensors_file,
-    }
+    } | ({"tensors_sha256": case.tensors_sha256} if case.tensors_sha256 is not None else {})
     if case.custom_mask is not None:
         body["custom_mask"] = case.custom_mask.as_json()
     return body

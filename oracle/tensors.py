@@ -8,6 +8,8 @@ relabeling changes nothing but addresses. Every slot the layout does not referen
 
 from __future__ import annotations
 
+import hashlib
+import json
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -231,6 +233,36 @@ def save_tensors(tensors: Tensors, path: str | Path) -> Path:
     return path
 
 
+def tensors_digest(tensors: Tensors) -> str:
+    """sha256 of the tensors' names, dtypes, shapes and raw bits: what a sidecar holds, independent
+    of the file (npz members carry timestamps) and of where it is."""
+    digest = hashlib.sha256()
+    for name, t in tensors.as_dict().items():
+        digest.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
+        digest.update(_raw_bits(t.detach().cpu()).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def saved_form(case: Case, tensors: Tensors, meta: dict | None = None) -> Case:
+    """``case`` as a case folder holds it: its tensors in the sidecar ``tensors.npz``, named by
+    their content (``tensors_sha256``), so its id is the same wherever the folder is copied."""
+    return case.replace(tensors_file="tensors.npz", tensors_sha256=tensors_digest(tensors), meta=case.meta if meta is None else meta)
+
+
+def write_case(saved: Case, tensors: Tensors, folder: str | Path) -> Case:
+    """Write ``folder/case.json`` and ``folder/tensors.npz`` for a case in its ``saved_form``."""
+    save_tensors(tensors, Path(folder) / "tensors.npz")
+    saved.save(Path(folder) / "case.json")
+    return saved
+
+
+def save_case(case: Case, folder: str | Path, tensors: Tensors | None = None, *, meta: dict | None = None) -> Case:
+    """Write ``case`` (with ``tensors``, else its own) as a case folder; return it as saved. A
+    campaign publishes such a folder whole (``pa_oracle.fuzz.campaign.findings``)."""
+    tensors = tensors if tensors is not None else make_tensors(case, "cpu")
+    return write_case(saved_form(case, tensors, meta), tensors, folder)
+
+
 _SIDECAR_ARRAYS = ("q", "k_cache", "v_cache")
 _NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, AttributeError, MemoryError, zipfile.BadZipFile, zlib.error)  # what a bad archive raises (a duplicate member, a header claiming TiBs)
 
@@ -341,5 +373,11 @@ def load_case(path: str | Path) -> Case:
     is refused here, naming its file and array, not when a kernel runs."""
     case = Case.load_json(path)
     if case.tensors_file is not None:
-        load_tensors(case, case.tensors_file)
+        digest = tensors_digest(load_tensors(case, case.tensors_file))
+        if case.tensors_sha256 is not None and case.tensors_sha256 != digest:
+            raise CaseError(
+                f"{path}: its sidecar {case.tensors_file} does not hold the tensors the case names "
+                f"(tensors_sha256 {case.tensors_sha256[:12]}..., the file's content {digest[:12]}...)"
+            )
+        case = case.replace(tensors_sha256=digest)  # the id is the sidecar's content, not its path
     return case

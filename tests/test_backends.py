@@ -2,14 +2,55 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pa_oracle.backends import discover, get_backend
+from pa_oracle.backends.base import Backend, Capabilities, register, registered
 from pa_oracle.backends.user import UserKernel, capabilities_of, declare
+from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
+
+ADAPTERS = sorted(discover())  # every registered adapter: a new one is tested the moment it registers
 
 
 def test_discovery_finds_the_cpu_adapters() -> None:
     assert {"sdpa-math", "sdpa-flash", "flex"} <= set(discover())
+
+
+def test_the_adapter_tests_are_parametrized_by_the_live_registry() -> None:
+    @register
+    class Newcomer(Backend):
+        name = "test-newcomer"
+        description = "registered by a test"
+        capabilities = Capabilities()
+
+    try:
+        assert "test-newcomer" in discover() and sorted(discover()) == sorted(set(ADAPTERS) | {"test-newcomer"})
+    finally:
+        from pa_oracle.backends import base
+
+        del base._REGISTRY["test-newcomer"]
+    assert "test-newcomer" not in registered()
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+@settings(max_examples=2, deadline=None)
+@given(data=st.data())
+def test_every_registered_adapter_describes_itself_and_agrees_with_the_oracle(name: str, data: st.DataObject) -> None:
+    cls = discover()[name]
+    assert cls.name == name and cls.description, f"{name}: no description"
+    backend = cls()
+    reason = backend.unavailable_reason()
+    if reason is not None:
+        assert isinstance(reason, str) and reason.strip(), f"{name}: an unavailable adapter says why"
+        return  # nothing to run here; the GPU job runs it
+    limits = Limits(max_batch=2, max_kv_len=24, max_qo_len=4, max_kv_heads=2, max_qo_heads=4)
+    case = data.draw(cases(backend.capabilities, limits), label="case")
+    outcome = check_case(backend, case)
+    assert outcome.status in ("pass", "unsupported"), f"{name}: {outcome.message}"
+    if outcome.status == "unsupported":
+        assert outcome.message.strip(), f"{name}: a declined case says why"
 
 
 @pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash"])

@@ -4,7 +4,7 @@ import pytest
 import torch
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.base import Unsupported, capture_cuda_graph
-from pa_oracle.fuzz.campaign.check_engine import run_check
+from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.checks.cuda_graphs import GRAPH_CHECK, PADDING_REQUESTS, SENTINEL, padded, padding_problems
 from pa_oracle.fuzz.draw.strategies import Limits
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
@@ -35,19 +35,19 @@ def test_padding_rows_may_stay_untouched_or_hold_zero_but_nothing_else() -> None
 
 def test_a_correct_graph_replay_holds() -> None:
     outcome = GRAPH_CHECK(FakeGraphKernel(), CASE)
-    assert outcome.status == "holds", outcome.message
+    assert outcome.status == "pass", outcome.message
     assert "replay vs plain run: bit-exact" in outcome.message
 
 
 def test_nan_written_into_padding_rows_is_caught() -> None:
     outcome = GRAPH_CHECK(FakeGraphKernel("nan_padding"), CASE)
-    assert outcome.status == "violated" and "padding rows' output overwritten" in outcome.message, outcome.message
+    assert outcome.status == "fail" and "padding rows' output overwritten" in outcome.message, outcome.message
     assert outcome.message.startswith(f"replay 1 of 2 (padded with {PADDING_REQUESTS} empty requests)")
 
 
 def test_a_replay_on_stale_inputs_is_caught() -> None:
     outcome = GRAPH_CHECK(FakeGraphKernel("stale_capture"), CASE)
-    assert outcome.status == "violated", outcome.message
+    assert outcome.status == "fail", outcome.message
     assert "differs from the eager call" in outcome.message and "against the oracle" in outcome.message
     assert [label for label, *_ in outcome.cases] == ["original", "padded"]
 
@@ -65,9 +65,9 @@ def test_real_requests_are_drawn_with_keys_and_the_padding_needs_empty_requests(
 
 
 def test_drawn_cases_hold_on_a_correct_graph_kernel() -> None:
-    result = run_check(FakeGraphKernel(), GRAPH_CHECK, examples=5, limits=Limits(max_batch=3, max_kv_len=30, max_qo_len=4,
+    result = fuzz_backend(FakeGraphKernel(), check=GRAPH_CHECK, isolate=False, examples=5, limits=Limits(max_batch=3, max_kv_len=30, max_qo_len=4,
                                                                                    max_kv_heads=2, max_qo_heads=4, head_dims=(8,)))
-    assert result.finding is None and result.holds == 5, result.line()
+    assert result.finding is None and result.passed == 5, result.line()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
@@ -101,4 +101,4 @@ def test_cuda_graph_replay_on_real_kernels(name: str, qo_lens: list[int], page_s
     case = Case(Layout.from_lengths(qo_lens, [300, 17, 64], page_size, extra_pages=1), Heads(8, 2, 128, 128),
                 Options(causal=True, q_dtype="bfloat16", kv_dtype="bfloat16"), seed=21)
     outcome = GRAPH_CHECK(backend, case)  # type: ignore[arg-type]
-    assert outcome.status == "holds", outcome.message
+    assert outcome.status == "pass", outcome.message

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from pa_oracle.backends import get_backend
-from pa_oracle.fuzz.campaign.check_engine import run_check
+from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.checks.plans import PLAN_CHECKS, other_lengths, other_pages, reuse_variants
 from pa_oracle.fuzz.draw.strategies import Limits
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
@@ -18,9 +18,9 @@ SMALL = Limits(max_batch=3, max_kv_len=30, max_qo_len=6, max_kv_heads=2, max_qo_
 
 
 def test_plan_reuse_holds_on_sdpa_math_and_catches_a_plan_that_keeps_data() -> None:
-    assert CHECK["plan-reuse"](get_backend("sdpa-math"), CASE).status == "holds"
+    assert CHECK["plan-reuse"](get_backend("sdpa-math"), CASE).status == "pass"
     outcome = CHECK["plan-reuse"](CachingPlanKernel(), CASE)
-    assert outcome.status == "violated" and "with a fresh plan it passes" in outcome.message, outcome.message
+    assert outcome.status == "fail" and "with a fresh plan it passes" in outcome.message, outcome.message
     assert [label for label, *_ in outcome.cases] == ["original", "run-1"]
 
 
@@ -45,15 +45,15 @@ def test_layout_b_has_the_same_shapes_and_another_page_table_or_lengths() -> Non
 def test_a_stale_plan_is_caught_when_the_plan_captured_the_lengths() -> None:
     planned = LayoutBuffersKernel(planned_lengths=True)
     outcome = CHECK["stale-plan-lengths"](planned, CASE)
-    assert outcome.status == "violated" and outcome.message.startswith("stale plan"), outcome.message
-    assert CHECK["stale-plan-pages"](planned, CASE).status == "holds"  # it reads the page table at run time
+    assert outcome.status == "fail" and outcome.message.startswith("stale plan"), outcome.message
+    assert CHECK["stale-plan-pages"](planned, CASE).status == "pass"  # it reads the page table at run time
 
 
 def test_a_kernel_that_reads_the_layout_at_run_time_has_no_stale_plan() -> None:
     run_time = LayoutBuffersKernel(planned_lengths=False)
     for name in ("stale-plan-pages", "stale-plan-lengths"):
         outcome = CHECK[name](run_time, CASE)
-        assert outcome.status == "holds" and "read at run time" in outcome.message, outcome.message
+        assert outcome.status == "pass" and "read at run time" in outcome.message, outcome.message
 
 
 def test_a_plan_that_is_the_case_has_nothing_to_go_stale() -> None:
@@ -63,12 +63,12 @@ def test_a_plan_that_is_the_case_has_nothing_to_go_stale() -> None:
 
 @pytest.mark.parametrize("name", ["plan-reuse", "stale-plan-pages", "stale-plan-lengths"])
 def test_drawn_cases_hold_on_a_run_time_layout_kernel(name: str) -> None:
-    result = run_check(LayoutBuffersKernel(planned_lengths=False), CHECK[name], examples=6, limits=SMALL)
-    assert result.finding is None and result.holds >= 3, result.line()
+    result = fuzz_backend(LayoutBuffersKernel(planned_lengths=False), check=CHECK[name], isolate=False, examples=6, limits=SMALL)
+    assert result.finding is None and result.passed >= 3, result.line()
 
 
 def test_drawn_cases_find_and_shrink_the_stale_plan(tmp_path) -> None:
-    result = run_check(LayoutBuffersKernel(planned_lengths=True), CHECK["stale-plan-lengths"], examples=20,
+    result = fuzz_backend(LayoutBuffersKernel(planned_lengths=True), check=CHECK["stale-plan-lengths"], isolate=False, examples=20,
                        limits=SMALL, out_dir=tmp_path)
     assert result.finding is not None and result.finding.message.startswith("stale plan")
     assert (result.finding_dir / "layout-b" / "case.json").exists() and (result.finding_dir / "report.md").exists()

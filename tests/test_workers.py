@@ -71,13 +71,13 @@ def test_merge_adds_counters_and_coverage_and_keeps_every_finding() -> None:
 
 def test_a_shard_runs_its_own_case_seeds(monkeypatch) -> None:
     seeds = []
-    real = pa_oracle.fuzz.campaign.engine.check_case
+    real = pa_oracle.fuzz.run.runner.check_case
 
-    def recording(backend, case, tolerance):  # type: ignore[no-untyped-def]
+    def recording(backend, case, tolerance, *rest):  # type: ignore[no-untyped-def]
         seeds.append(case.seed)
-        return real(backend, case, tolerance)
+        return real(backend, case, tolerance, *rest)
 
-    monkeypatch.setattr(pa_oracle.fuzz.campaign.engine, "check_case", recording)
+    monkeypatch.setattr(pa_oracle.fuzz.run.runner, "check_case", recording)
     result = fuzz_backend(get_backend("sdpa-math"), examples=6, shard=Shard(1, 3), limits=Limits(max_batch=2, max_kv_len=12))
     assert result.examples == 6 and len(seeds) == 6 and all(s % 3 == 1 for s in seeds), seeds
 

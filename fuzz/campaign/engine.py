@@ -1,6 +1,8 @@
-"""A fuzz campaign: Hypothesis draws cases a backend supports, ``check_case`` judges them, and the
-first finding per backend is shrunk to a minimal case and saved (case.json + tensors.npz +
-report.md, written in a temp folder that is then renamed) with a repro command.
+"""The campaign engine: Hypothesis draws cases a backend supports, a check judges them (the
+comparison with the oracle, ``pa_oracle.fuzz.run.runner.ORACLE``, or any check of
+``pa_oracle.fuzz.checks.registry``), and the first finding per backend and check is shrunk to a
+minimal case and saved (``pa_oracle.fuzz.campaign.findings``) with a repro command. Every check
+gets the same isolation, resume, shards, ledger skip, budgets and coverage.
 
 Verification model: examples run in chunks of ``CHUNK``, each chunk one Hypothesis run with its
 own seed (``pa_oracle.fuzz.campaign.shard``). A case drawn before in the campaign (same case id) is rejected, so no
@@ -11,13 +13,10 @@ so the campaign surfaces new findings. After every chunk the state (``pa_oracle.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import re
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from hypothesis import HealthCheck, Phase, given, reject, seed, settings
 from hypothesis.errors import Flaky, Unsatisfiable
@@ -25,21 +24,28 @@ from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.coverage import declared
 from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
-from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_folder, rescue
+from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding
 from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME
-from pa_oracle.fuzz.run.runner import OracleDisagreement, Outcome, check_case
+from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.report import format_report, repro_command
-from pa_oracle.oracle.tensors import make_tensors, save_tensors
-from pa_oracle.oracle.tolerance import Tolerance, Verdict
+from pa_oracle.oracle.tolerance import Tolerance
 
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
 
-__all__ = ["CHUNK", "BackendResult", "fuzz_backend", "run_campaign", "save_finding"]
+__all__ = ["CHUNK", "BackendResult", "campaign_settings", "fuzz_backend", "run_campaign", "save_finding"]
+
+
+def campaign_settings(max_examples: int) -> Any:
+    """The Hypothesis settings of every campaign run: no database (a case's seed is the record),
+    no deadline, no health checks (a kernel call is slow), generate and shrink only."""
+    return settings(
+        max_examples=max_examples, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
+        phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
+    )
 
 
 class _Finding(Exception):
@@ -55,6 +61,7 @@ class _Stop(BaseException):
 def fuzz_backend(
     backend: Backend,
     *,
+    check: Check = ORACLE,
     examples: int = 200,
     base_seed: int = 0,
     deadline: float | None = None,
@@ -70,10 +77,12 @@ def fuzz_backend(
     ledger: list[Entry] | None = None,
     resume: BackendResult | None = None,
     checkpoint: Callable[[BackendResult], None] | None = None,
+    workers: dict[str, Any] | None = None,
     on_case: Callable[[BackendResult, bool], None] | None = None,  # after each judged case (False: shrinking)
 ) -> BackendResult:
-    """Fuzz one backend until it ran ``examples`` cases (counting those of ``resume``), the monotonic
-    ``deadline`` passed, or a finding.
+    """Run ``check`` (default: the comparison with the oracle) on one backend until it ran
+    ``examples`` cases (counting those of ``resume``), the monotonic ``deadline`` passed, or a
+    finding. A check that cannot apply to the backend runs nothing (``result.not_applicable``).
 
     ``resume`` continues an earlier result at its next chunk; ``checkpoint`` is called with the
     result after every chunk. With ``ledger``, drawn cases that an entry covers are skipped. With
@@ -81,7 +90,9 @@ def fuzz_backend(
     process: a crash of the process or a case running longer than ``case_timeout`` seconds is a
     finding, and the worker restarts; a case still running at ``deadline`` (but within its
     timeout) is out of time, not a finding. ``isolate_timeout`` is the older spelling of
-    ``isolate=True, case_timeout=...``.
+    ``isolate=True, case_timeout=...``. ``workers`` (backend name -> worker) keeps the worker for
+    the caller's next check of the same backend (the caller closes it); without it the worker is
+    closed at the end.
 
     The result's status is "done", "finding", "running" (the deadline came first), "exhausted"
     (the strategy drew nothing new) or "incomplete" with the reason in ``notes``: no example
@@ -100,9 +111,15 @@ def fuzz_backend(
     if isolate_timeout is not None:
         isolate, case_timeout = True, isolate_timeout
     check_timeout(case_timeout)
-    result = resume if resume is not None else BackendResult(backend.name)
-    result.declared = declared(backend.capabilities, limits)
+    result = resume if resume is not None else BackendResult(backend.name, check=check.name)
     result.finding = result.finding_dir = result.repro = None  # this run's finding only
+    capabilities = check.capabilities(backend)
+    if isinstance(capabilities, str):
+        result.not_applicable, result.status = capabilities, "done"
+        if checkpoint:
+            checkpoint(result)
+        return result
+    result.declared = declared(capabilities, limits)
     seen = set(result.seen)
     versions = backend.versions() if ledger else {}
     isolated = None
@@ -110,15 +127,19 @@ def fuzz_backend(
         spec = isolatable(backend)  # what a worker can load it from (kernel_spec is for repro commands)
         if spec is None:
             result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
+        elif workers is not None and backend.name in workers:
+            isolated = workers[backend.name]
         else:
             isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance)
-    strategy = cases(backend.capabilities, limits)
+            if workers is not None:
+                workers[backend.name] = isolated
+    strategy = cases(capabilities, limits)
     failing: list[Outcome] = []
     stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
     internal: list[Exception] = []  # errors of the tool itself while judging a case
 
     def judge(case: Case) -> Outcome:
-        return isolated.check(case, deadline) if isolated is not None else check_case(backend, case, tolerance)
+        return isolated.check(case, deadline, check) if isolated is not None else check.judge(case, backend, tolerance)
 
     def prop(case: Case) -> None:
         searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
@@ -139,7 +160,8 @@ def fuzz_backend(
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
         try:
-            outcome = isolated.check(case, deadline) if isolated is not None else check_case(backend, case, tolerance)
+            # a per-backend time split (worker start / first-case compile / judge) would be measured here
+            outcome = judge(case)
         except (OutOfTime, WorkerStartError) as exc:
             stopped.append(str(exc))
             if searching:
@@ -167,10 +189,7 @@ def fuzz_backend(
     try:
         while result.examples < examples and (deadline is None or time.monotonic() < deadline):
             n = min(CHUNK, examples - result.examples)
-            test = settings(
-                max_examples=n, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
-                phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-            )(seed(shard.chunk_seed(base_seed, result.chunks_done))(given(strategy)(prop)))
+            test = campaign_settings(n)(seed(shard.chunk_seed(base_seed, result.chunks_done))(given(strategy)(prop)))
             before, chunk_start = result.examples, time.monotonic()
             broke: str | None = None
             try:
@@ -213,7 +232,7 @@ def fuzz_backend(
         if _judged_nothing(result) and checkpoint:
             checkpoint(result)
     finally:
-        if isolated is not None:
+        if isolated is not None and workers is None:
             isolated.close()
     return result
 
@@ -236,6 +255,10 @@ def _count(result: BackendResult, outcome: Outcome) -> None:
     result.examples += 1
     result.passed += outcome.status == "pass"
     result.unsupported += outcome.status == "unsupported"
+    result.exact += outcome.status == "pass" and bool(outcome.exact)
+    if outcome.status == "unsupported" and outcome.check != ORACLE.name:
+        reason = outcome.message.splitlines()[0] if outcome.message else ""
+        result.skip_reasons[reason] = result.skip_reasons.get(reason, 0) + 1
     if outcome.status != "unsupported":
         result.coverage.add(outcome.case)
     if outcome.status == "pass" and outcome.verdict is not None and outcome.verdict.out is not None:
@@ -247,13 +270,13 @@ def _record_finding(
 ) -> None:
     result.finding = outcome
     result.finding_dir = result.repro = None
+    case_id = outcome.case.case_id
     if out_dir is not None:
-        result.finding_dir = save_finding(outcome, backend, out_dir, kernel_spec)
-        result.repro = repro_command(str(result.finding_dir / "case.json"), backend.name, kernel_spec)
+        result.finding_dir, case_id, result.repro = publish_finding(outcome, backend, out_dir, kernel_spec)
     result.findings.append(
         FindingRecord(
-            outcome.case.case_id, outcome.status, outcome.message.splitlines()[0] if outcome.message else "",
-            outcome.case.summary(), str(result.finding_dir) if result.finding_dir else None, result.repro,
+            case_id, outcome.status, outcome.message.splitlines()[0] if outcome.message else "",
+            outcome.case.summary(), str(result.finding_dir) if result.finding_dir else None, result.repro, outcome.check,
         )
     )
 
@@ -273,33 +296,39 @@ def run_campaign(
     case_timeout: float = CASE_TIMEOUT,
     out_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    checks: tuple[Check, ...] = (ORACLE,),
+    tolerance: Tolerance = Tolerance(),
     on_case: Callable[[BackendResult, bool], None] | None = None,
 ) -> list[BackendResult]:
-    """Fuzz ``backends`` one after another on ``shard``, continuing ``state`` and saving it to
-    ``state_file`` after every chunk. ``examples`` is the campaign's total per backend (this shard
-    runs its share); the time budget is shared by the backends that still have work and bounds a
-    hanging case too. A backend that stopped at a finding is fuzzed again only with
-    ``rerun_findings``. ``isolate`` None: ``pa_oracle.fuzz.run.isolation.isolated_by_default`` per backend.
-    ValueError for a ``case_timeout`` that is not a finite number > 0."""
+    """Run every check of ``checks`` on ``backends``, one (backend, check) after another, on
+    ``shard``, continuing ``state`` and saving it to ``state_file`` after every chunk. ``examples``
+    is the campaign's total per backend and check (this shard runs its share); the time budget is
+    shared by the pairs that still have work and bounds a hanging case too. A pair that stopped
+    at a finding runs again only with ``rerun_findings``. ``isolate`` None:
+    ``pa_oracle.fuzz.run.isolation.isolated_by_default`` per backend. ValueError for a
+    ``case_timeout`` that is not a finite number > 0."""
     from pa_oracle.fuzz.run.isolation import check_timeout
 
     check_timeout(case_timeout)
     target = shard.share(examples)
-    for backend in backends:
-        state.results.setdefault(backend.name, BackendResult(backend.name, declared=declared(backend.capabilities, limits)))
+    pairs = [(backend, check) for backend in backends for check in checks]
+    for backend, check in pairs:
+        fresh = BackendResult(backend.name, check=check.name, declared=declared(backend.capabilities, limits))
+        state.results.setdefault(fresh.key, fresh)
     state.save(state_file)
 
     def wants_more(result: BackendResult) -> bool:
         if result.status == "finding":
             return rerun_findings
-        return result.status != "exhausted" and result.examples < target
+        return result.not_applicable is None and result.status != "exhausted" and result.examples < target
 
-    todo = [b for b in backends if wants_more(state.results[b.name])]
+    keys = [BackendResult(b.name, check=c.name).key for b, c in pairs]
+    todo = [(pair, key) for pair, key in zip(pairs, keys) if wants_more(state.results[key])]
     start = time.monotonic()
     label = f"[shard {shard}] " if shard.count > 1 else ""
 
     def checkpoint(result: BackendResult) -> None:
-        state.results[result.backend] = result
+        state.results[result.key] = result
         state.save(state_file)
 
     def report(result: BackendResult) -> None:
@@ -307,62 +336,58 @@ def run_campaign(
             total = sum(len(r.findings) for r in state.results.values())
             progress(f"  {label}{result.line()}; findings so far {total}")
 
-    for i, backend in enumerate(todo):
-        deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
-        if progress:
-            pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
-            where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
-            progress(f"{label}fuzzing {backend.name} on {where} ...")
-        fuzz_backend(
-            backend, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline, limits=limits,
-            out_dir=out_dir, kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
-            progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
-            resume=state.results[backend.name], checkpoint=checkpoint, on_case=on_case,
-        )
-    return [state.results[b.name] for b in backends]
-
-
-def _crash_verdict(outcome: Outcome) -> Verdict:
-    return Verdict(False, [f"crash: {outcome.message.splitlines()[0]}"])
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-
-
-def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
-    """Write case.json (+ tensors.npz sidecar) and report.md for a finding; return its folder.
-
-    The folder is published whole (``pa_oracle.fuzz.campaign.outdir.publish_folder``): an existing folder is never
-    replaced or deleted (the same finding found again is left as it was; a different one with
-    the same case id goes beside it, ``CASE_ID-2``). Raises ``FindingNotSaved`` when it cannot be
-    written, after rescuing the case.json to a temp folder if possible."""
-    case = outcome.case
-    meta = {
-        "found_by": "pa-oracle fuzz",
-        "backend": backend.name,
-        "kernel": kernel_spec,
-        "status": outcome.status,
-        "message": outcome.message.splitlines()[0] if outcome.message else "",
-        "versions": backend.versions(),
-        "date": datetime.date.today().isoformat(),
-        "generated_from": {"seed": case.seed, "distribution": case.distribution},
-    }
-    saved = case.replace(tensors_file="tensors.npz", meta=meta)
-    parent = Path(out_dir) / _safe(backend.name)
-
-    def write(tmp: Path, final: Path) -> None:
-        save_tensors(make_tensors(case, "cpu"), tmp / "tensors.npz")
-        saved.save(tmp / "case.json")
-        repro = repro_command(str(final / "case.json"), backend.name, kernel_spec)
-        report = format_report(case, backend.name, outcome.verdict or _crash_verdict(outcome), repro)
-        if outcome.status == "crash":
-            report += f"\n## Crash\n\n```\n{outcome.message}\n```\n"
-        (tmp / "report.md").write_text(report)
-
+    workers: dict[str, Any] = {}  # one worker per backend, shared by its checks (started on its first case)
     try:
-        return publish_folder(parent, case.case_id, write, already_saved=lambda folder: holds_case(folder / "case.json", saved))
-    except OSError as exc:
-        finding = f"{backend.name} {outcome.status}: {meta['message']}; case {case.summary()}"
-        rescued = rescue("case.json", json.dumps(saved.replace(tensors_file=None).to_json(), indent=1) + "\n")
-        raise FindingNotSaved(parent, finding, exc, rescued) from exc
+        for i, ((backend, check), key) in enumerate(todo):
+            deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
+            if progress:
+                pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
+                where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
+                what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
+                progress(f"{label}{what} on {where} ...")
+            fuzz_backend(
+                backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
+                limits=limits, tolerance=tolerance, out_dir=out_dir,
+                kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
+                progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
+                resume=state.results[key], checkpoint=checkpoint, workers=workers, on_case=on_case,
+            )
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return [state.results[key] for key in keys]
+
+
+def judge_one(
+    backend: Backend,
+    check: Check,
+    case: Case,
+    *,
+    tolerance: Tolerance = Tolerance(),
+    out_dir: Path | None = None,
+    kernel_spec: str | None = None,
+    isolate: bool | None = None,
+    case_timeout: float = CASE_TIMEOUT,
+) -> BackendResult:
+    """Run ``check`` on one given case (``metamorphic --case``), isolated as a campaign runs it (a
+    crash replays as a crash), and save a finding as a campaign does."""
+    from pa_oracle.fuzz.run.isolation import case_judge, check_timeout
+
+    result = BackendResult(backend.name, check=check.name, status="done")
+    capabilities = check.capabilities(backend)
+    if isinstance(capabilities, str):
+        result.not_applicable = capabilities
+        return result
+    start = time.monotonic()
+    with case_judge(backend, isolate=isolate, timeout=check_timeout(case_timeout), tolerance=tolerance, judge=check) as judge:
+        outcome = judge(case)
+    result.seconds = time.monotonic() - start
+    if outcome.status == "error":
+        result.status = "incomplete"
+        result.notes.append(f"the oracle could not judge case {case.case_id}: {outcome.message}")
+        return result
+    _count(result, outcome)
+    if outcome.is_finding:
+        result.status = "finding"
+        _record_finding(result, outcome, backend, out_dir, kernel_spec)
+    return result

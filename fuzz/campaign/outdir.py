@@ -73,16 +73,18 @@ def campaign_lock(out_dir: Path, shard: Shard = Shard()) -> Iterator[Path]:
         lock.release()
 
 
-def kept_campaign(out_dir: Path, state_file: Path, workers: int) -> list[Path]:
+def kept_campaign(out_dir: Path, state_file: Path, workers: int, kind: str = "campaign") -> list[Path]:
     """The files in ``out_dir`` that a fresh run would replace. One shard of a job array
     (``--shard I/N``) replaces only its own state file; a whole campaign (plain or ``--workers``)
-    writes ``campaign.json`` or the shard states and ``summary.json``, so any of them there, a
-    plain campaign's, a ``--workers`` campaign's or a file of the user's, is kept."""
+    writes ``KIND.json`` or the shard states (and ``fuzz`` its ``summary.json``), so any of them
+    there, a plain campaign's, a ``--workers`` campaign's or a file of the user's, is kept. ``kind``
+    is the state's name: "campaign" (``fuzz``) or "checks" (``metamorphic``)."""
     out = Path(out_dir)
     if workers <= 1 and state_file.parent != out:
         return [state_file] if state_file.exists() else []
-    whole = [path for path in (out / "campaign.json", out / "summary.json") if path.is_file()]
-    return whole + sorted((out / "shards").glob("campaign-*-of-*.json"))
+    names = (f"{kind}.json", "summary.json") if kind == "campaign" else (f"{kind}.json",)
+    whole = [out / name for name in names if (out / name).is_file()]
+    return whole + sorted((out / "shards").glob(f"{kind}-*-of-*.json"))
 
 
 def refuse_replacing(kept: list[Path], out_dir: Path) -> None:

@@ -42,11 +42,12 @@ class FindingRecord:
     case: str  # Case.summary() of the shrunk case
     dir: str | None
     repro: str | None
+    check: str = "oracle"  # which check found it (``pa_oracle.fuzz.checks.registry.ALL_CHECKS``)
 
 
 @dataclass
 class BackendResult:
-    """One backend's campaign so far (on one shard, or merged over shards)."""
+    """One backend's campaign of one check so far (on one shard, or merged over shards)."""
 
     backend: str
     examples: int = 0
@@ -62,15 +63,27 @@ class BackendResult:
     declared: dict[str, list[str]] = field(default_factory=dict)  # pa_oracle.fuzz.campaign.coverage.declared of the backend
     seen: list[str] = field(default_factory=list)  # case ids drawn, in order
     notes: list[str] = field(default_factory=list)
+    exact: int = 0  # of the passing kernel-vs-kernel comparisons, how many were bit-exact
+    skip_reasons: dict[str, int] = field(default_factory=dict)  # first line of a skip's reason -> count
+    not_applicable: str | None = None  # why the check cannot apply to this backend (then nothing ran)
+    check: str = "oracle"  # which check (``pa_oracle.fuzz.checks.registry.ALL_CHECKS``)
     # this run only (not persisted): the latest finding as an Outcome, where it was saved, its repro
     finding: Outcome | None = field(default=None, compare=False)
     finding_dir: Path | None = field(default=None, compare=False)
     repro: str | None = field(default=None, compare=False)
 
     @property
+    def key(self) -> str:
+        """Its name in a campaign state: the backend's for the oracle comparison, else BACKEND:CHECK."""
+        return self.backend if self.check == "oracle" else f"{self.backend}:{self.check}"
+
+    @property
     def is_complete(self) -> bool:
         """It ran to its example count, its time budget or a finding; "incomplete" (reason in
-        ``notes``) and "exhausted" are not, nor is a run that judged no example."""
+        ``notes``) and "exhausted" are not, nor is a run that judged no example. A check that
+        cannot apply to the backend is complete."""
+        if self.not_applicable is not None:
+            return True
         judged = self.examples > self.unsupported or bool(self.findings)
         return self.status in ("done", "finding", "running") and judged
 
@@ -79,6 +92,8 @@ class BackendResult:
         return self.coverage.fraction(self.declared)
 
     def line(self) -> str:
+        if self.check != "oracle":
+            return self._check_line()
         rate = self.examples / self.seconds if self.seconds else 0.0
         state = f"{len(self.findings)} FINDING(S)" if self.findings else "ok"
         if not self.is_complete:
@@ -88,6 +103,23 @@ class BackendResult:
             f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported"
             f"{skipped}) in {self.seconds:.1f}s ({rate:.1f}/s), coverage {self.coverage_fraction:.0%}, "
             f"worst error ratio {self.worst_ratio:.2f}"
+        )
+
+    def _check_line(self) -> str:
+        head = f"{self.backend} {self.check}"
+        if self.not_applicable:
+            return f"{head}: not applicable: {self.not_applicable}"
+        state = f"VIOLATED ({self.findings[-1].message[:160]})" if self.findings else "ok"
+        if not self.is_complete:
+            why = self.notes[-1] if self.notes else self.status
+            state = f"INCOMPLETE ({why[:160]})" + (f", {state}" if self.findings else "")
+        skips = ""
+        if self.skip_reasons:
+            reason, count = max(self.skip_reasons.items(), key=lambda item: item[1])
+            skips = f" (most often: {reason[:90]!r} x{count})"
+        return (
+            f"{head}: {state}; {self.passed}/{self.examples} held ({self.exact} bit-exact), "
+            f"{self.unsupported} skipped{skips}, {self.seconds:.1f}s"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -144,7 +176,7 @@ class CampaignState:
         results = {}
         for name, raw in state.backends.items():
             result = BackendResult.from_json(raw, where=where, field=f"backends.{name}")
-            if result.backend != name:
+            if result.key != name:
                 raise CampaignStateError(f"{where}: backends.{name}.backend is {result.backend!r}, not the name it is kept under")
             results[name] = result
         return cls(dict(data["config"]), results)
@@ -205,23 +237,24 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def state_path(out_dir: Path, shard: Shard) -> Path:
+CAMPAIGN, CHECKS_CAMPAIGN = "campaign", "checks"  # state file names: ``fuzz``'s and ``metamorphic``'s
+
+
+def state_path(out_dir: Path, shard: Shard, kind: str = CAMPAIGN) -> Path:
     if shard.count == 1:
-        return Path(out_dir) / "campaign.json"
-    return Path(out_dir) / "shards" / f"campaign-{shard.index}-of-{shard.count}.json"
+        return Path(out_dir) / f"{kind}.json"
+    return Path(out_dir) / "shards" / f"{kind}-{shard.index}-of-{shard.count}.json"
 
 
-_SHARD_FILE = re.compile(r"campaign-(\d+)-of-(\d+)\.json")
-
-
-def load_shards(out_dir: Path) -> list[CampaignState]:
+def load_shards(out_dir: Path, kind: str = CAMPAIGN) -> list[CampaignState]:
     """The states of every shard in ``out_dir/shards`` (one shard count, each index at most once)."""
+    pattern = re.compile(rf"{kind}-(\d+)-of-(\d+)\.json")
     found = sorted(
-        (int(m[2]), int(m[1]), p) for p in (Path(out_dir) / "shards").glob("campaign-*-of-*.json") if (m := _SHARD_FILE.fullmatch(p.name))
+        (int(m[2]), int(m[1]), p) for p in (Path(out_dir) / "shards").glob(f"{kind}-*-of-*.json") if (m := pattern.fullmatch(p.name))
     )
     counts = {count for count, _, _ in found}
     if not found:
-        raise CampaignStateError(f"{out_dir}/shards holds no shard state (campaign-I-of-N.json) to merge")
+        raise CampaignStateError(f"{out_dir}/shards holds no shard state ({kind}-I-of-N.json) to merge")
     if len(counts) > 1:
         raise CampaignStateError(f"{out_dir}/shards mixes shard counts {sorted(counts)}: merge one campaign at a time")
     return [CampaignState.load(path) for _, _, path in found]
@@ -240,7 +273,8 @@ def merge_results(per_shard: list[list[BackendResult]]) -> list[BackendResult]:
     merged: dict[str, BackendResult] = {}
     for results in per_shard:
         for r in results:
-            m = merged.setdefault(r.backend, BackendResult(r.backend, declared=r.declared, status="running"))
+            m = merged.setdefault(r.key, BackendResult(r.backend, check=r.check, declared=r.declared, status="running",
+                                                       not_applicable=r.not_applicable))
             m.examples += r.examples
             m.passed += r.passed
             m.unsupported += r.unsupported
@@ -252,8 +286,11 @@ def merge_results(per_shard: list[list[BackendResult]]) -> list[BackendResult]:
             m.coverage.merge(r.coverage)
             m.seen += r.seen
             m.notes += r.notes
+            m.exact += r.exact
+            for reason, count in r.skip_reasons.items():
+                m.skip_reasons[reason] = m.skip_reasons.get(reason, 0) + count
     for name, m in merged.items():
-        statuses = {r.status for results in per_shard for r in results if r.backend == name}
+        statuses = {r.status for results in per_shard for r in results if r.key == name}
         m.status = (
             "finding" if m.findings else "incomplete" if statuses & {"incomplete", "exhausted"}
             else "done" if statuses <= {"done"} else "running"

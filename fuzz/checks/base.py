@@ -8,43 +8,51 @@ pass the oracle differ by at most that (triangle inequality); whether the bits m
 reported. Plan and graph checks judge each output against the oracle itself.
 
 EXTENDING: a check is a ``Check`` (name, expectation and why, which cases it draws, the function
-that runs it) listed in ``pa_oracle.fuzz.campaign.check_engine.CHECKS``; its function returns a ``CheckOutcome``
-whose ``cases`` (original first) are what a finding saves.
+that runs it) listed in ``pa_oracle.fuzz.checks.registry.CHECKS``; its function returns an
+``Outcome`` (``check_outcome``) whose ``cases`` (original first) are what a finding saves. Any
+check runs in the one campaign engine (``pa_oracle.fuzz.campaign.engine``), the oracle comparison
+(``pa_oracle.fuzz.run.runner.ORACLE``) being one of them.
 """
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported
-from pa_oracle.fuzz.run.runner import is_unsupported, judge
-from pa_oracle.oracle.case import Case
+from pa_oracle.fuzz.run.runner import (
+    OracleDisagreement,
+    Outcome,
+    Status,
+    call_kernel,
+    describe_exception,
+    is_unsupported,
+    judge,
+)
+from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.report import Location, locate
 from pa_oracle.oracle.tensors import Tensors, make_tensors
 from pa_oracle.oracle.tolerance import Tolerance
 
-Status = Literal["holds", "violated", "crash", "skipped"]
 Expectation = Literal["bit-exact", "tolerance", "oracle"]
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-@dataclass
-class CheckOutcome:
-    check: str
-    backend: str
-    status: Status
-    message: str
-    cases: list[tuple[str, Case, Tensors | None]] = field(default_factory=list)  # (label, case, tensors); original first
-    exact: bool | None = None  # the compared outputs were bit-identical (None: not a kernel-vs-kernel check)
-    worst: Location | None = None
+def check_outcome(
+    check: str, backend: str, status: Status, message: str, cases: list[tuple[str, Case, Tensors | None]],
+    exact: bool | None = None, worst: Location | None = None, output: KernelOutput | None = None,
+) -> Outcome:
+    """The outcome of a check beyond the oracle: "pass" (the check held), "fail" (violated),
+    "crash" or "unsupported" (skipped); ``cases[0]`` is the original case."""
+    return Outcome(cases[0][1], backend, status, message, output=output, check=check, cases=cases, exact=exact, worst=worst)
 
-    @property
-    def is_finding(self) -> bool:
-        return self.status in ("violated", "crash")
+
+def _declared(backend: Backend) -> Capabilities | str:
+    return backend.capabilities
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,8 @@ class Check:
     name: str
     expect: Expectation
     why: str
-    body: Callable[[Backend, Case, Tolerance], CheckOutcome]
-    prepare: Callable[[Backend], Capabilities | str] = lambda backend: backend.capabilities
+    body: Callable[[Backend, Case, Tolerance], Outcome]
+    prepare: Callable[[Backend], Capabilities | str] = _declared
 
     def capabilities(self, backend: Backend) -> Capabilities | str:
         """What to draw for ``backend``, or why the check cannot apply to it. Derived cases do not
@@ -68,16 +76,42 @@ class Check:
             caps = caps.replace(custom_mask=(False,))
         return caps
 
-    def __call__(self, backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> CheckOutcome:
+    def judge(self, case: Case, backend: Backend, tolerance: Tolerance = Tolerance(), keep_output: bool = False) -> Outcome:
+        """Run the check; an explicit refusal skips it, anything else the kernel raises (any
+        ``BaseException`` but the user's Ctrl-C) is a crash finding."""
+        outcome, raised = call_kernel(lambda: self(backend, case, tolerance))
+        if raised is not None:  # SystemExit, KeyboardInterrupt, GeneratorExit ... of the kernel: a crash
+            tb = "".join(traceback.format_exception(raised, limit=-4))
+            message = f"{describe_exception(raised)} (raised by the kernel)\n{tb}"
+            return check_outcome(self.name, backend.name, "crash", message, [("original", case, None)])
+        assert outcome is not None
+        return outcome
+
+    def __call__(self, backend: Backend, case: Case, tolerance: Tolerance = Tolerance()) -> Outcome:
         """Run the check; an explicit refusal skips it, any other exception is a crash finding."""
         try:
             return self.body(backend, case, tolerance)
+        except (OracleDisagreement, CaseError):
+            raise  # the oracle or the case failed, not the kernel: never a finding
         except Exception as exc:  # noqa: BLE001 - classified below
             message = f"{type(exc).__name__}: {exc}"
             if is_unsupported(exc):
-                return CheckOutcome(self.name, backend.name, "skipped", message, [("original", case, None)])
+                return check_outcome(self.name, backend.name, "unsupported", message, [("original", case, None)])
             tb = "".join(traceback.format_exception(exc, limit=-4))
-            return CheckOutcome(self.name, backend.name, "crash", f"{message}\n{tb}", [("original", case, None)])
+            return check_outcome(self.name, backend.name, "crash", f"{message}\n{tb}", [("original", case, None)])
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        # pickled by name (an isolated worker looks it up where it was defined): bodies may be closures
+        return _find_check, (self.body.__module__, self.name)
+
+
+def _find_check(module: str, name: str) -> Check:
+    """The ``Check`` named ``name`` among the module-level values (or tuples of them) of ``module``."""
+    for value in vars(importlib.import_module(module)).values():
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, Check) and item.name == name:
+                return item
+    raise LookupError(f"no check named {name!r} in {module}")
 
 
 def case_key(case: Case) -> str:
@@ -185,24 +219,24 @@ def judge_relation(
     cases: list[tuple[str, Case, Tensors | None]],
     tolerance: Tolerance = Tolerance(),
     note: str = "",
-) -> CheckOutcome:
+) -> Outcome:
     """The verdict of one relation: ``actual`` (from derived cases) against ``expected`` (the
     kernel's output on ``case``, restricted to ``rows``)."""
     comparison = compare_outputs(expected, actual)
     worst = worst_location(case, rows, comparison.out_diff)
     prefix = f"{note}; " if note else ""
     if comparison.exact:
-        return CheckOutcome(check, backend.name, "holds", prefix + "bit-exact", cases, True)
+        return check_outcome(check, backend.name, "pass", prefix + "bit-exact", cases, True, output=expected)
     if exact_required:
         message = (
             f"{prefix}expected bit-exact outputs; max |out diff| {comparison.max_out:.3g}, "
             f"max |lse diff| {comparison.max_lse:.3g}"
         )
-        return CheckOutcome(check, backend.name, "violated", message, cases, False, worst)
+        return check_outcome(check, backend.name, "fail", message, cases, False, worst, output=expected)
     out_allowed, lse_allowed = allowed_difference(case, tensors, tolerance)
     within = comparison.max_out <= out_allowed and (comparison.lse_diff is None or comparison.max_lse <= lse_allowed)
     message = (
         f"{prefix}max |out diff| {comparison.max_out:.3g} (allowed {out_allowed:.3g})"
         + (f", max |lse diff| {comparison.max_lse:.3g} (allowed {lse_allowed:.3g})" if comparison.lse_diff is not None else "")
     )
-    return CheckOutcome(check, backend.name, "holds" if within else "violated", message, cases, False, None if within else worst)
+    return check_outcome(check, backend.name, "pass" if within else "fail", message, cases, False, None if within else worst, output=expected)

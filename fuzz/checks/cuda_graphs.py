@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported
-from pa_oracle.fuzz.checks.base import Check, CheckOutcome, same_bits, tensors_for
+from pa_oracle.fuzz.run.runner import Outcome
+from pa_oracle.fuzz.checks.base import Check, check_outcome, same_bits, tensors_for
 from pa_oracle.fuzz.run.runner import judge
 from pa_oracle.oracle.case import Case, Layout
 from pa_oracle.oracle.tensors import Tensors
@@ -82,7 +83,7 @@ def padding_problems(rows: RawOutput, first_padding_row: int) -> list[str]:
     return problems
 
 
-def _cuda_graph(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
+def _cuda_graph(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     reason = backend.unsupported_reason(case)
     if reason:
         raise Unsupported(reason)
@@ -120,11 +121,11 @@ def _cuda_graph(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutc
             problems.append(f"replayed rows against the oracle: {verdict.headline()}")
         if problems:
             message = f"replay {replay + 1} of {REPLAYS} (padded with {PADDING_REQUESTS} empty requests): " + "; ".join(problems)
-            return CheckOutcome("cuda-graph", backend.name, "violated", message, cases, exact=False)
+            return check_outcome("cuda-graph", backend.name, "fail", message, cases, exact=False)
         plain = backend.run(backend.plan(variant), tensors)
         notes.append("bit-exact" if same_bits(plain.out[:real], graphed.out[:real]) else "not bit-exact")
     message = f"{REPLAYS} replays == eager, padding rows clean, oracle passes; replay vs plain run: {', '.join(notes)}"
-    return CheckOutcome("cuda-graph", backend.name, "holds", message, cases, exact=True)
+    return check_outcome("cuda-graph", backend.name, "pass", message, cases, exact=True)
 
 
 def _declares_graphs(backend: Backend) -> Capabilities | str:

@@ -30,9 +30,9 @@ from typing import NamedTuple
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported
+from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.checks.base import (
     Check,
-    CheckOutcome,
     case_key,
     judge_relation,
     raw_bits,
@@ -167,7 +167,7 @@ def _request_rows(case: Case, b: int) -> range:
 # --- the relations -----------------------------------------------------------------------------
 
 
-def _reorder(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
+def _reorder(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     batch = case.layout.batch_size
     if batch < 2:
         raise Unsupported("one request: nothing to reorder")
@@ -183,7 +183,7 @@ def _reorder(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome
     )
 
 
-def _relabel(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
+def _relabel(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     num_pages = case.layout.num_pages
     if num_pages < 2:
         raise Unsupported("one page in the pool: nothing to relabel")
@@ -206,7 +206,7 @@ def _relabel(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome
     )
 
 
-def _alone(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
+def _alone(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     lay = case.layout
     requests = [b for b in range(lay.batch_size) if lay.qo_lens[b] > 0]
     if lay.batch_size < 2:
@@ -234,7 +234,7 @@ def _alone(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
     )
 
 
-def _merge(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
+def _merge(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     lay, opts = case.layout, case.options
     if opts.window_left >= 0 or opts.alibi_slopes is not None or opts.sinks is not None:
         raise Unsupported("window, ALiBi and sinks depend on the absolute position or add to every part: no split")
@@ -297,7 +297,7 @@ def window_pieces(case: Case, *, keep_empty: bool) -> list[Piece]:
     return pieces
 
 
-def _window(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
+def _window(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     case = windowed(case)
     pieces = window_pieces(case, keep_empty=backend.capabilities.empty_requests)
     if not pieces:

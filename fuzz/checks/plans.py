@@ -19,7 +19,8 @@ import random
 from collections.abc import Callable
 
 from pa_oracle.backends.base import Backend, Capabilities, Unsupported
-from pa_oracle.fuzz.checks.base import Check, CheckOutcome, case_key, tensors_for
+from pa_oracle.fuzz.run.runner import Outcome
+from pa_oracle.fuzz.checks.base import Check, check_outcome, case_key, tensors_for
 from pa_oracle.fuzz.run.runner import judge
 from pa_oracle.oracle.case import DISTRIBUTIONS, Case, Layout
 from pa_oracle.oracle.tensors import Tensors
@@ -42,7 +43,7 @@ def _fresh(backend: Backend, case: Case, tensors: Tensors, tolerance: Tolerance)
     return judge(case, tensors, backend.run(backend.plan(case), tensors), tolerance)
 
 
-def _plan_reuse(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
+def _plan_reuse(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     reason = backend.unsupported_reason(case)
     if reason:
         raise Unsupported(reason)
@@ -58,8 +59,8 @@ def _plan_reuse(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutc
             message = f"run {i + 1} of {REUSE_RUNS} with one plan fails, with a fresh plan it passes: {verdict.headline()}"
         else:
             message = f"run {i + 1} fails with a fresh plan too (a plain fuzz finding): {verdict.headline()}"
-        return CheckOutcome("plan-reuse", backend.name, "violated", message, cases)
-    return CheckOutcome("plan-reuse", backend.name, "holds", f"{REUSE_RUNS} runs on one plan pass the oracle", cases)
+        return check_outcome("plan-reuse", backend.name, "fail", message, cases)
+    return check_outcome("plan-reuse", backend.name, "pass", f"{REUSE_RUNS} runs on one plan pass the oracle", cases)
 
 
 def _with_pages(layout: Layout, pages: list[list[int]], last: list[int]) -> Layout:
@@ -111,10 +112,10 @@ def other_lengths(case: Case) -> Case:
     return case.replace(layout=_with_pages(lay, pages, last), seed=case.seed + 1, tensors_file=None, meta={})
 
 
-def _stale(kind: str, make_b: Callable[[Case], Case]) -> Callable[[Backend, Case, Tolerance], CheckOutcome]:
+def _stale(kind: str, make_b: Callable[[Case], Case]) -> Callable[[Backend, Case, Tolerance], Outcome]:
     name = f"stale-plan-{kind}"
 
-    def body(backend: Backend, case: Case, tolerance: Tolerance) -> CheckOutcome:
+    def body(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
         reason = backend.unsupported_reason(case)
         if reason:
             raise Unsupported(reason)
@@ -131,13 +132,13 @@ def _stale(kind: str, make_b: Callable[[Case], Case]) -> Callable[[Backend, Case
             list(case_b.layout.kv_lens if kind == "lengths" else case_b.layout.kv_indices)
         )
         if verdict.passed:
-            return CheckOutcome(name, backend.name, "holds", f"layout B read at run time ({change})", cases)
+            return check_outcome(name, backend.name, "pass", f"layout B read at run time ({change})", cases)
         fresh = _fresh(backend, case_b, tensors_b, tolerance)
         if fresh.passed:
             message = f"stale plan: planned for A, run on B ({change}), wrong against B's oracle: {verdict.headline()}"
         else:
             message = f"layout B fails with a fresh plan too (a plain fuzz finding): {fresh.headline()}"
-        return CheckOutcome(name, backend.name, "violated", message, cases)
+        return check_outcome(name, backend.name, "fail", message, cases)
 
     return body
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pa_oracle.fuzz.run.runner import OracleDisagreement, Outcome, check_case, exception_text
+from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome, exception_text
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.tolerance import Tolerance
 
@@ -73,30 +73,29 @@ def _load_backend(spec: str) -> Any:
     return UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
 
 
-def _to_cpu(outcome: Outcome) -> Outcome:
-    """Every tensor the outcome carries on the host, so that it pickles without CUDA."""
-    if outcome.verdict is not None:
-        for name, value in vars(outcome.verdict).items():
-            if hasattr(value, "cpu"):
-                setattr(outcome.verdict, name, value.cpu())
-    return outcome
-
-
 def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection) -> None:
+    """The worker: judge each case it is sent with the check sent along (the parent's tolerance)
+    and send the outcome back with every tensor on the CPU (verdict, kernel output, derived cases).
+    One worker serves every check of its backend."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     backend = _load_backend(spec)
     backend.capabilities = capabilities
     conn.send("ready")
     while True:
         try:
-            request = conn.recv()
+            raw = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the parent is gone
+        try:
+            request = pickle.loads(raw)
+        except Exception as exc:  # noqa: BLE001 - e.g. a check this worker cannot find: the tool's failure, not the kernel's
+            conn.send_bytes(pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "")))
+            continue
         if request is None:
             return
-        case_json, keep_output = request
+        case_json, keep_output, check = request
         try:
-            reply: Any = ("outcome", _to_cpu(check_case(backend, Case.from_json(case_json), tolerance, keep_output)))
+            reply: Any = ("outcome", check.judge(Case.from_json(case_json), backend, tolerance, keep_output).on_cpu())
             payload = pickle.dumps(reply)
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
             payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "".join(traceback.format_exception(exc, limit=-6))))
@@ -105,7 +104,8 @@ def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection)
 
 
 class IsolatedBackend:
-    """A backend proxy whose ``check`` runs in a restartable worker process.
+    """A backend proxy whose ``check`` runs ``judge`` (default: the oracle comparison) in a
+    restartable worker process.
 
     ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel.
     """
@@ -113,9 +113,11 @@ class IsolatedBackend:
     def __init__(
         self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
         first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
+        judge: Check = ORACLE,
     ) -> None:
         self.backend = backend
         self.spec = spec
+        self.judge = judge
         self.timeout = check_timeout(timeout)
         self.tolerance = tolerance
         self.first_case_factor = first_case_factor
@@ -156,9 +158,11 @@ class IsolatedBackend:
         """The timeout of the next case: longer for the first case after a start."""
         return self.timeout * (self.first_case_factor if self._fresh else 1.0)
 
-    def check(self, case: Case, deadline: float | None = None) -> Outcome:
-        """Judge ``case`` in the worker within its case timeout, or until the monotonic ``deadline``
-        if that comes first (then a case still running is ``OutOfTime``)."""
+    def check(self, case: Case, deadline: float | None = None, judge: Check | None = None) -> Outcome:
+        """Judge ``case`` with ``judge`` (default: this proxy's) in the worker within its case
+        timeout, or until the monotonic ``deadline`` if that comes first (then a case still running
+        is ``OutOfTime``). A check travels by name (``pa_oracle.fuzz.checks.base.Check.__reduce__``)."""
+        judge = judge if judge is not None else self.judge
         if self._process is None or not self._process.is_alive():
             self._start(deadline)
         assert self._conn is not None
@@ -168,16 +172,16 @@ class IsolatedBackend:
         wait = max(time_left, 0.0) if budget_cut and time_left is not None else limit
         start = time.monotonic()
         try:
-            self._conn.send((case.to_json(), self.keep_output))
+            self._conn.send_bytes(pickle.dumps((case.to_json(), self.keep_output, judge)))
             answered = self._conn.poll(wait)
             reply = pickle.loads(self._conn.recv_bytes()) if answered else None
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
-            return self._died(case)
+            return self._died(case, judge.name)
         if reply is None:
             self.close(graceful=False)  # the next check starts a fresh worker
             if budget_cut:
                 raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {case.case_id}")
-            return Outcome(case, self.name, "crash", f"hang: no answer after {limit:g} s (worker restarted)")
+            return Outcome(case, self.name, "crash", f"hang: no answer after {limit:g} s (worker restarted)", check=judge.name)
         self._fresh = False
         if reply[0] == "outcome":
             return reply[1]
@@ -186,9 +190,9 @@ class IsolatedBackend:
             raise OracleDisagreement(message)
         if kind == "CaseError":
             raise CaseError(message)  # the case cannot be judged at all: bad input, not a kernel's fault
-        return Outcome(case, self.name, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}")
+        return Outcome(case, self.name, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}", check=judge.name)
 
-    def _died(self, case: Case) -> Outcome:
+    def _died(self, case: Case, check: str) -> Outcome:
         self._process.join(5)
         code = self._process.exitcode
         self.close()
@@ -198,7 +202,7 @@ class IsolatedBackend:
                 how = f"signal {signal.Signals(-code).name}"
             except ValueError:
                 how = f"signal {-code}"
-        return Outcome(case, self.name, "crash", f"worker process died ({how}) (worker restarted)")
+        return Outcome(case, self.name, "crash", f"worker process died ({how}) (worker restarted)", check=check)
 
     def close(self, graceful: bool = True) -> None:
         if self._process is not None:
@@ -243,17 +247,19 @@ def isolated_by_default(backend: Any) -> bool:
 @contextmanager
 def case_judge(
     backend: Any, *, isolate: bool | None = None, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
-    first_case_factor: float = FIRST_CASE_FACTOR, keep_output: bool = False,
+    first_case_factor: float = FIRST_CASE_FACTOR, keep_output: bool = False, judge: Check = ORACLE,
 ) -> Iterator[Callable[[Case], Outcome]]:
-    """A function judging cases on ``backend`` (``check_case``): in a worker process when
-    ``isolate`` (default: ``isolated_by_default``) and the backend can be loaded there, else in
-    this process. Used by replay and triage, so a crash or hang finding replays as one."""
+    """A function judging cases on ``backend`` with ``judge`` (default: the oracle comparison): in
+    a worker process when ``isolate`` (default: ``isolated_by_default``) and the backend can be
+    loaded there, else in this process. Used by replay, triage and the campaign engine, so a crash
+    or hang finding replays as one."""
     spec = isolatable(backend) if (isolated_by_default(backend) if isolate is None else isolate) else None
     if spec is None:
-        yield lambda case: check_case(backend, case, tolerance, keep_output)
+        yield lambda case: judge.judge(case, backend, tolerance, keep_output)
         return
     worker = IsolatedBackend(
-        backend, spec, timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, keep_output=keep_output
+        backend, spec, timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, keep_output=keep_output,
+        judge=judge,
     )
     try:
         yield worker.check

@@ -1,5 +1,9 @@
 """Run one case on one backend and judge it: tensors -> (oracle, control, kernel) -> verdict.
 
+Every check a campaign runs is a ``Check`` (name, what it needs from the backend, ``judge``) that
+returns one ``Outcome``; the comparison with the oracle is one of them (``ORACLE``), the
+metamorphic, plan and graph checks are the others (``pa_oracle.fuzz.checks``).
+
 The judge cannot be bypassed. A kernel that raises ``Unsupported`` or ``NotImplementedError``
 skips the case; anything else it raises (any ``BaseException``: ``SystemExit``, ``GeneratorExit``,
 a ``KeyboardInterrupt`` of its own) is a crash finding, and an output that breaks the contract
@@ -17,14 +21,17 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
-from pa_oracle.backends.base import Backend, ContractViolation, KernelOutput, Unsupported, exception_text
+from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.reference import plain_attention, reference
 from pa_oracle.oracle.tensors import Tensors, make_tensors, torch_dtype
 from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
+
+if TYPE_CHECKING:
+    from pa_oracle.oracle.report import Location
 
 # "error": the oracle itself could not judge a well-formed output (a tool failure, never a finding)
 Status = Literal["pass", "fail", "crash", "unsupported", "error"]
@@ -33,18 +40,77 @@ CONTRACT = "kernel contract"  # the first words of every contract-violation fail
 T = TypeVar("T")
 
 
+ORACLE_CHECK = "oracle"  # the name of the comparison with the oracle among the checks
+
+
 @dataclass
 class Outcome:
+    """What one check found on one case: "pass", "fail" (a wrong output, a violated relation),
+    "crash", "unsupported" (the kernel declined; a check that skipped) or "error" (the tool could
+    not judge: never a finding). ``output`` is the kernel's raw output on ``case`` (on the CPU),
+    kept for every failing verdict (and every judged case when asked), so triage need not run the
+    kernel again; ``cases`` are what a finding of a check beyond the oracle saves (original first,
+    with their tensors when they are not the seed's)."""
+
     case: Case
     backend: str
     status: Status
     message: str = ""
     verdict: Verdict | None = None
-    output: KernelOutput | None = field(default=None, repr=False)  # the kernel's own output, if asked to keep it
+    output: KernelOutput | None = field(default=None, repr=False)
+    check: str = ORACLE_CHECK
+    cases: list[tuple[str, Case, Tensors | None]] = field(default_factory=list, repr=False)
+    exact: bool | None = None  # a kernel-vs-kernel check's outputs were bit-identical (None: not such a check)
+    worst: Location | None = None  # where a check's largest difference is
 
     @property
     def is_finding(self) -> bool:
         return self.status in ("fail", "crash")
+
+    def on_cpu(self) -> Outcome:
+        """The outcome with every tensor it carries on the host (so that it pickles without CUDA)."""
+        if self.verdict is not None:
+            for name, value in vars(self.verdict).items():
+                if isinstance(value, torch.Tensor):
+                    setattr(self.verdict, name, value.cpu())
+        if self.output is not None:
+            self.output = _output_on_cpu(self.output)
+        self.cases = [(label, case, None if t is None else t.to("cpu")) for label, case, t in self.cases]
+        return self
+
+
+def _output_on_cpu(output: KernelOutput) -> KernelOutput:
+    return KernelOutput(output.out.detach().cpu(), None if output.lse is None else output.lse.detach().cpu())
+
+
+class Check(Protocol):
+    """A check a campaign runs on drawn cases. It must pickle (an isolated worker runs it)."""
+
+    name: str
+
+    def capabilities(self, backend: Backend) -> Capabilities | str:
+        """What to draw for ``backend`` (what the check needs from it), or why it cannot apply."""
+        ...
+
+    def judge(self, case: Case, backend: Backend, tolerance: Tolerance = Tolerance(), keep_output: bool = False) -> Outcome:
+        """Run ``case`` on ``backend`` and judge it; exceptions of the tool itself propagate."""
+        ...
+
+
+@dataclass(frozen=True)
+class OracleCheck:
+    """The comparison with the float64 oracle (``check_case``)."""
+
+    name: str = ORACLE_CHECK
+
+    def capabilities(self, backend: Backend) -> Capabilities | str:
+        return backend.capabilities
+
+    def judge(self, case: Case, backend: Backend, tolerance: Tolerance = Tolerance(), keep_output: bool = False) -> Outcome:
+        return check_case(backend, case, tolerance, keep_output)
+
+
+ORACLE = OracleCheck()
 
 
 def is_unsupported(exc: BaseException) -> bool:
@@ -113,8 +179,9 @@ def _describe(value: Any) -> str:
 
 
 def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(), keep_output: bool = False) -> Outcome:
-    """Run ``case`` on ``backend`` and compare with the float64 reference; with ``keep_output`` the
-    outcome of a well-formed output keeps it (detached, on the CPU) for triage's probes."""
+    """Run ``case`` on ``backend`` and compare with the float64 reference. A failing well-formed
+    output is kept in the outcome (detached, on the CPU) for triage; with ``keep_output`` a
+    passing one too."""
     reason = backend.unsupported_reason(case)
     if reason:
         return Outcome(case, backend.name, "unsupported", reason)
@@ -142,9 +209,8 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
         verdict.passed = False
         verdict.failures.append(f"kernel modified its inputs: {', '.join(changed)}")
     kept = None
-    if keep_output and problem is None:
-        out, lse = result
-        kept = KernelOutput(out.detach().cpu(), None if lse is None else lse.detach().cpu())
+    if (keep_output or not verdict.passed) and problem is None:
+        kept = _output_on_cpu(KernelOutput(*result))
     return Outcome(case, backend.name, "pass" if verdict.passed else "fail", verdict.headline(), verdict, kept)
 
 

@@ -1,6 +1,6 @@
 """Kernels and adapters (CPU, torch) that break one contract beyond output values each: a
-metamorphic relation, plan reuse, a stale plan, CUDA-graph replay. The checks of
-``pa_oracle.fuzz.campaign.check_engine`` must catch every one; their correct twins must pass.
+metamorphic relation, plan reuse, a stale plan, CUDA-graph replay.
+The checks of ``pa_oracle.fuzz.checks.registry`` must catch every one; their correct twins must pass.
 
 They compute with ``pa_oracle.fuzz.quality.planted``'s correct per-request float32 kernel.
 """

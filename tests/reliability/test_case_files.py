@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from pa_oracle.fuzz.campaign.ledger import golden_cases
 from pa_oracle.oracle.case import Case, CaseError, Heads, Layout, Options
-from pa_oracle.oracle.tensors import load_case, make_tensors, save_tensors, token_slots
+from pa_oracle.oracle.tensors import load_case, make_tensors, save_case, save_tensors, token_slots
 
 CASE = Case(Layout.from_lengths([1, 2], [5, 3], 4, page_order=[2, 0, 1, 3], extra_pages=1), Heads(2, 1, 8, 8), seed=7)
 BASE = json.loads(json.dumps(CASE.to_json()))
@@ -202,10 +203,26 @@ def test_every_golden_case_loads_to_the_same_content_and_id(path: Path) -> None:
     body = json.loads(json.dumps(case.to_json()))
     # the loaded case writes back exactly the fields it was read from: its content, hence its case_id, did not change
     assert {k: v for k, v in body.items() if k != "case_id"} == {k: v for k, v in data.items() if k != "case_id"}
-    if data["tensors_file"] is None:
-        assert case.case_id == data["case_id"]
+    assert case.case_id == data["case_id"], "a golden case without a sidecar keeps its id; one with a sidecar names its content"
     loaded = load_case(path)  # the sidecar is read and checked too
-    assert loaded.replace(tensors_file=data["tensors_file"]).case_id == case.case_id
+    assert loaded.case_id == data["case_id"], "the id does not depend on where the sidecar is"
+
+
+def test_the_same_case_in_two_folders_has_one_id(tmp_path: Path) -> None:
+    case = Case(Layout.from_lengths([1, 2], [5, 3], 4, extra_pages=1), Heads(2, 1, 8, 8), seed=3)
+    saved = save_case(case, tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "elsewhere" / "b")
+    ids = {saved.case_id, load_case(tmp_path / "a" / "case.json").case_id, load_case(tmp_path / "elsewhere" / "b" / "case.json").case_id}
+    assert ids == {json.loads((tmp_path / "a" / "case.json").read_text())["case_id"]}
+    assert saved.case_id != case.case_id or saved.tensors_sha256 is None
+
+
+def test_a_sidecar_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
+    case = Case(Layout.from_lengths([1], [5], 4), Heads(2, 1, 8, 8), seed=3)
+    save_case(case, tmp_path / "a")
+    save_tensors(make_tensors(case.replace(seed=4)), tmp_path / "a" / "tensors.npz")
+    with pytest.raises(CaseError, match="does not hold the tensors the case names"):
+        load_case(tmp_path / "a" / "case.json")
 
 
 # --- npz sidecars ---------------------------------------------------------------------------------

@@ -282,14 +282,14 @@ def test_an_output_the_oracle_cannot_judge_stops_the_backend_as_incomplete(monke
 
 
 def test_an_internal_error_stops_the_backend_as_incomplete_and_the_campaign_goes_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    real = pa_oracle.fuzz.campaign.engine.check_case
+    real = pa_oracle.fuzz.run.runner.check_case
 
-    def fails_for_one(backend: Backend, case: Case, tolerance: Any) -> Any:
+    def fails_for_one(backend: Backend, case: Case, tolerance: Any, *rest: Any) -> Any:
         if backend.name.endswith("slightly_off"):
             raise RuntimeError("boom")
-        return real(backend, case, tolerance)
+        return real(backend, case, tolerance, *rest)
 
-    monkeypatch.setattr(pa_oracle.fuzz.campaign.engine, "check_case", fails_for_one)
+    monkeypatch.setattr(pa_oracle.fuzz.run.runner, "check_case", fails_for_one)
     backends = [UserKernel.from_spec(f"{MODULE}:slightly_off"), UserKernel.from_spec(f"{MODULE}:correct")]
     path = state_path(tmp_path, Shard())
     broken, fine = run_campaign(backends, CampaignState({"seed": 0}), path, examples=5, limits=TINY, isolate=False)

@@ -1,0 +1,173 @@
+"""Saving a finding of any check: one folder under ``--out/BACKEND/`` published whole
+(``pa_oracle.fuzz.campaign.outdir.publish_folder``: temp folder, fsync, rename; nothing is ever
+replaced), holding every case it involved (``case.json`` + ``tensors.npz``, written by
+``pa_oracle.oracle.tensors.write_case``), a ``report.md`` and the repro command
+(``pa_oracle.oracle.report.repro_command``).
+
+Layout: an oracle finding is ``BACKEND/CASE_ID/{case.json,tensors.npz,report.md}``, plus
+``output.npz`` (the kernel's raw ``out``/``lse``, ``load_output``) when the kernel returned a
+well-formed wrong output, so triage can read it instead of running the kernel again; a finding of
+another check is ``BACKEND/CHECK-CASE_ID/{original,...}/{case.json,tensors.npz}`` + ``report.md``.
+``CASE_ID`` is the saved case's own id (it names its sidecar's content), so the folder name, the
+``case_id`` in case.json, replay and triage all show the same id.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from pa_oracle.backends.base import Backend, KernelOutput
+from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_folder, rescue
+from pa_oracle.fuzz.checks.registry import expectation
+from pa_oracle.fuzz.run.runner import ORACLE_CHECK, Outcome
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.report import format_report, repro_command
+from pa_oracle.oracle.tensors import Tensors, make_tensors, saved_form, write_case
+from pa_oracle.oracle.tolerance import Verdict
+
+
+class SavedFinding(NamedTuple):
+    folder: Path
+    case_id: str  # the id of the saved (original) case: the folder's name ends with it
+    repro: str
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def finding_meta(outcome: Outcome, backend: Backend, kernel_spec: str | None) -> dict:
+    found_by = "pa-oracle fuzz" if outcome.check == ORACLE_CHECK else f"pa-oracle metamorphic --check {outcome.check}"
+    return {
+        "found_by": found_by,
+        "backend": backend.name,
+        "kernel": kernel_spec,
+        "status": outcome.status,
+        "message": outcome.message.splitlines()[0] if outcome.message else "",
+        "versions": backend.versions(),
+        "date": datetime.date.today().isoformat(),
+        "generated_from": {"seed": outcome.case.seed, "distribution": outcome.case.distribution},
+    }
+
+
+def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
+    """Write the finding's folder (``publish_finding``) and return it."""
+    return publish_finding(outcome, backend, out_dir, kernel_spec).folder
+
+
+def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> SavedFinding:
+    """Write the finding's folder and return it with the saved case's id and the repro command.
+    The same finding found again is left as it was (and returned); a different one with the same
+    name goes beside it (``NAME-2``). Raises ``FindingNotSaved`` when it cannot be written, after
+    rescuing the original case.json to a temp folder if possible."""
+    meta = finding_meta(outcome, backend, kernel_spec)
+    if outcome.check == ORACLE_CHECK:
+        labelled: list[tuple[str, Case, Tensors | None]] = [("", outcome.case, None)]
+    else:  # a crash or hang reported by an isolated worker names the original case only
+        labelled = outcome.cases or [("original", outcome.case, None)]
+    saved: list[tuple[str, Case, Tensors]] = []
+    for label, case, tensors in labelled:
+        tensors = tensors if tensors is not None else make_tensors(case, "cpu")
+        saved.append((label, saved_form(case, tensors, {**meta, "role": label} if label else meta), tensors))
+    original = saved[0][1]
+    name = original.case_id if outcome.check == ORACLE_CHECK else f"{outcome.check}-{original.case_id}"
+    parent = Path(out_dir) / safe_name(backend.name)
+    first = saved[0][0]
+
+    def repro(folder: Path) -> str:
+        return repro_command(str(folder / first / "case.json"), backend.name, kernel_spec, outcome.check)
+
+    def same(folder: Path) -> bool:
+        return all(holds_case(folder / label / "case.json", case) for label, case, _ in saved)
+
+    def write(tmp: Path, final: Path) -> None:
+        for label, case, tensors in saved:
+            write_case(case, tensors, tmp / label)
+        if outcome.output is not None:
+            save_output(outcome.output, tmp / first / OUTPUT_FILE)
+        (tmp / "report.md").write_text(finding_report(outcome, backend.name, original, repro(final)))
+
+    try:
+        folder = publish_folder(parent, name, write, already_saved=same)
+    except OSError as exc:
+        what = outcome.status if outcome.check == ORACLE_CHECK else f"{outcome.check} {outcome.status}"
+        finding = f"{backend.name} {what}: {meta['message']}; case {original.summary()}"
+        case_json = original.replace(tensors_file=None).to_json()
+        raise FindingNotSaved(parent, finding, exc, rescue("case.json", json.dumps(case_json, indent=1) + "\n")) from exc
+    return SavedFinding(folder, original.case_id, repro(folder))
+
+
+OUTPUT_FILE = "output.npz"
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def save_output(output: KernelOutput, path: Path) -> Path:
+    """The kernel's raw output as bits plus dtype names (bf16 has no numpy dtype), like a sidecar."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, t in (("out", output.out), ("lse", output.lse)):
+        if t is not None:
+            t = t.detach().cpu().contiguous()
+            arrays[f"{name}__bits"] = t.view(_BITS[t.element_size()]).numpy()
+            arrays[f"{name}__dtype"] = np.array(str(t.dtype).removeprefix("torch."))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    return path
+
+
+def load_output(path: Path) -> KernelOutput:
+    """What ``save_output`` wrote (never unpickled): the kernel's ``out`` and ``lse`` (None if it gave none)."""
+    with np.load(path, allow_pickle=False) as archive:
+        tensors = {
+            name: torch.from_numpy(archive[f"{name}__bits"].copy()).view(getattr(torch, str(archive[f"{name}__dtype"])))
+            for name in ("out", "lse") if f"{name}__bits" in archive.files
+        }
+    return KernelOutput(tensors["out"], tensors.get("lse"))
+
+
+def _crash_verdict(outcome: Outcome) -> Verdict:
+    return Verdict(False, [f"crash: {outcome.message.splitlines()[0]}"])
+
+
+def finding_report(outcome: Outcome, backend: str, saved: Case, repro: str | None = None) -> str:
+    """Markdown for a finding: the oracle's failure report, or a check's expectation, what
+    happened, where, its cases; both with the repro command and a crash's traceback."""
+    if outcome.check == ORACLE_CHECK:
+        report = format_report(saved, backend, outcome.verdict or _crash_verdict(outcome), repro)
+        if outcome.status == "crash":
+            report += f"\n## Crash\n\n```\n{outcome.message}\n```\n"
+        return report
+    return format_check_report(outcome, repro, saved.case_id)
+
+
+def format_check_report(outcome: Outcome, repro: str | None = None, case_id: str | None = None) -> str:
+    """Markdown: the check and its expectation, what happened, where, the cases, the repro."""
+    original = outcome.cases[0][1] if outcome.cases else outcome.case
+    word = {"fail": "VIOLATED"}.get(outcome.status, outcome.status.upper())
+    lines = [f"# {outcome.backend}: {outcome.check} {word} on case {case_id or original.case_id}", ""]
+    expected = expectation(outcome.check)
+    if expected is not None:
+        lines.append(f"- expected: {expected[0]} ({expected[1]})")
+    lines += [f"- {line}" for line in outcome.message.splitlines()[:1]]
+    if outcome.worst is not None:
+        lines.append(f"- largest difference at {outcome.worst.describe()}")
+    if repro:
+        lines += ["", "To recreate this report, run:", "", f"    {repro}"]
+    lines += ["", "## Cases", ""]
+    for label, case, _ in outcome.cases or [("original", original, None)]:
+        lay = case.layout
+        lines += [
+            f"- **{label}** (`{label}/case.json`): {case.summary()}",
+            f"  - qo_indptr {list(lay.qo_indptr)}; kv_indptr {list(lay.kv_indptr)}",
+            f"  - kv_indices {list(lay.kv_indices)}; kv_last_page_len {list(lay.kv_last_page_len)}",
+        ]
+    if outcome.status == "crash":
+        lines += ["", "## Crash", "", "```", outcome.message, "```"]
+    return "\n".join(lines) + "\n"

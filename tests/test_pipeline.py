@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import torch
+from click.testing import CliRunner
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import fuzz_backend, run_campaign
+from pa_oracle.fuzz.campaign.findings import load_output
+from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, CampaignState, state_path
+from pa_oracle.fuzz.checks.registry import ALL_CHECKS, CHECKS
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.fuzz.run.isolation import IsolatedBackend
+from pa_oracle.fuzz.run.runner import ORACLE, check_case
+from pa_oracle.oracle.case import Case, Heads, Layout
+from pa_oracle.oracle.report import repro_command
+from pa_oracle.oracle.tensors import load_case
+from pa_oracle.oracle.tolerance import Tolerance
+
+from pa_oracle.cli import main
+
+CASE = Case(Layout.from_lengths([1, 2], [5, 3], 4), Heads(2, 1, 8, 8))
+TINY = Limits(max_batch=2, max_kv_len=12, max_qo_len=3, max_kv_heads=2, max_qo_heads=4, head_dims=(8, 16))
+LOOSE = Tolerance(max_ratio=1e9, mean_ratio=1e9, floor_factor=1e9)
+SLIGHTLY_OFF = "tests.reliability.bad_kernels:slightly_off"
+IGNORES_PAGES = "tests.quality.contract_breakers:ignores_page_table"
+CORRECT = "pa_oracle.fuzz.quality.planted:correct_attention"
+
+
+def test_every_check_pickles_by_name_for_a_worker() -> None:
+    for name, check in ALL_CHECKS.items():
+        assert pickle.loads(pickle.dumps(check)) is check or pickle.loads(pickle.dumps(check)) == check, name
+
+
+def test_a_failing_outcome_keeps_the_kernels_raw_output() -> None:
+    outcome = check_case(UserKernel.from_spec(SLIGHTLY_OFF), CASE)
+    assert outcome.status == "fail" and outcome.output is not None
+    assert outcome.output.out.shape == (CASE.layout.total_q, 2, 8) and outcome.output.out.device.type == "cpu"
+    assert check_case(get_backend("sdpa-math"), CASE).output is None, "a pass keeps nothing unless asked"
+
+
+def test_a_check_runs_in_a_worker_and_its_cases_come_back() -> None:
+    case = Case(Layout.from_lengths([1, 1], [9, 6], 4, extra_pages=2), Heads(2, 1, 8, 8))
+    worker = IsolatedBackend(UserKernel.from_spec(IGNORES_PAGES), IGNORES_PAGES, timeout=120, judge=CHECKS["relabel"])
+    try:
+        outcome = worker.check(case)
+    finally:
+        worker.close()
+    assert outcome.check == "relabel" and outcome.status == "fail", outcome.message
+    assert [label for label, _, _ in outcome.cases] == ["original", "relabeled"]
+    assert all(t is None or t.q.device.type == "cpu" for _, _, t in outcome.cases)
+
+
+def test_the_isolated_campaign_judges_with_the_campaigns_tolerance(tmp_path: Path) -> None:
+    kernel = UserKernel.from_spec(SLIGHTLY_OFF)
+    results = {}
+    for name, tolerance in (("strict", Tolerance()), ("loose", LOOSE)):
+        path = state_path(tmp_path / name, Shard())
+        (result,) = run_campaign([kernel], CampaignState({"seed": 0}), path, examples=3, limits=TINY, isolate=True,
+                                 tolerance=tolerance, case_timeout=120)
+        results[name] = result
+    assert results["strict"].findings and not results["loose"].findings, results["loose"].line()
+    assert results["loose"].passed == 3
+
+
+def test_one_case_id_for_the_folder_the_file_the_record_replay_and_a_copy(tmp_path: Path) -> None:
+    result = fuzz_backend(UserKernel.from_spec(SLIGHTLY_OFF), examples=5, limits=TINY, isolate=False,
+                          out_dir=tmp_path / "out", kernel_spec=SLIGHTLY_OFF)
+    (record,) = result.findings
+    folder = Path(record.dir)
+    written = json.loads((folder / "case.json").read_text())["case_id"]
+    copy = tmp_path / "elsewhere" / "copy"
+    copy.parent.mkdir()
+    folder.rename(copy)
+    assert folder.name == written == record.case_id == load_case(copy / "case.json").case_id
+    replayed = CliRunner().invoke(main, ["replay", str(copy / "case.json")])
+    assert replayed.exit_code == 1 and f"on case {written}" in replayed.output, replayed.output
+    assert record.repro == repro_command(str(folder / "case.json"), result.backend, SLIGHTLY_OFF)
+    kept = load_output(copy / "output.npz")  # the kernel's raw output, for triage: no second run
+    assert result.finding is not None and result.finding.output is not None
+    assert torch.equal(kept.out, result.finding.output.out) and kept.out.dtype == result.finding.output.out.dtype
+    assert (kept.lse is None) == (result.finding.output.lse is None)
+
+
+def _meta(args: list[str]) -> object:
+    return CliRunner().invoke(main, ["metamorphic", "-k", CORRECT, "-c", "reorder", "--only", "max_qo_len=4", *args])
+
+
+def test_metamorphic_resumes_and_refuses_to_replace_its_state(tmp_path: Path) -> None:
+    out = ["--out", str(tmp_path), "--no-isolate", "--json"]
+    first = _meta(["-n", "3", *out])
+    assert first.exit_code == 0, first.output
+    assert (tmp_path / "checks.json").is_file() and json.loads(first.stdout)[0]["examples"] == 3
+    again = _meta(["-n", "3", *out])
+    assert again.exit_code == 2 and "--resume continues it" in again.output
+    more = _meta(["-n", "5", "--resume", *out])
+    assert more.exit_code == 0, more.output
+    (summary,) = json.loads(more.stdout)
+    assert summary["check"] == "reorder" and summary["examples"] == 5 and summary["held"] + summary["skipped"] == 5
+    state = CampaignState.load(tmp_path / "checks.json")
+    assert list(state.results) == [f"{CORRECT}:reorder"] and state.config["checks"] == ["reorder"]
+
+
+def test_metamorphic_shards_merge_into_one_summary(tmp_path: Path) -> None:
+    for i in (0, 1):
+        shard = _meta(["-n", "6", "--shard", f"{i}/2", "--out", str(tmp_path), "--no-isolate"])
+        assert shard.exit_code == 0, shard.output
+        assert state_path(tmp_path, Shard(i, 2), CHECKS_CAMPAIGN).is_file()
+    merged = _meta(["--merge", "--out", str(tmp_path), "--json"])
+    assert merged.exit_code == 0, merged.output
+    (summary,) = json.loads(merged.stdout)
+    assert summary["examples"] == 6 and summary["backend"] == CORRECT
+
+
+def test_the_oracle_is_one_check_among_the_others() -> None:
+    assert ALL_CHECKS["oracle"] is ORACLE and set(CHECKS) < set(ALL_CHECKS)
+    result = fuzz_backend(get_backend("sdpa-math"), check=ALL_CHECKS["reorder"], examples=4, limits=TINY, isolate=False)
+    assert result.check == "reorder" and result.key == "sdpa-math:reorder" and result.is_complete, result.line()
+    assert "sdpa-math reorder: ok" in result.line()
+
+
+def test_the_checks_of_one_backend_share_one_worker(tmp_path: Path, monkeypatch) -> None:
+    starts = []
+    real = IsolatedBackend._start
+
+    def counted(self, deadline=None):  # type: ignore[no-untyped-def]
+        starts.append(self.spec)
+        return real(self, deadline)
+
+    monkeypatch.setattr(IsolatedBackend, "_start", counted)
+    oracle, reorder = run_campaign([UserKernel.from_spec(CORRECT)], CampaignState({"seed": 0}), tmp_path / "checks.json",
+                                   examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"]))
+    assert (oracle.check, reorder.check) == ("oracle", "reorder") and oracle.passed == 3 and reorder.examples == 3
+    assert reorder.is_complete and starts == [CORRECT], starts
+
+
+def test_a_kept_output_round_trips_bit_for_bit(tmp_path: Path) -> None:
+    from pa_oracle.backends.base import KernelOutput
+    from pa_oracle.fuzz.campaign.findings import save_output
+
+    out = torch.randn(3, 2, 8).to(torch.bfloat16)
+    out[0, 0, 0] = float("nan")
+    for lse in (torch.randn(3, 2), None):
+        kept = load_output(save_output(KernelOutput(out, lse), tmp_path / "output.npz"))
+        assert kept.out.dtype == torch.bfloat16 and torch.equal(kept.out.view(torch.int16), out.view(torch.int16))
+        assert (kept.lse is None and lse is None) or torch.equal(kept.lse, lse)
