@@ -323,7 +323,7 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
         payload = {"backend": backend.name, "status": outcome.status, "message": outcome.message}
         click.echo(json.dumps(payload, indent=1))
     elif outcome.verdict is not None:
-        click.echo(format_report(case, backend.name, outcome.verdict))
+        click.echo(format_report(case, backend.name, outcome.verdict, conversions=backend.conversions(case)))
     else:
         click.echo(f"{backend.name}: {outcome.status.upper()}: {outcome.message}")
     if outcome.status in ("error", "unsupported"):

@@ -129,7 +129,7 @@ def fuzz_backend(
                 reject()  # drawn before in this campaign (Hypothesis starts every run at the simplest case)
             seen.add(case.case_id)
             result.seen.append(case.case_id)
-        if ledger and known_finding(ledger, case, backend.name, versions):
+        if ledger and known_finding(ledger, case, backend.name, versions, family=backend.kernel_family):
             if searching:
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
@@ -346,7 +346,7 @@ def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec:
         save_tensors(make_tensors(case, "cpu"), tmp / "tensors.npz")
         saved.save(tmp / "case.json")
         repro = repro_command(str(final / "case.json"), backend.name, kernel_spec)
-        report = format_report(case, backend.name, outcome.verdict or _crash_verdict(outcome), repro)
+        report = format_report(case, backend.name, outcome.verdict or _crash_verdict(outcome), repro, backend.conversions(case))
         if outcome.status == "crash":
             report += f"\n## Crash\n\n```\n{outcome.message}\n```\n"
         (tmp / "report.md").write_text(report)
