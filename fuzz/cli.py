@@ -295,16 +295,29 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
 
 
 @main.command()
-@click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--backend", "-b", "backend_name", help="Backend to run (default: the one that found the case).")
-@click.option("--kernel", "-k", help="A user kernel as MODULE:FUNCTION.")
+@click.argument("case_files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Backend to run (repeatable; default: the one that found the case, or every available one for a corpus).")
+@click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
+@click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger a corpus is judged against (default: golden/ledger.json).")
+@click.option("--output", "output_file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write a corpus's JSON record to this file.")
 @click.option("--json", "as_json", is_flag=True)
-def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_json: bool) -> None:
-    """Re-run a saved case on one backend and print the verdict; exit 1 if it fails, 3 if no verdict (unsupported, error)."""
+def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels: tuple[str, ...], ledger_file: Path | None,
+           output_file: Path | None, as_json: bool) -> None:
+    """Re-run a saved case on one backend and print the verdict; exit 1 if it fails, 3 if no verdict (unsupported, error).
+
+    Several case files or a folder (e.g. golden/cases) replay as a corpus on every given (default:
+    available) backend, judged against the ledger: known findings, "FIXED in X", new findings;
+    --json prints the record pa-oracle replay-compare reads. Exit 1 on a new finding or an
+    unexpected pass."""
+    if len(case_files) > 1 or case_files[0].is_dir() or len(backend_names) + len(kernels) > 1:
+        _replay_corpus(case_files, backend_names, kernels, ledger_file, output_file, as_json)
+        return
+    case_file = case_files[0]
     try:
         case = load_case(case_file)
     except CaseError as exc:
         raise click.ClickException(str(exc)) from None
+    backend_name, kernel = (backend_names or (None,))[0], (kernels or (None,))[0]
     if not backend_name and not kernel:
         kernel = case.meta.get("kernel")
         backend_name = None if kernel else case.meta.get("backend")
@@ -329,6 +342,65 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
     if outcome.status in ("error", "unsupported"):
         sys.exit(3)  # no verdict: the tool could not judge, or the kernel declined the case
     if outcome.is_finding:
+        sys.exit(1)
+
+
+def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kernels: tuple[str, ...],
+                   ledger_file: Path | None, output_file: Path | None, as_json: bool) -> None:
+    from pa_oracle.fuzz.campaign import replay as corpus
+    from pa_oracle.fuzz.run.isolation import BadTimeout, case_judge, default_case_timeout
+
+    try:
+        files = corpus.corpus_files(paths)
+        ledger = load_ledger(ledger_file or GOLDEN / "ledger.json")
+        timeout = default_case_timeout()
+    except (corpus.ReplayError, CaseError, BadTimeout) as exc:
+        raise click.UsageError(str(exc)) from None
+    if backend_names or kernels:
+        backends, unavailable = _select(backend_names, kernels), {}
+    else:
+        backends, unavailable = available()
+    show = (lambda r: click.echo(corpus.record_line(r), err=True)) if as_json else (lambda r: click.echo(corpus.record_line(r)))
+    try:
+        records = corpus.replay_corpus(files, backends, ledger, lambda b: case_judge(b, timeout=timeout), show)
+    except corpus.ReplayError as exc:
+        raise click.UsageError(str(exc)) from None
+    document = corpus.replay_document(records, corpus.environment(backends, unavailable))
+    text = json.dumps(document, indent=1)
+    if output_file is not None:
+        output_file.write_text(text + "\n")
+    if as_json:
+        click.echo(text)
+    kinds = [r.ledger for r in records]
+    summary = ", ".join(f"{kinds.count(k)} {k}" for k in ("pass", "known", "fixed", "finding", "unexpected-pass", "error", "no-verdict", "quarantine"))
+    click.echo(f"replayed {len({r.case for r in records})} cases on {len(backends)} backends: {summary}", err=as_json)
+    if any(k in ("finding", "unexpected-pass") for k in kinds):
+        sys.exit(1)
+    if "error" in kinds:
+        sys.exit(3)  # a case the tool could not judge
+
+
+@main.command("replay-compare")
+@click.argument("before", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("after", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def replay_compare(before: Path, after: Path, as_json: bool) -> None:
+    """Compare two replay --json records (e.g. two library versions): fixed / regressed / same / new
+    per case and backend; exit 1 if anything regressed."""
+    from dataclasses import asdict
+
+    from pa_oracle.fuzz.campaign import replay as corpus
+
+    try:
+        a, b = corpus.load_replay(before), corpus.load_replay(after)
+    except corpus.ReplayError as exc:
+        raise click.UsageError(str(exc)) from None
+    changes = corpus.compare(a, b)
+    if as_json:
+        click.echo(json.dumps({"versions": corpus.version_changes(a, b), "changes": [asdict(c) for c in changes]}, indent=1))
+    else:
+        click.echo("\n".join(corpus.comparison_lines(changes, corpus.version_changes(a, b))))
+    if any(c.kind == "regressed" for c in changes):
         sys.exit(1)
 
 

@@ -239,7 +239,8 @@ class LedgerVerdict:
     seen at other versions still fails here), ``known`` (an entry applies and it fails, as
     expected), ``unexpected-pass`` (an entry applies and it passes: remove or narrow the entry),
     ``fixed`` (an entry exists for other versions and it passes here: fixed in the installed version),
-    ``quarantine`` (never launched), ``no-verdict`` (unsupported or a tool error).
+    ``quarantine`` (never launched), ``no-verdict`` (unsupported, or not run), ``error`` (the tool
+    could not judge: never ok).
     """
 
     kind: str
@@ -259,7 +260,9 @@ def ledger_verdict(
     entry = lookup(entries, case_name, backend, versions, family)
     if entry is not None and entry.status == "quarantine":
         return LedgerVerdict("quarantine", f"quarantined: {entry.reason} ({entry.tracked_at})", entry)
-    if status in ("unsupported", "error", None):
+    if status == "error":
+        return LedgerVerdict("error", "the tool could not judge the case (an error, not a verdict)", entry)
+    if status in ("unsupported", None):
         return LedgerVerdict("no-verdict", f"no verdict ({status or 'not run'})", entry)
     failed = status != "pass"
     if entry is not None:
