@@ -190,7 +190,7 @@ class Contract:
         if returns_lse and self.alibi_lse_shift and alibi_shifted:
             done.append(f"ALiBi LSE shift undone ({self.alibi_lse_shift})")
         if case.options.logits_soft_cap > 0 and case.options.alibi_slopes is not None:
-            done.append(f"soft cap and ALiBi in the library's order ({self.soft_cap_alibi_order})")
+            done.append(f"soft cap and ALiBi judged in the library's order ({self.soft_cap_alibi_order})")
         return tuple(done)
 
 

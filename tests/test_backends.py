@@ -157,3 +157,14 @@ def test_flash_attn_undoes_its_causal_alibi_lse_shift(causal: bool, window_left:
         kernel_lse = _fake_flash_attn_lse(case, shifted)
         torch.testing.assert_close(adapter._natural_lse(case, kernel_lse), _fake_flash_attn_lse(case, False))
         assert any("ALiBi LSE shift" in c for c in adapter.conversions(case)) is shifted
+
+
+def test_the_failure_report_lists_the_conversions_applied() -> None:
+    from pa_oracle.backends.flashinfer import FlashInferDecode
+    from pa_oracle.oracle.report import format_report
+
+    case = Case(Layout.from_lengths([1], [3], 16), Heads(1, 1, 64, 64), Options(alibi_slopes=(0.5,), q_dtype="float16", kv_dtype="float16"))
+    verdict = check_case(get_backend("sdpa-math"), case).verdict
+    report = format_report(case, "flashinfer-decode", verdict, conversions=FlashInferDecode().conversions(case))
+    assert "- kernel conventions converted by the adapter: LSE base 2 -> natural log; ALiBi LSE shift undone" in report
+    assert "converted by the adapter" not in format_report(case, "sdpa-math", verdict)
