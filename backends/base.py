@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from pa_oracle.oracle.case import FP8_DTYPES, Q_DTYPES, Case
+from pa_oracle.oracle.case import CAP_THEN_ALIBI, FP8_DTYPES, Q_DTYPES, SOFT_CAP_ALIBI_ORDERS, Case
 from pa_oracle.oracle.tensors import Tensors
 
 
@@ -98,6 +98,7 @@ class Capabilities:
     custom_sm_scale: bool = True
     fp8_scales: bool = True  # k_scale / v_scale other than 1
     returns_lse: bool = True
+    soft_cap_alibi_order: str = CAP_THEN_ALIBI  # the order of a case with both on (the library's; Contract)
     # the attention families (issue 14); off by default, so no existing kernel draws them
     custom_mask: tuple[bool, ...] = (False,)  # (False, True): optional; (True,): mask cases only
     mla: tuple[bool, ...] = (False,)  # the latent layout (``Heads.mla``); (True,): MLA only
@@ -113,36 +114,92 @@ class Capabilities:
 
     def unsupported_reason(self, case: Case) -> str | None:
         """Why this kernel cannot run ``case``, or None if it can."""
+        failed = self.failed_checks(case)
+        return "unsupported: " + ", ".join(why for _, why in failed) if failed else None
+
+    def failed_checks(self, case: Case) -> list[tuple[str, str]]:
+        """The capability fields ``case`` needs and this kernel lacks, each with what the case has."""
         lay, heads, opts = case.layout, case.heads, case.options
+        both = opts.logits_soft_cap > 0 and opts.alibi_slopes is not None
         checks = [
-            (opts.q_dtype in self.q_dtypes, f"q dtype {opts.q_dtype} not in {self.q_dtypes}"),
-            (opts.kv_dtype in self.accepted_kv_dtypes(opts.q_dtype), f"kv dtype {opts.kv_dtype} with q {opts.q_dtype}"),
-            (self.head_dims is None or heads.head_dim_qk in self.head_dims, f"head_dim {heads.head_dim_qk}"),
-            (self.head_dim_vo_may_differ or heads.head_dim_qk == heads.head_dim_vo, "head_dim_vo != head_dim_qk"),
-            (self.page_sizes is None or lay.page_size in self.page_sizes, f"page_size {lay.page_size}"),
-            (lay.page_size % self.page_size_multiple == 0, f"page_size % {self.page_size_multiple} != 0"),
-            (self.max_group_size is None or heads.group_size <= self.max_group_size, f"group {heads.group_size}"),
-            (self.max_qo_len is None or max(lay.qo_lens) <= self.max_qo_len, f"qo_len > {self.max_qo_len}"),
-            (min(lay.qo_lens) >= self.min_qo_len, f"qo_len < {self.min_qo_len}"),
-            (not self.uniform_qo_len or len(set(lay.qo_lens)) == 1, "qo_lens differ across requests"),
-            (self.qo_len_above_kv_len or all(q <= k for q, k in zip(lay.qo_lens, lay.kv_lens)), "qo_len > kv_len"),
-            (self.empty_requests or (min(lay.kv_lens) > 0 and min(lay.qo_lens) > 0), "empty request"),
-            (opts.causal in self.causal, f"causal={opts.causal}"),
-            (self.window_left or opts.window_left < 0, "window_left"),
-            (self.logits_soft_cap or opts.logits_soft_cap == 0, "logits_soft_cap"),
-            (self.alibi or opts.alibi_slopes is None, "alibi"),
-            (self.sinks or opts.sinks is None, "sinks"),
-            (self.custom_sm_scale or opts.sm_scale is None, "custom sm_scale"),
-            (self.fp8_scales or (opts.k_scale == 1 and opts.v_scale == 1), "fp8 scales != 1"),
-            ((case.custom_mask is not None) in self.custom_mask, f"custom_mask={case.custom_mask is not None}"),
-            (heads.mla in self.mla, f"mla={heads.mla}"),
-            (
-                not heads.mla or self.mla_dims is None or (heads.head_dim_qk, heads.head_dim_vo) in self.mla_dims,
-                f"mla dims {heads.head_dim_qk}/{heads.head_dim_vo}",
-            ),
+            ("q_dtypes", opts.q_dtype in self.q_dtypes, f"q dtype {opts.q_dtype} not in {self.q_dtypes}"),
+            ("kv_dtypes", opts.kv_dtype in self.accepted_kv_dtypes(opts.q_dtype), f"kv dtype {opts.kv_dtype} with q {opts.q_dtype}"),
+            ("head_dims", self.head_dims is None or heads.head_dim_qk in self.head_dims, f"head_dim {heads.head_dim_qk}"),
+            ("head_dim_vo_may_differ", self.head_dim_vo_may_differ or heads.head_dim_qk == heads.head_dim_vo, "head_dim_vo != head_dim_qk"),
+            ("page_sizes", self.page_sizes is None or lay.page_size in self.page_sizes, f"page_size {lay.page_size}"),
+            ("page_size_multiple", lay.page_size % self.page_size_multiple == 0, f"page_size % {self.page_size_multiple} != 0"),
+            ("max_group_size", self.max_group_size is None or heads.group_size <= self.max_group_size, f"group {heads.group_size}"),
+            ("max_qo_len", self.max_qo_len is None or max(lay.qo_lens) <= self.max_qo_len, f"qo_len > {self.max_qo_len}"),
+            ("min_qo_len", min(lay.qo_lens) >= self.min_qo_len, f"qo_len < {self.min_qo_len}"),
+            ("uniform_qo_len", not self.uniform_qo_len or len(set(lay.qo_lens)) == 1, "qo_lens differ across requests"),
+            ("qo_len_above_kv_len", self.qo_len_above_kv_len or all(q <= k for q, k in zip(lay.qo_lens, lay.kv_lens)), "qo_len > kv_len"),
+            ("empty_requests", self.empty_requests or (min(lay.kv_lens) > 0 and min(lay.qo_lens) > 0), "empty request"),
+            ("causal", opts.causal in self.causal, f"causal={opts.causal}"),
+            ("window_left", self.window_left or opts.window_left < 0, "window_left"),
+            ("logits_soft_cap", self.logits_soft_cap or opts.logits_soft_cap == 0, "logits_soft_cap"),
+            ("alibi", self.alibi or opts.alibi_slopes is None, "alibi"),
+            ("soft_cap_alibi_order", not both or opts.soft_cap_alibi_order == self.soft_cap_alibi_order,
+             f"soft cap + ALiBi in order {opts.soft_cap_alibi_order} (the kernel's is {self.soft_cap_alibi_order})"),
+            ("sinks", self.sinks or opts.sinks is None, "sinks"),
+            ("custom_sm_scale", self.custom_sm_scale or opts.sm_scale is None, "custom sm_scale"),
+            ("fp8_scales", self.fp8_scales or (opts.k_scale == 1 and opts.v_scale == 1), "fp8 scales != 1"),
+            ("custom_mask", (case.custom_mask is not None) in self.custom_mask, f"custom_mask={case.custom_mask is not None}"),
+            ("mla", heads.mla in self.mla, f"mla={heads.mla}"),
+            ("mla_dims", not heads.mla or self.mla_dims is None or (heads.head_dim_qk, heads.head_dim_vo) in self.mla_dims,
+             f"mla dims {heads.head_dim_qk}/{heads.head_dim_vo}"),
         ]
-        failed = [why for ok, why in checks if not ok]
-        return "unsupported: " + ", ".join(failed) if failed else None
+        return [(name, why) for name, ok, why in checks if not ok]
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """A case the kernel's library excludes by contract (not a bug when it fails there): the
+    ``Capabilities`` field that keeps the strategies from drawing it, and the documented reason."""
+
+    capability: str  # a Capabilities field, set to exclude the case
+    reason: str  # where the library says so (a function, a comment, a maintainer's issue)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """The conventions of a kernel's library that differ from the oracle's (``pa_oracle.oracle.case``)
+    and that its adapter converts, and the preconditions outside which the library promises nothing.
+    Conventions are converted, never reported as findings; the failure report lists the ones applied.
+
+    ``alibi_lse_shift`` describes the per-row LSE shift under ALiBi that the adapter undoes (the
+    output is unaffected: softmax is shift invariant); ``empty_row_lse`` the LSE the library
+    documents for a row with no key, mapped to ``-inf``; ``soft_cap_alibi_order`` the order the
+    library applies soft cap and ALiBi in (``Capabilities.soft_cap_alibi_order`` admits only it).
+    """
+
+    lse_base: str = "e"  # "e" or "2": the base of the LSE the kernel returns
+    empty_row_lse: str | None = None
+    alibi_lse_shift: str | None = None
+    soft_cap_alibi_order: str = CAP_THEN_ALIBI
+    preconditions: tuple[Precondition, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.lse_base not in ("e", "2"):
+            raise ValueError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
+        if self.soft_cap_alibi_order not in SOFT_CAP_ALIBI_ORDERS:
+            raise ValueError(f"soft_cap_alibi_order must be one of {SOFT_CAP_ALIBI_ORDERS}, got {self.soft_cap_alibi_order!r}")
+        known = {f.name for f in dataclasses.fields(Capabilities)}
+        for pre in self.preconditions:
+            if pre.capability not in known or not pre.reason.strip():
+                raise ValueError(f"precondition {pre!r}: name a Capabilities field and give a reason")
+
+    def conversions(self, case: Case, *, returns_lse: bool, alibi_shifted: bool) -> tuple[str, ...]:
+        """What the adapter converted for ``case`` (for the failure report)."""
+        done = []
+        if returns_lse and self.lse_base == "2":
+            done.append("LSE base 2 -> natural log")
+        if returns_lse and self.empty_row_lse:
+            done.append(f"LSE {self.empty_row_lse} of a row with no key -> -inf")
+        if returns_lse and self.alibi_lse_shift and alibi_shifted:
+            done.append(f"ALiBi LSE shift undone ({self.alibi_lse_shift})")
+        if case.options.logits_soft_cap > 0 and case.options.alibi_slopes is not None:
+            done.append(f"soft cap and ALiBi judged in the library's order ({self.soft_cap_alibi_order})")
+        return tuple(done)
 
 
 class Backend:
@@ -158,6 +215,21 @@ class Backend:
     package: ClassVar[str | None] = None  # the kernel library's import name, if any
     extra: ClassVar[str | None] = None  # the pip extra that installs it
     cuda_graphs: ClassVar[bool] = False  # True: ``capture_graph`` is implemented
+    contract: ClassVar[Contract] = Contract()  # the library's conventions this adapter converts
+    family: ClassVar[str | None] = None  # the wrapped kernel family ledger entries match (None: the name)
+
+    @property
+    def kernel_family(self) -> str:
+        """The kernel this adapter wraps (adapters of one family share their findings)."""
+        return self.family or self.name
+
+    def conversions(self, case: Case) -> tuple[str, ...]:
+        """The conventions converted for ``case`` (the failure report's line)."""
+        return self.contract.conversions(case, returns_lse=self.capabilities.returns_lse, alibi_shifted=self.alibi_lse_shifted(case))
+
+    def alibi_lse_shifted(self, case: Case) -> bool:
+        """True if the contract's ALiBi LSE shift applies to ``case`` (default: any ALiBi case)."""
+        return self.contract.alibi_lse_shift is not None and case.options.alibi_slopes is not None
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine (missing package, no GPU), or None."""
@@ -187,7 +259,12 @@ class Backend:
         return versions
 
     def unsupported_reason(self, case: Case) -> str | None:
-        return self.capabilities.unsupported_reason(case)
+        """The capability misses for ``case``; one that a contract precondition excludes says why."""
+        failed = self.capabilities.failed_checks(case)
+        if not failed:
+            return None
+        why = {pre.capability: pre.reason for pre in self.contract.preconditions}
+        return "unsupported: " + ", ".join(f"{text} (outside the kernel's contract: {why[name]})" if name in why else text for name, text in failed)
 
     def plan(self, case: Case) -> Any:
         """Per-layout preparation (FlashInfer's ``plan``); the default keeps the case."""

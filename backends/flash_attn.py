@@ -3,7 +3,14 @@
 
 Conventions converted here: ``window_size=(left, right)`` with bottom-right alignment, so
 FlashInfer's ``window_left = w`` is ``(w, 0)`` causal or ``(w, -1)`` not; ALiBi is flash-attn's
-``-slope * |i + seqlen_k - seqlen_q - j|`` (the oracle's); ``softcap`` applies to the scaled logit.
+``-slope * |i + seqlen_k - seqlen_q - j|`` (the oracle's), except that the causal kernel adds
+``slope * j`` to every row instead (``alibi.h``/``mask.h``: "Simpler, we add the same bias vector to
+all rows"; tridao in flash-attention#1585): the output is the same (softmax is shift invariant) and
+the LSE is larger by ``slope * p``, ``p`` the query's position, which is undone here. The causal
+kernel runs when ``causal`` and no window is left after ``flash_api.cpp`` drops a
+``window_left >= seqlen_k``; a window keeps the non-causal (``|...|``) branch. ``softcap`` caps the
+scaled logit, then ALiBi is added (the oracle's default order: ``apply_softcap`` precedes
+``apply_mask``).
 flash-attn reports LSE ``+inf`` for a row with no key (consumers such as vLLM's merge map it to
 ``-inf``); it is mapped to ``-inf`` here, so a finite sentinel or a NaN still fails. Paged KV needs
 ``page_size % 256 == 0`` (flash-attn 2's ``TORCH_CHECK``); ``with_kvcache`` takes one ``seqlen_q``
@@ -18,6 +25,7 @@ import torch
 from pa_oracle.backends.base import (
     Backend,
     Capabilities,
+    Contract,
     GraphCall,
     KernelOutput,
     RawOutput,
@@ -38,6 +46,12 @@ _FLASH_ATTN = Capabilities(
 )
 
 
+_FLASH_ATTN_CONTRACT = Contract(
+    empty_row_lse="+inf",
+    alibi_lse_shift="the causal kernel adds slope * j to every row: LSE larger by slope * p, p the query's position",
+)
+
+
 def _window(case: Case) -> tuple[int, int]:
     return (case.options.window_left, 0 if case.options.causal else -1)
 
@@ -52,15 +66,48 @@ def _lse_to_natural_minus_inf(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(lse == float("inf"), float("-inf"), lse.float())
 
 
+def causal_alibi_kernel(case: Case, seqlen_k: int) -> bool:
+    """True if flash-attn runs ``case`` with ALiBi in its causal kernel (``Is_causal``), whose bias is
+    ``slope * j`` on every row: ``flash_api.cpp`` drops a ``window_left >= seqlen_k`` (the host's
+    ``seqlen_k``: the cache's length, or ``max_seqlen_k``), and ``is_causal`` stays on for
+    ``seqlen_q == 1`` when there are ALiBi slopes."""
+    opts = case.options
+    return opts.alibi_slopes is not None and opts.causal and (opts.window_left < 0 or opts.window_left >= seqlen_k)
+
+
+def undo_causal_alibi_shift(case: Case, lse: torch.Tensor) -> torch.Tensor:
+    """The oracle's LSE [total_q, Hq] from the causal kernel's, which is larger by ``slope * p`` (``p``
+    the query's absolute position); rows with no key stay infinite."""
+    lay, slopes = case.layout, case.options.alibi_slopes
+    assert slopes is not None
+    position = [k - q + i for q, k in zip(lay.qo_lens, lay.kv_lens) for i in range(q)]
+    shift = torch.tensor(position, dtype=torch.float32, device=lse.device)[:, None] * torch.tensor(slopes, device=lse.device)
+    return torch.where(torch.isinf(lse), lse, lse - shift)
+
+
 class _FlashAttn(Backend):
     package = "flash_attn"
     extra = "flash-attn"
+    contract = _FLASH_ATTN_CONTRACT
+
+    def kernel_seqlen_k(self, case: Case) -> int:
+        """The ``seqlen_k`` flash_api.cpp compares ``window_left`` with."""
+        return max(case.layout.kv_lens)
+
+    def alibi_lse_shifted(self, case: Case) -> bool:
+        return causal_alibi_kernel(case, self.kernel_seqlen_k(case))
+
+    def _natural_lse(self, case: Case, lse: torch.Tensor) -> torch.Tensor:
+        """[total_q, Hq] kernel LSE -> the oracle's: +inf -> -inf, the causal ALiBi shift undone."""
+        lse = _lse_to_natural_minus_inf(lse)
+        return undo_causal_alibi_shift(case, lse) if self.alibi_lse_shifted(case) else lse
 
 
 @register
 class FlashAttnVarlenPaged(_FlashAttn):
     name = "flash-attn-varlen"
     description = "flash_attn_varlen_func with a paged block_table"
+    family = "flash-attn2-varlen"
     capabilities = _FLASH_ATTN.replace(page_size_multiple=256)
 
     def call_source(self, case: Case) -> str | None:
@@ -94,7 +141,7 @@ lse = torch.where(lse == math.inf, -math.inf, lse.float()).transpose(0, 1)  # [H
             window_size=_window(case), softcap=case.options.logits_soft_cap, alibi_slopes=_alibi(case, device),
             return_attn_probs=True, block_table=index(lay.block_table(pad=0)),
         )
-        return KernelOutput(out, _lse_to_natural_minus_inf(lse).transpose(0, 1))
+        return KernelOutput(out, self._natural_lse(case, lse.transpose(0, 1)))
 
 
 class _KvCache(_FlashAttn):
@@ -104,6 +151,13 @@ class _KvCache(_FlashAttn):
     paged: ClassVar[bool]
     num_splits: ClassVar[int] = 0
     cuda_graphs = True
+    family = "flash-attn2-kvcache"
+
+    def kernel_seqlen_k(self, case: Case) -> int:
+        lay = case.layout
+        if self.paged:  # max_num_blocks_per_seq * page_block_size
+            return max(lay.num_pages_per_request, default=0) * lay.page_size
+        return max(max(lay.kv_lens), 1)  # the contiguous cache's length (``_contiguous``)
 
     def plan(self, case: Case) -> dict[str, Any]:
         lay, device = case.layout, self.device or "cuda"
@@ -183,12 +237,12 @@ lse = torch.where(lse == math.inf, -math.inf, lse.float())  # +inf: a row with n
         out, lse = raw
         return out.flatten(0, 1), lse.transpose(1, 2).flatten(0, 1)  # [B, H, sq] -> [B * sq, H]
 
-    def _finish(self, raw: RawOutput) -> KernelOutput:
+    def _finish(self, case: Case, raw: RawOutput) -> KernelOutput:
         out, lse = self._rows(raw)
-        return KernelOutput(out.clone(), _lse_to_natural_minus_inf(lse))
+        return KernelOutput(out.clone(), self._natural_lse(case, lse))
 
     def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
-        return self._finish(self._call(plan, tensors.q, *self._caches(plan, tensors)))
+        return self._finish(plan["case"], self._call(plan, tensors.q, *self._caches(plan, tensors)))
 
     def capture_graph(self, case: Case, tensors: Tensors) -> GraphCall:
         plan = self.plan(case)
@@ -202,7 +256,8 @@ lse = torch.where(lse == math.inf, -math.inf, lse.float())  # +inf: a row with n
 
         launch = lambda: self._call(plan, q, k, v)
         replay, outputs = capture_cuda_graph(launch)
-        return GraphCall(load=load, launch=launch, replay=replay, outputs=outputs, rows=self._rows, finish=self._finish)
+        return GraphCall(load=load, launch=launch, replay=replay, outputs=outputs, rows=self._rows,
+                         finish=lambda raw: self._finish(case, raw))
 
 
 _KVCACHE = _FLASH_ATTN.replace(uniform_qo_len=True)

@@ -20,7 +20,7 @@ import importlib
 from typing import Any, ClassVar
 
 import torch
-from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported, register
+from pa_oracle.backends.base import Backend, Capabilities, Contract, KernelOutput, Unsupported, register
 from pa_oracle.backends.flash_attn import _lse_to_natural_minus_inf, _window
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors, token_addresses
@@ -40,6 +40,8 @@ def split_result(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 class _FlashAttn3(Backend):
     package = "flash_attn_interface"
+    contract = Contract(empty_row_lse="+inf")
+    family = "flash-attn3"
 
     def unavailable_reason(self) -> str | None:
         try:

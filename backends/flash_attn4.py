@@ -39,6 +39,7 @@ def fa4_window(case: Case) -> tuple[int | None, int | None]:
 
 
 class _FlashAttn4(Backend):
+    family = "flash-attn4"
     min_major: ClassVar[int] = 9  # sm90, sm100, sm110
     paged: ClassVar[bool]
     capabilities = _FA4

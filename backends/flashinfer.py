@@ -23,6 +23,7 @@ import torch
 from pa_oracle.backends.base import (
     Backend,
     Capabilities,
+    Contract,
     GraphCall,
     KernelOutput,
     RawOutput,
@@ -30,7 +31,7 @@ from pa_oracle.backends.base import (
     capture_cuda_graph,
     register,
 )
-from pa_oracle.oracle.case import FP8_DTYPES, Case
+from pa_oracle.oracle.case import ALIBI_THEN_CAP, FP8_DTYPES, Case
 from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 LN_2 = math.log(2.0)
@@ -43,6 +44,14 @@ _FLASHINFER = Capabilities(
     head_dims=(64, 128, 256),
     head_dim_vo_may_differ=False,
     sinks=False,
+    soft_cap_alibi_order=ALIBI_THEN_CAP,
+)
+# variants.cuh (DefaultAttention::LogitsTransform): logits * sm_scale + slope * (kv_idx - qo_idx), then
+# tanh(logits * soft_cap_pre_tanh_scale): ALiBi first, then the cap; LSE base 2 (math::log2e scaling)
+_FLASHINFER_CONTRACT = Contract(
+    lse_base="2",
+    alibi_lse_shift="bias slope * (kv_idx - qo_idx) with qo_idx counted from the request's first query: LSE larger by slope * (kv_len - qo_len)",
+    soft_cap_alibi_order=ALIBI_THEN_CAP,
 )
 
 
@@ -74,6 +83,7 @@ class _FlashInferBackend(Backend):
 
     package = "flashinfer"
     extra = "flashinfer"
+    contract = _FLASHINFER_CONTRACT
 
     def unsupported_reason(self, case: Case) -> str | None:
         reason = super().unsupported_reason(case)
@@ -247,6 +257,7 @@ out, lse_base2 = wrapper.run(q, {caches}, return_lse=True, **({{"k_scale": k_sca
 class FlashInferDecode(_PagedDecode):
     name = "flashinfer-decode"
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper, CUDA-core path"
+    family = "flashinfer-decode-cuda-core"  # also -hnd: the same kernel on HND pages
     use_tensor_cores = False
 
 
@@ -254,6 +265,7 @@ class FlashInferDecode(_PagedDecode):
 class FlashInferDecodeTensorCores(_PagedDecode):
     name = "flashinfer-decode-tc"
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)"
+    family = "flashinfer-decode-tensor-core"
     use_tensor_cores = True
 
 
@@ -306,6 +318,7 @@ class _PagedPrefill(_Prefill, _PagedWrapper):
 class FlashInferPrefillFA2(_PagedPrefill):
     name = "flashinfer-prefill-fa2"
     description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2')"
+    family = "flashinfer-prefill-fa2"  # also -hnd and the cascade (two fa2 prefills merged)
     backend = "fa2"
 
 
@@ -327,6 +340,7 @@ class FlashInferPrefillFA2HND(FlashInferPrefillFA2):
 class FlashInferPrefillFA3(_PagedPrefill):
     name = "flashinfer-prefill-fa3"
     description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa3'), sm90"
+    family = "flashinfer-prefill-fa3"
     backend = "fa3"
 
     def unavailable_reason(self) -> str | None:
@@ -340,6 +354,7 @@ class FlashInferPrefillFA3(_PagedPrefill):
 class FlashInferRaggedFA2(_Prefill):
     name = "flashinfer-ragged-fa2"
     description = "FlashInfer BatchPrefillWithRaggedKVCacheWrapper(backend='fa2') on K/V gathered from the pages"
+    family = "flashinfer-ragged-fa2"
     backend = "fa2"
     capabilities = _FLASHINFER.replace(kv_dtypes=None, fp8_scales=False)
 

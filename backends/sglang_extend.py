@@ -105,6 +105,7 @@ class SglangExtend(Backend):
     name = "sglang-extend"
     description = "SGLang Triton extend_attention_fwd: paged prefix via kv_indices + contiguous extend K/V"
     capabilities = _SGLANG_EXTEND
+    family = "sglang-triton-extend"
 
     def __init__(self) -> None:
         try:

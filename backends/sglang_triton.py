@@ -12,19 +12,29 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
+from pa_oracle.backends.base import Backend, Capabilities, Contract, KernelOutput, Precondition, register
 from pa_oracle.oracle.case import FP8_DTYPES, Case
 from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 _SGLANG = Capabilities(
     devices=("cuda",), q_dtypes=("float16", "bfloat16"), kv_dtypes=FP8_DTYPES, min_qo_len=1, max_qo_len=1,
     causal=(False, True), window_left=False, alibi=False, custom_sm_scale=True, returns_lse=False,
+    empty_requests=False,
 )
+# a kv_len 0 request gives NaN (stage 2 divides by an empty sum), which SGLang never passes: its
+# CUDA-graph padding rows get seq_len 1 (TritonAttnBackend.get_cuda_graph_seq_len_fill_value). vLLM's
+# copy of this kernel pads with 0, so there it is a bug (vllm#57017, fix vllm#57094).
+_SGLANG_CONTRACT = Contract(preconditions=(
+    Precondition("empty_requests", "SGLang never runs a kv_len 0 request: CUDA-graph padding rows get seq_len 1 "
+                 "(get_cuda_graph_seq_len_fill_value)"),
+))
 
 
 class _SglangDecode(Backend):
     num_kv_splits: ClassVar[int]
     capabilities = _SGLANG
+    contract = _SGLANG_CONTRACT
+    family = "sglang-triton-decode"
 
     def unavailable_reason(self) -> str | None:
         try:

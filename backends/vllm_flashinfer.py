@@ -34,14 +34,15 @@ to both runs so the stitched LSE is judged too (same kernels, FlashInfer writes 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pa_oracle.backends.base import KernelOutput, register
-from pa_oracle.backends.flashinfer import _FLASHINFER, LN_2, _FlashInferBackend, _workspace
+from pa_oracle.backends.base import KernelOutput, Precondition, register
+from pa_oracle.backends.flashinfer import _FLASHINFER, _FLASHINFER_CONTRACT, LN_2, _FlashInferBackend, _workspace
 from pa_oracle.oracle.case import Case, Layout
 from pa_oracle.oracle.tensors import Tensors
 
@@ -178,6 +179,11 @@ class VllmFlashInfer(_FlashInferBackend):
         page_sizes=(16, 32, 64), min_qo_len=1, qo_len_above_kv_len=False, empty_requests=False,
         causal=(True,), alibi=False,
     )
+    contract = dataclasses.replace(_FLASHINFER_CONTRACT, preconditions=(
+        Precondition("min_qo_len", "vLLM schedules at least one query per request"),
+        Precondition("qo_len_above_kv_len", "vLLM's requests hold their own queries' keys (qo_len <= kv_len)"),
+        Precondition("empty_requests", "vLLM schedules no request without keys or queries"),
+    ))
 
     def plan(self, case: Case) -> dict[str, Any]:  # type: ignore[override]
         import flashinfer

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 import torch
-from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
+from pa_oracle.backends.base import Backend, Capabilities, Contract, KernelOutput, Precondition, register
 from pa_oracle.oracle.case import FP8_DTYPES, Case
 from pa_oracle.oracle.tensors import Tensors
 
@@ -58,6 +58,11 @@ class VllmTritonUnified(Backend):
         page_size_multiple=16, min_qo_len=1, qo_len_above_kv_len=False, empty_requests=False,
         causal=(True,), returns_lse=False,
     )
+    contract = Contract(preconditions=(
+        Precondition("min_qo_len", "vLLM schedules at least one query per request (the 2-D decode launch indexes sequences by program id)"),
+        Precondition("qo_len_above_kv_len", "vLLM's requests hold their own queries' keys (context_len = seq_len - query_len >= 0)"),
+        Precondition("empty_requests", "vLLM schedules no request without keys or queries"),
+    ))
 
     def unavailable_reason(self) -> str | None:
         try:

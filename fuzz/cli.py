@@ -285,6 +285,7 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
     }
 
 
+<<<<<<< HEAD
 @click.command()
 @click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--backend", "-b", "backend_name", help="Backend to run (default: the one that found the case).")
@@ -296,10 +297,32 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
     from pa_oracle.oracle.report import format_report
     from pa_oracle.oracle.tensors import load_case
 
+=======
+@main.command()
+@click.argument("case_files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Backend to run (repeatable; default: the one that found the case, or every available one for a corpus).")
+@click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
+@click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger a corpus is judged against (default: golden/ledger.json).")
+@click.option("--output", "output_file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write a corpus's JSON record to this file.")
+@click.option("--json", "as_json", is_flag=True)
+def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels: tuple[str, ...], ledger_file: Path | None,
+           output_file: Path | None, as_json: bool) -> None:
+    """Re-run a saved case on one backend and print the verdict; exit 1 if it fails, 3 if no verdict (unsupported, error).
+
+    Several case files or a folder (e.g. golden/cases) replay as a corpus on every given (default:
+    available) backend, judged against the ledger: known findings, "FIXED in X", new findings;
+    --json prints the record pa-oracle replay-compare reads. Exit 1 on a new finding or an
+    unexpected pass."""
+    if len(case_files) > 1 or case_files[0].is_dir() or len(backend_names) + len(kernels) > 1:
+        _replay_corpus(case_files, backend_names, kernels, ledger_file, output_file, as_json)
+        return
+    case_file = case_files[0]
+>>>>>>> h-contracts
     try:
         case = load_case(case_file)
     except CaseError as exc:
         raise click.ClickException(str(exc)) from None
+    backend_name, kernel = (backend_names or (None,))[0], (kernels or (None,))[0]
     if not backend_name and not kernel:
         kernel = case.meta.get("kernel")
         backend_name = None if kernel else case.meta.get("backend")
@@ -318,7 +341,7 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
         payload = {"backend": backend.name, "status": outcome.status, "message": outcome.message}
         click.echo(json.dumps(payload, indent=1))
     elif outcome.verdict is not None:
-        click.echo(format_report(case, backend.name, outcome.verdict))
+        click.echo(format_report(case, backend.name, outcome.verdict, conversions=backend.conversions(case)))
     else:
         click.echo(f"{backend.name}: {outcome.status.upper()}: {outcome.message}")
     if outcome.status in ("error", "unsupported"):
@@ -327,7 +350,113 @@ def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_jso
         sys.exit(1)
 
 
+<<<<<<< HEAD
 @click.command()
+=======
+def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kernels: tuple[str, ...],
+                   ledger_file: Path | None, output_file: Path | None, as_json: bool) -> None:
+    from pa_oracle.fuzz.campaign import replay as corpus
+    from pa_oracle.fuzz.run.isolation import BadTimeout, case_judge, default_case_timeout
+
+    try:
+        files = corpus.corpus_files(paths)
+        ledger = load_ledger(ledger_file or GOLDEN / "ledger.json")
+        timeout = default_case_timeout()
+    except (corpus.ReplayError, CaseError, BadTimeout) as exc:
+        raise click.UsageError(str(exc)) from None
+    if backend_names or kernels:
+        backends, unavailable = _select(backend_names, kernels), {}
+    else:
+        backends, unavailable = available()
+    show = (lambda r: click.echo(corpus.record_line(r), err=True)) if as_json else (lambda r: click.echo(corpus.record_line(r)))
+    try:
+        records = corpus.replay_corpus(files, backends, ledger, lambda b: case_judge(b, timeout=timeout), show)
+    except corpus.ReplayError as exc:
+        raise click.UsageError(str(exc)) from None
+    document = corpus.replay_document(records, corpus.environment(backends, unavailable))
+    text = json.dumps(document, indent=1)
+    if output_file is not None:
+        output_file.write_text(text + "\n")
+    if as_json:
+        click.echo(text)
+    kinds = [r.ledger for r in records]
+    summary = ", ".join(f"{kinds.count(k)} {k}" for k in ("pass", "known", "fixed", "finding", "unexpected-pass", "error", "no-verdict", "quarantine"))
+    click.echo(f"replayed {len({r.case for r in records})} cases on {len(backends)} backends: {summary}", err=as_json)
+    if any(k in ("finding", "unexpected-pass") for k in kinds):
+        sys.exit(1)
+    if "error" in kinds:
+        sys.exit(3)  # a case the tool could not judge
+
+
+@main.command("replay-compare")
+@click.argument("before", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("after", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def replay_compare(before: Path, after: Path, as_json: bool) -> None:
+    """Compare two replay --json records (e.g. two library versions): fixed / regressed / same / new
+    per case and backend; exit 1 if anything regressed."""
+    from dataclasses import asdict
+
+    from pa_oracle.fuzz.campaign import replay as corpus
+
+    try:
+        a, b = corpus.load_replay(before), corpus.load_replay(after)
+    except corpus.ReplayError as exc:
+        raise click.UsageError(str(exc)) from None
+    changes = corpus.compare(a, b)
+    if as_json:
+        click.echo(json.dumps({"versions": corpus.version_changes(a, b), "changes": [asdict(c) for c in changes]}, indent=1))
+    else:
+        click.echo("\n".join(corpus.comparison_lines(changes, corpus.version_changes(a, b))))
+    if any(c.kind == "regressed" for c in changes):
+        sys.exit(1)
+
+
+def _oracle_engines() -> dict[str, str]:
+    """Which engine computes the float64 oracle per device type (``reference(engine=...)``)."""
+    import importlib.util
+
+    import torch
+    from pa_oracle.oracle.reference import default_engine
+
+    engine = default_engine()
+    triton = importlib.util.find_spec("triton") is not None
+    engines = {"cpu": "torch"}
+    if torch.cuda.is_available():
+        fused = engine != "torch" and triton
+        engines["cuda"] = "fused (float64 Triton kernel; failures re-judged by torch)" if fused else "torch"
+    return engines
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def env(as_json: bool) -> None:
+    """Versions, devices and which backends are available (and why not)."""
+    import torch
+
+    usable, missing = available_backends()
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "devices": ["cpu"] + [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "oracle": _oracle_engines(),
+        "backends": {b.name: {"available": True, "device": b.device, "versions": b.versions()} for b in usable},
+    }
+    info["backends"].update({name: {"available": False, "why": why} for name, why in missing.items()})
+    if as_json:
+        click.echo(json.dumps(info, indent=1))
+        return
+    click.echo(f"python {info['python']}, torch {info['torch']}, cuda {info['cuda']}")
+    click.echo("devices: " + ", ".join(info["devices"]))
+    click.echo("oracle: " + ", ".join(f"{device} -> {engine}" for device, engine in info["oracle"].items()))
+    for name, entry in info["backends"].items():
+        state = f"available on {entry['device']}" if entry["available"] else f"unavailable: {entry['why']}"
+        click.echo(f"  {name:16s} {state}")
+
+
+@main.command()
+>>>>>>> h-contracts
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--examples", "-n", type=EXAMPLES, default=30, show_default=True)

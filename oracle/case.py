@@ -15,7 +15,8 @@ Semantics (every backend adapter converts *from* these, the oracle follows them 
 
       s = sm_scale * q.k ;  s = cap * tanh(s / cap) if cap > 0 ;  s += -alibi_slope[h] * |p - j|
 
-  then masked keys are dropped. ``sinks[h]`` adds ``exp(sinks[h])`` to the softmax denominator
+  (``soft_cap_alibi_order="cap-then-alibi"``, the default: flash-attn's order; ``"alibi-then-cap"``
+  adds the bias before capping, FlashInfer's order in ``variants.cuh``), then masked keys are dropped. ``sinks[h]`` adds ``exp(sinks[h])`` to the softmax denominator
   only; the returned LSE is ``log(sum_j exp(s_j))`` over the attended keys (without the sink).
 * A query row with no key to attend has output exactly 0 and LSE exactly ``-inf``.
 * fp8 KV: the cache stores ``round(k / k_scale)`` in the fp8 dtype; the value is
@@ -63,6 +64,8 @@ SEED_LIMIT = 2**63  # seeds 0..2**63-1: torch.Generator.manual_seed takes them (
 # it; within [1e-6, 1e3] the scaled logits and the fp8 codes k / k_scale stay finite and normal in float32 (1e308
 # made inf logits, and so a correct kernel "fail"), below 1e-6 every logit is ~0 (no signal)
 SCALE_RANGE = (1e-6, 1e3)
+CAP_THEN_ALIBI, ALIBI_THEN_CAP = "cap-then-alibi", "alibi-then-cap"
+SOFT_CAP_ALIBI_ORDERS = (CAP_THEN_ALIBI, ALIBI_THEN_CAP)  # the first is the default (omitted from the JSON)
 SOFT_CAP_RANGE = (1e-6, 1e6)  # logits_soft_cap when on (0 is off): models use 30-50; outside this range float32
 # s / cap or cap * tanh(.) leaves the normal range and a kernel's capped logit differs from the oracle's
 PER_HEAD_LIMIT = 1e3  # |ALiBi slope| and |sink|: model slopes lie in (0, 1] and sinks within +-10
@@ -309,6 +312,7 @@ class Options:
     kv_dtype: str = "float32"
     k_scale: float = 1.0
     v_scale: float = 1.0
+    soft_cap_alibi_order: str = CAP_THEN_ALIBI  # which comes first when both are on (SOFT_CAP_ALIBI_ORDERS)
 
     def __post_init__(self) -> None:
         for name in ("alibi_slopes", "sinks"):
@@ -331,6 +335,8 @@ class Options:
         if 0 < cap < SOFT_CAP_RANGE[0]:
             low, high = SOFT_CAP_RANGE
             raise CaseError(f"logits_soft_cap must be 0 (off) or in [{low:g}, {high:g}], got {self.logits_soft_cap}")
+        if self.soft_cap_alibi_order not in SOFT_CAP_ALIBI_ORDERS:
+            raise CaseError(f"soft_cap_alibi_order must be one of {SOFT_CAP_ALIBI_ORDERS}, got {_brief(self.soft_cap_alibi_order)}")
         if self.sm_scale is not None:
             _real("sm_scale", self.sm_scale, *SCALE_RANGE)
         for name in ("k_scale", "v_scale"):
@@ -342,6 +348,12 @@ class Options:
     @property
     def is_fp8(self) -> bool:
         return self.kv_dtype in FP8_DTYPES
+
+    @property
+    def alibi_before_soft_cap(self) -> bool:
+        """True when both are on and the bias is added before capping (the order matters only then)."""
+        both = self.logits_soft_cap > 0 and self.alibi_slopes is not None
+        return both and self.soft_cap_alibi_order == ALIBI_THEN_CAP
 
 
 @dataclass(frozen=True)
@@ -504,6 +516,8 @@ class Case:
             flags.append("tree_mask" if self.custom_mask.tree_parents is not None else "custom_mask")
         if h.mla:
             flags.append("mla")
+        if o.soft_cap_alibi_order != CAP_THEN_ALIBI:
+            flags.append(o.soft_cap_alibi_order)
         if o.sinks:
             flags.append("sinks")
         if o.is_fp8:
@@ -640,6 +654,7 @@ class _OptionsFile(msgspec.Struct, forbid_unknown_fields=True):
     kv_dtype: str | _Unset = UNSET
     k_scale: _Number | _Unset = UNSET
     v_scale: _Number | _Unset = UNSET
+    soft_cap_alibi_order: str | _Unset = UNSET
 
 
 class _CustomMaskFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -677,13 +692,22 @@ def _case_body(case: Case) -> dict[str, Any]:
     body = {
         "layout": dataclasses.asdict(case.layout),
         "heads": heads,
-        "options": dataclasses.asdict(case.options),
+        "options": _options_body(case.options),
         "seed": case.seed,
         "distribution": case.distribution,
         "tensors_file": case.tensors_file,
     } | ({"tensors_sha256": case.tensors_sha256} if case.tensors_sha256 is not None else {})
     if case.custom_mask is not None:
         body["custom_mask"] = case.custom_mask.as_json()
+    return body
+
+
+def _options_body(options: Options) -> dict[str, Any]:
+    """The options as written: the default soft-cap/ALiBi order is left out, so the ids of cases
+    written before the option existed do not change."""
+    body = dataclasses.asdict(options)
+    if body["soft_cap_alibi_order"] == CAP_THEN_ALIBI:
+        del body["soft_cap_alibi_order"]
     return body
 
 

@@ -85,8 +85,11 @@ DEFAULT_CONFIG = FusedConfig()
 
 def unsupported_reason(case: Case) -> str | None:
     """Why the fused kernel does not take ``case`` (None: it does). Every option of
-    ``pa_oracle.oracle.case`` is supported; head dims are padded to a power of two >= 16, up to 256."""
+    ``pa_oracle.oracle.case`` is supported but ALiBi added before the soft cap (FlashInfer's order:
+    the torch engine computes it); head dims are padded to a power of two >= 16, up to 256."""
     heads = case.heads
+    if case.options.alibi_before_soft_cap:
+        return "ALiBi before the soft cap (the torch engine computes that order)"
     if max(heads.head_dim_qk, heads.head_dim_vo) > MAX_HEAD_DIM:
         return f"head dim {max(heads.head_dim_qk, heads.head_dim_vo)} > {MAX_HEAD_DIM}"
     return None

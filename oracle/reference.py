@@ -96,11 +96,14 @@ def _logits(
     if scale != 1.0:
         s.mul_(scale)
     s = s.view(heads.num_kv_heads, bucket.nb, heads.group_size, -1, s.shape[-1])
-    if opts.logits_soft_cap > 0:
+    alibi_first = opts.alibi_before_soft_cap  # FlashInfer's order; the default caps first (flash-attn's)
+    if opts.logits_soft_cap > 0 and not alibi_first:
         s = s.div_(opts.logits_soft_cap).tanh_().mul_(opts.logits_soft_cap)
     if alibi is not None:
         distance = (bucket.q_pos[:, :, None] - columns[cols]).abs().to(s.dtype)  # [nb, max_q, chunk]
         s.addcmul_(alibi, distance[None, :, None], value=-1.0)
+    if alibi_first:
+        s = s.div_(opts.logits_soft_cap).tanh_().mul_(opts.logits_soft_cap)
     for a, b in bucket.masked:
         a, b = max(a, cols.start), min(b, cols.stop)
         if a < b:

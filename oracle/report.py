@@ -108,10 +108,14 @@ def _stats_line(stats: ErrorStats) -> str:
     )
 
 
-def format_report(case: Case, backend: str, verdict: Verdict, repro: str | None = None) -> str:
-    """Markdown: summary, recreate command, case, error table, worst elements, per request/head."""
+def format_report(
+    case: Case, backend: str, verdict: Verdict, repro: str | None = None, conversions: tuple[str, ...] = ()
+) -> str:
+    """Markdown: summary, recreate command, case, error table, worst elements, per request/head.
+    ``conversions``: the kernel conventions the adapter converted before the comparison."""
     lines = [f"# {backend}: {'PASS' if verdict.passed else 'FAIL'} on case {case.case_id}", ""]
     lines += [f"- {f}" for f in verdict.failures] or ["- no failure"]
+    lines += [f"- kernel conventions converted by the adapter: {'; '.join(conversions)}"] if conversions else []
     if repro:
         lines += ["", "To recreate this report, run:", "", f"    {repro}"]
     lines += ["", "## Case", "", f"    {case.summary()}", ""]

@@ -119,3 +119,93 @@ def test_user_capabilities_come_from_the_signature_and_declare() -> None:
         declare(page_size=16)
     with pytest.raises(ValueError, match="must accept keyword arguments"):
         capabilities_of(lambda q, k, v: q)
+
+
+def _every_adapter():
+    return [cls() for _, cls in sorted(discover().items())]
+
+
+@pytest.mark.parametrize("backend", _every_adapter(), ids=lambda b: b.name)
+def test_every_adapter_declares_a_contract_its_capabilities_keep(backend) -> None:
+    import dataclasses
+
+    from pa_oracle.backends.base import Capabilities
+
+    contract, caps = backend.contract, backend.capabilities
+    assert caps.soft_cap_alibi_order == contract.soft_cap_alibi_order, "the strategies must draw the library's own order"
+    neutral = Capabilities()
+    for pre in contract.preconditions:  # a precondition is a capability that excludes the case
+        assert getattr(caps, pre.capability) != getattr(neutral, pre.capability), f"{pre.capability} is not restricted"
+    assert backend.kernel_family and dataclasses.is_dataclass(contract)
+
+
+def test_a_precondition_says_why_the_case_is_outside_the_contract() -> None:
+    from pa_oracle.backends.sglang_triton import SglangDecode
+
+    case = Case(Layout.from_lengths([1, 1], [0, 3], 4), Heads(1, 1, 16, 16), Options(q_dtype="float16", kv_dtype="float16"))
+    reason = SglangDecode().unsupported_reason(case)
+    assert reason is not None and "empty request" in reason and "get_cuda_graph_seq_len_fill_value" in reason
+
+
+def test_flashinfer_runs_its_own_soft_cap_alibi_order() -> None:
+    from pa_oracle.backends.flashinfer import FlashInferDecode
+
+    both = Options(logits_soft_cap=30.0, alibi_slopes=(0.5,), q_dtype="float16", kv_dtype="float16")
+    case = Case(Layout.from_lengths([1], [3], 16), Heads(1, 1, 64, 64), both)
+    assert "order cap-then-alibi" in FlashInferDecode().unsupported_reason(case)
+    flashinfer_order = case.replace(options=Options(**{**both.__dict__, "soft_cap_alibi_order": "alibi-then-cap"}))
+    assert FlashInferDecode().capabilities.unsupported_reason(flashinfer_order) is None
+    conversions = FlashInferDecode().conversions(flashinfer_order)
+    assert any("base 2" in c for c in conversions) and any("alibi-then-cap" in c for c in conversions)
+
+
+def test_the_strategies_draw_the_kernel_order_only_where_it_matters() -> None:
+    from hypothesis import given, settings
+    from pa_oracle.backends.flashinfer import FlashInferDecode
+    from pa_oracle.fuzz.draw.strategies import cases
+
+    seen = []
+
+    @settings(max_examples=60, database=None, derandomize=True)
+    @given(cases(FlashInferDecode.capabilities))
+    def draw(case: Case) -> None:
+        both = case.options.logits_soft_cap > 0 and case.options.alibi_slopes is not None
+        assert case.options.soft_cap_alibi_order == ("alibi-then-cap" if both else "cap-then-alibi")
+        seen.append(both)
+
+    draw()
+    assert any(seen)
+
+
+def _fake_flash_attn_lse(case: Case, shifted: bool) -> torch.Tensor:
+    from pa_oracle.oracle.reference import reference
+    from pa_oracle.oracle.tensors import make_tensors
+
+    lse = reference(case, make_tensors(case)).lse.float()
+    lay, slopes = case.layout, case.options.alibi_slopes
+    position = torch.tensor([k - q + i for q, k in zip(lay.qo_lens, lay.kv_lens) for i in range(q)], dtype=torch.float32)
+    return torch.where(torch.isinf(lse), lse, lse + position[:, None] * torch.tensor(slopes)) if shifted else lse
+
+
+@pytest.mark.parametrize(("causal", "window_left", "shifted"), [(True, -1, True), (True, 2, False), (True, 50, True), (False, -1, False)])
+def test_flash_attn_undoes_its_causal_alibi_lse_shift(causal: bool, window_left: int, shifted: bool) -> None:
+    from pa_oracle.backends.flash_attn import FlashAttnKvCache, FlashAttnVarlenPaged
+
+    options = Options(causal=causal, window_left=window_left, alibi_slopes=(0.5, 0.25), q_dtype="float16", kv_dtype="float16")
+    case = Case(Layout.from_lengths([2, 2, 1], [5, 2, 0], 256), Heads(2, 1, 64, 64), options)
+    for adapter in (FlashAttnVarlenPaged(), FlashAttnKvCache()):
+        assert adapter.alibi_lse_shifted(case) is shifted  # the causal kernel (Is_causal) adds slope * j to every row
+        kernel_lse = _fake_flash_attn_lse(case, shifted)
+        torch.testing.assert_close(adapter._natural_lse(case, kernel_lse), _fake_flash_attn_lse(case, False))
+        assert any("ALiBi LSE shift" in c for c in adapter.conversions(case)) is shifted
+
+
+def test_the_failure_report_lists_the_conversions_applied() -> None:
+    from pa_oracle.backends.flashinfer import FlashInferDecode
+    from pa_oracle.oracle.report import format_report
+
+    case = Case(Layout.from_lengths([1], [3], 16), Heads(1, 1, 64, 64), Options(alibi_slopes=(0.5,), q_dtype="float16", kv_dtype="float16"))
+    verdict = check_case(get_backend("sdpa-math"), case).verdict
+    report = format_report(case, "flashinfer-decode", verdict, conversions=FlashInferDecode().conversions(case))
+    assert "- kernel conventions converted by the adapter: LSE base 2 -> natural log; ALiBi LSE shift undone" in report
+    assert "converted by the adapter" not in format_report(case, "sdpa-math", verdict)

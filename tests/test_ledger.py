@@ -6,6 +6,9 @@ import pytest
 from pa_oracle.fuzz.campaign.ledger import load_ledger, lookup
 from pa_oracle.oracle.case import CaseError
 from pa_oracle.oracle.tensors import load_case
+from pa_oracle.fuzz.campaign.ledger import GOLDEN
+
+GOLDEN_CASES = GOLDEN / "cases"
 
 
 def write(tmp_path, entries, version=1):
@@ -94,3 +97,99 @@ def test_every_predicate_in_the_ledger_matches_its_own_golden_case() -> None:
     assert with_predicate
     wrong = [e.case for e in with_predicate if not e.matches_case(load_case(GOLDEN / "cases" / f"{e.case}.json"))]
     assert not wrong, f"these ledger predicates do not match their own golden case: {wrong}"
+
+
+def test_a_version_range_applies_inside_it_only(tmp_path) -> None:
+    entries = load_ledger(write(tmp_path, [{**ENTRY, "versions": {"flashinfer": ">=0.6.18.post1,<0.7.2.post1"}}]))
+    assert lookup(entries, "c", "b", {"flashinfer": "0.6.18.post1"}) is not None
+    assert lookup(entries, "c", "b", {"flashinfer": "0.7.0"}) is not None
+    assert lookup(entries, "c", "b", {"flashinfer": "0.7.2.post1"}) is None
+    assert lookup(entries, "c", "b", {"torch": "2"}) is None  # the library is not installed
+
+
+def test_a_bad_version_specifier_is_refused(tmp_path) -> None:
+    with pytest.raises(CaseError, match=r"versions\['flashinfer'\]: '>>1' is no version or PEP 440 specifier"):
+        load_ledger(write(tmp_path, [{**ENTRY, "versions": {"flashinfer": ">>1"}}]))
+
+
+def test_entries_match_the_kernel_family(tmp_path) -> None:
+    entries = load_ledger(write(tmp_path, [{**{k: v for k, v in ENTRY.items() if k != "backends"}, "families": ["fam"]}]))
+    assert lookup(entries, "c", "b-hnd", {"flashinfer": "1.0"}, family="fam") is not None
+    assert lookup(entries, "c", "b-hnd", {"flashinfer": "1.0"}, family="other") is None
+    assert lookup(entries, "c", "fam", {"flashinfer": "1.0"}) is not None  # a backend without a family is its own
+
+
+@pytest.mark.parametrize(
+    ("versions", "status", "kind", "words"),
+    [
+        ({"flashinfer": "1.0"}, "fail", "known", "known finding"),
+        ({"flashinfer": "1.0"}, "pass", "unexpected-pass", "remove the entry"),
+        ({"flashinfer": "1.1"}, "pass", "fixed", "FIXED in flashinfer 1.1"),
+        ({"flashinfer": "1.1"}, "fail", "finding", "outside its ledger entry's versions"),
+        ({"flashinfer": "1.1"}, "unsupported", "no-verdict", "no verdict"),
+        ({"flashinfer": "1.0"}, "error", "error", "could not judge"),
+    ],
+)
+def test_the_ledger_verdict_says_known_fixed_or_new(tmp_path, versions, status, kind, words) -> None:
+    from pa_oracle.fuzz.campaign.ledger import ledger_verdict
+
+    entries = load_ledger(write(tmp_path, [ENTRY]))
+    verdict = ledger_verdict(entries, "c", "b", versions, status)
+    assert verdict.kind == kind and words in verdict.message
+    assert verdict.ok is (kind not in ("finding", "unexpected-pass", "error"))
+    assert ledger_verdict(entries, "other", "b", versions, status).kind in ("pass", "finding", "no-verdict", "error")
+
+
+def test_an_unreported_entry_names_its_report(tmp_path) -> None:
+    from pa_oracle.fuzz.campaign.ledger import missing_reports
+
+    unreported = {k: v for k, v in ENTRY.items() if k != "issue"} | {"reported": False, "report": "reports/x/ISSUE.md"}
+    entries = load_ledger(write(tmp_path, [unreported]))
+    assert entries[0].issue is None and missing_reports(entries, tmp_path / "ledger.json") == ["reports/x/ISSUE.md"]
+    (tmp_path / "reports" / "x").mkdir(parents=True)
+    (tmp_path / "reports" / "x" / "ISSUE.md").write_text("# x\n")
+    assert missing_reports(entries, tmp_path / "ledger.json") == []
+    for change, message in [({"report": None}, "needs 'report'"), ({"issue": "https://x/1"}, "give one of the two"),
+                            ({"report": "/abs/ISSUE.md"}, "relative to the ledger")]:
+        with pytest.raises(CaseError, match=message):
+            load_ledger(write(tmp_path, [{**unreported, **change}]))
+    with pytest.raises(CaseError, match="goes with 'reported': false"):
+        load_ledger(write(tmp_path, [{**ENTRY, "report": "reports/x/ISSUE.md"}]))
+
+
+def test_every_entry_of_the_golden_ledger_links_an_upstream_issue_or_a_committed_report() -> None:
+    from pa_oracle.fuzz.campaign.ledger import GITHUB_ISSUE, GOLDEN, missing_reports
+
+    entries = load_ledger()
+    not_links = [(e.case, e.issue) for e in entries if e.issue is not None and not GITHUB_ISSUE.match(e.issue)]
+    assert not not_links, f"an issue must be https://github.com/ORG/REPO/issues/N or /pull/N: {not_links}"
+    assert all(e.issue is not None or e.report is not None for e in entries)
+    assert not missing_reports(entries, GOLDEN / "ledger.json"), "commit the ready-to-file reports under golden/reports/"
+
+
+def test_the_group_size_predicates_follow_each_version_s_dispatch() -> None:
+    from pa_oracle.fuzz.draw.strategies import GROUP_SIZES
+
+    dispatched = {"0.6.18.post1": {1, 2, 3, 4, 6, 8}, "0.7.2.post1": {1, 2, 3, 4, 6, 8, 16}}  # DISPATCH_GQA_GROUP_SIZE
+    for version, groups in dispatched.items():
+        entry = lookup(load_ledger(), "flashinfer-decode-group-size-5", "flashinfer-decode", {"flashinfer": version},
+                       family="flashinfer-decode-cuda-core")
+        assert entry is not None and set(entry.matches["group_size"]) == set(GROUP_SIZES) - groups, version
+
+
+def test_the_empty_row_class_matches_every_flashinfer_kernel_that_has_it() -> None:
+    from pa_oracle.backends import discover
+    from pa_oracle.fuzz.campaign.ledger import known_finding
+
+    case = load_case(GOLDEN_CASES / "flashinfer-decode-empty-request-lse.json")
+    for name in ("flashinfer-decode-hnd", "flashinfer-prefill-fa2-hnd", "flashinfer-ragged-fa2", "flashinfer-decode-tc"):
+        backend = discover()[name]()
+        assert known_finding(load_ledger(), case, name, {"flashinfer": "0.6.18.post1"}, family=backend.kernel_family), name
+        assert not known_finding(load_ledger(), case, name, {"flashinfer": "0.7.2.post1"}, family=backend.kernel_family), name
+
+
+def test_conventions_and_preconditions_are_no_longer_findings() -> None:
+    cases = {e.case for e in load_ledger()}
+    assert not {"flash-attn-kvcache-alibi-lse", "flash-attn-kvcache-paged-alibi-lse"} & cases  # converted by the adapter
+    sglang = [e for e in load_ledger() if e.case == "sglang-decode-empty-request"]
+    assert sglang and all("sglang-triton-decode" not in e.families and not e.backends for e in sglang)  # SGLang's precondition

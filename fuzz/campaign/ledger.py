@@ -1,9 +1,21 @@
 """The known-failure ledger (``golden/ledger.json``): each entry names a golden case, the
-backends and versions it applies to, a reason and an issue URL, and a status:
+kernels it applies to (``families``: the kernel an adapter wraps, ``Backend.kernel_family``, and/or
+``backends``: adapter names), the library versions it was seen on, a reason, where it is tracked,
+and a status:
 
 * ``tolerated``: the case still runs and must still fail; an unexpected pass fails loudly so the
-  entry gets removed;
+  entry gets removed (or its version range narrowed);
 * ``quarantine``: never launched (for crashers that poison the CUDA context).
+
+``versions`` maps a package (the keys of ``Backend.versions()``: ``flashinfer``, ``flash_attn``,
+``sglang``, ``triton``) to a PEP 440 specifier (``">=0.6.18.post1,<0.7.2.post1"``) or one version
+(``"0.6.18.post1"``, i.e. ``==``). Outside its range an entry does not apply: a case that passes
+there is reported as fixed in the installed version (``ledger_verdict``), one that still fails is a
+finding again (the range must be extended).
+
+Tracking: ``"issue"`` is the URL of the upstream issue or pull request (``https://github.com/ORG/REPO/issues/N``
+or ``/pull/N`` for the project's own ledger), or ``"reported": false`` with ``"report"``: a
+ready-to-file report, a path relative to the ledger file.
 
 An entry may also carry ``matches``, a predicate over drawn cases (``pa_oracle.fuzz.draw.features``): every key
 is a feature name, a scalar value must equal the case's feature and a list must contain it, e.g.
@@ -15,12 +27,15 @@ findings, not the known ones.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
 import msgspec
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 from pa_oracle.fuzz.draw.features import FEATURES, Feature, case_features
 from pa_oracle.oracle.case import Case, CaseError, read_json
 from pa_oracle.oracle.schema import convert
@@ -34,18 +49,32 @@ SCHEMA_VERSION = 1
 @dataclass(frozen=True)
 class Entry:
     case: str  # golden case name (file stem under golden/cases/)
-    backends: tuple[str, ...]
-    versions: dict[str, str]
+    backends: tuple[str, ...]  # adapter names
+    versions: dict[str, str]  # package -> PEP 440 specifier ("==X" for a bare version)
     status: Literal["tolerated", "quarantine"]
     reason: str
-    issue: str
+    issue: str | None  # upstream issue or PR URL; None: not reported (see ``report``)
     matches: dict[str, Feature | tuple[Feature, ...]] | None = None
+    families: tuple[str, ...] = ()  # kernel families (``Backend.kernel_family``)
+    report: str | None = None  # a ready-to-file report, relative to the ledger, when not reported
 
-    def applies(self, case_name: str, backend: str, versions: dict[str, str]) -> bool:
-        return case_name == self.case and self.covers(backend, versions)
+    def applies(self, case_name: str, backend: str, versions: dict[str, str], family: str | None = None) -> bool:
+        return case_name == self.case and self.covers(backend, versions, family)
 
-    def covers(self, backend: str, versions: dict[str, str]) -> bool:
-        return backend in self.backends and all(versions.get(k) == v for k, v in self.versions.items())
+    def names(self, backend: str, family: str | None = None) -> bool:
+        """True if the entry names ``backend`` or its kernel ``family`` (at any version)."""
+        return backend in self.backends or (family or backend) in self.families
+
+    def covers(self, backend: str, versions: dict[str, str], family: str | None = None) -> bool:
+        return self.names(backend, family) and self.in_range(versions)
+
+    def in_range(self, versions: dict[str, str]) -> bool:
+        """True if every pinned package is installed at a version inside the entry's range."""
+        return not self.out_of_range(versions)
+
+    def out_of_range(self, versions: dict[str, str]) -> dict[str, str]:
+        """The pinned packages whose installed version is outside the range (or not installed)."""
+        return {k: versions.get(k, "not installed") for k, spec in self.versions.items() if not _within(versions.get(k), spec)}
 
     def matches_case(self, case: Case) -> bool:
         """True if the ``matches`` predicate holds for ``case`` (False for an entry without one)."""
@@ -57,17 +86,39 @@ class Entry:
             for name, want in self.matches.items()
         )
 
+    @property
+    def tracked_at(self) -> str:
+        return self.issue or f"not reported upstream; report: {self.report}"
+
+
+def specifier(text: str) -> SpecifierSet:
+    """A ledger ``versions`` value as a specifier set: a bare version means ``==`` that version."""
+    text = text.strip()
+    return SpecifierSet(f"=={text}" if text[:1].isdigit() else text)
+
+
+def _within(installed: str | None, spec: str) -> bool:
+    if installed is None:
+        return False
+    try:
+        return specifier(spec).contains(Version(installed), prereleases=True)
+    except InvalidVersion:  # a version the package reports that PEP 440 cannot read: only equality
+        return installed == spec.strip().removeprefix("==")
+
 
 class _EntryFile(msgspec.Struct, forbid_unknown_fields=True):
     """One ledger entry as written in the file: types only (``_entry`` checks the values)."""
 
     case: str
-    backends: list[str]
-    status: str
-    reason: str
-    issue: str
+    backends: list[str] = []
+    status: str = ""
+    reason: str = ""
+    issue: str = ""  # absent: "" (a reported entry then fails the URL check)
     versions: dict[str, str] = {}
     matches: dict[str, Any] | None = None
+    families: list[str] = []
+    reported: bool = True
+    report: str | None = None
 
 
 class _LedgerFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -79,12 +130,16 @@ class _LedgerFile(msgspec.Struct, forbid_unknown_fields=True):
 _HINTS = {
     "case": "must name its golden case ('case')",
     "backends": "'backends' must be a non-empty list of backend names",
+    "families": "'families' must be a list of kernel families",
     "versions": "'versions' must map package names to version strings",
     "status": "status must be 'tolerated' or 'quarantine'",
     "reason": "must cite a reason and an issue URL",
     "issue": "must cite a reason and an issue URL",
+    "reported": "'reported': false goes with 'report', the path of a ready-to-file report",
+    "report": "'report' is the path of a ready-to-file report, relative to the ledger",
     "matches": "'matches' must be a non-empty object of feature: value",
 }
+GITHUB_ISSUE = re.compile(r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(issues|pull)/[0-9]+$")
 
 
 def load_ledger(path: Path = GOLDEN / "ledger.json") -> list[Entry]:
@@ -112,16 +167,36 @@ def _entry(raw: Any, where: str) -> Entry:
         raise CaseError(f"{where} status must be 'tolerated' or 'quarantine', got {entry.status!r}")
     if not entry.reason.strip():
         raise CaseError(f"{where}: reason is blank: must cite a reason and an issue URL")
-    url = urlparse(entry.issue)
-    if url.scheme not in ("http", "https") or not url.netloc or any(c.isspace() for c in entry.issue):
-        raise CaseError(f"{where}: issue {entry.issue!r} is not an http(s) URL: must cite a reason and an issue URL")
+    _tracking(entry, where)
     if not entry.case.strip():
         raise CaseError(f"{where} must name its golden case ('case')")
-    if not entry.backends or not all(b.strip() for b in entry.backends):
-        raise CaseError(f"{where} 'backends' must be a non-empty list of backend names")
+    if not (entry.backends or entry.families) or not all(b.strip() for b in (*entry.backends, *entry.families)):
+        raise CaseError(f"{where} 'backends' must be a non-empty list of backend names (or give 'families')")
+    for package, spec in entry.versions.items():
+        try:
+            specifier(spec)
+        except InvalidSpecifier:
+            raise CaseError(f"{where} versions[{package!r}]: {spec!r} is no version or PEP 440 specifier (e.g. '>=0.6.18.post1,<0.7.2.post1')") from None
     matches = None if entry.matches is None else _predicate(entry.matches, where)
     status: Literal["tolerated", "quarantine"] = "tolerated" if entry.status == "tolerated" else "quarantine"
-    return Entry(entry.case, tuple(entry.backends), dict(entry.versions), status, entry.reason, entry.issue, matches)
+    return Entry(entry.case, tuple(entry.backends), dict(entry.versions), status, entry.reason, entry.issue or None, matches,
+                 tuple(entry.families), entry.report)
+
+
+def _tracking(entry: _EntryFile, where: str) -> None:
+    """An upstream issue URL, or ``reported: false`` with the path of a ready-to-file report."""
+    if not entry.reported:
+        if entry.issue:
+            raise CaseError(f"{where}: 'reported': false with an 'issue' URL: give one of the two")
+        if not entry.report or not entry.report.strip() or Path(entry.report).is_absolute():
+            raise CaseError(f"{where}: 'reported': false needs 'report', the path of a ready-to-file report relative to the ledger")
+        return
+    if entry.report is not None:
+        raise CaseError(f"{where}: 'report' goes with 'reported': false")
+    url = urlparse(entry.issue)
+    if url.scheme not in ("http", "https") or not url.netloc or any(c.isspace() for c in entry.issue):
+        raise CaseError(f"{where}: issue {entry.issue!r} is not an http(s) URL: must cite a reason and an issue URL "
+                        "(or 'reported': false with a 'report')")
 
 
 def _predicate(raw: Any, where: str) -> dict[str, Feature | tuple[Feature, ...]]:
@@ -146,14 +221,72 @@ def _predicate(raw: Any, where: str) -> dict[str, Feature | tuple[Feature, ...]]
     return predicate
 
 
-def lookup(entries: list[Entry], case_name: str, backend: str, versions: dict[str, str]) -> Entry | None:
-    """The entry for golden case ``case_name`` on ``backend`` at ``versions``, if any."""
-    return next((e for e in entries if e.applies(case_name, backend, versions)), None)
+def lookup(entries: list[Entry], case_name: str, backend: str, versions: dict[str, str], family: str | None = None) -> Entry | None:
+    """The entry for golden case ``case_name`` on ``backend`` (kernel ``family``) at ``versions``, if any."""
+    return next((e for e in entries if e.applies(case_name, backend, versions, family)), None)
 
 
-def known_finding(entries: list[Entry], case: Case, backend: str, versions: dict[str, str]) -> Entry | None:
+def known_finding(entries: list[Entry], case: Case, backend: str, versions: dict[str, str], family: str | None = None) -> Entry | None:
     """The entry whose ``matches`` predicate covers a drawn ``case`` on ``backend``, if any."""
-    return next((e for e in entries if e.covers(backend, versions) and e.matches_case(case)), None)
+    return next((e for e in entries if e.covers(backend, versions, family) and e.matches_case(case)), None)
+
+
+@dataclass(frozen=True)
+class LedgerVerdict:
+    """What a golden replay's outcome means given the ledger.
+
+    ``kind``: ``pass`` (no entry, passes), ``finding`` (no entry applies, fails: new, or an entry
+    seen at other versions still fails here), ``known`` (an entry applies and it fails, as
+    expected), ``unexpected-pass`` (an entry applies and it passes: remove or narrow the entry),
+    ``fixed`` (an entry exists for other versions and it passes here: fixed in the installed version),
+    ``quarantine`` (never launched), ``no-verdict`` (unsupported, or not run), ``error`` (the tool
+    could not judge: never ok).
+    """
+
+    kind: str
+    message: str
+    entry: Entry | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.kind in ("pass", "known", "fixed", "quarantine", "no-verdict")
+
+
+def ledger_verdict(
+    entries: list[Entry], case_name: str, backend: str, versions: dict[str, str], status: str | None, family: str | None = None
+) -> LedgerVerdict:
+    """Judge a golden case's ``status`` (``pass``, ``fail``, ``crash``, ``unsupported``, ``error``; None:
+    not launched) on ``backend`` at ``versions`` against the ledger."""
+    entry = lookup(entries, case_name, backend, versions, family)
+    if entry is not None and entry.status == "quarantine":
+        return LedgerVerdict("quarantine", f"quarantined: {entry.reason} ({entry.tracked_at})", entry)
+    if status == "error":
+        return LedgerVerdict("error", "the tool could not judge the case (an error, not a verdict)", entry)
+    if status in ("unsupported", None):
+        return LedgerVerdict("no-verdict", f"no verdict ({status or 'not run'})", entry)
+    failed = status != "pass"
+    if entry is not None:
+        if failed:
+            return LedgerVerdict("known", f"known finding ({entry.tracked_at})", entry)
+        pinned = ", ".join(f"{k} {versions.get(k)}" for k in entry.versions) or "every version"
+        return LedgerVerdict("unexpected-pass", f"passes at {pinned}, inside the range of its ledger entry: remove the entry "
+                             f"or narrow its versions ({entry.tracked_at})", entry)
+    elsewhere = next((e for e in entries if e.case == case_name and e.names(backend, family)), None)
+    if elsewhere is None:
+        return LedgerVerdict("finding", "fails and no ledger entry covers it", None) if failed else LedgerVerdict("pass", "pass")
+    outside = elsewhere.out_of_range(versions)
+    where = ", ".join(f"{k} {v}" for k, v in outside.items())
+    seen = ", ".join(f"{k} {v}" for k, v in elsewhere.versions.items())
+    if failed:
+        return LedgerVerdict("finding", f"still fails at {where}, outside its ledger entry's versions ({seen}): "
+                             f"extend the range if it is the same bug ({elsewhere.tracked_at})", elsewhere)
+    return LedgerVerdict("fixed", f"FIXED in {where}: passes here; its ledger entry covers {seen} ({elsewhere.tracked_at})", elsewhere)
+
+
+def missing_reports(entries: list[Entry], ledger_path: Path) -> list[str]:
+    """The ``report`` paths of unreported entries that do not exist beside ``ledger_path``."""
+    folder = Path(ledger_path).parent
+    return [e.report for e in entries if e.report is not None and not (folder / e.report).is_file()]
 
 
 def golden_cases(folder: Path = GOLDEN / "cases") -> list[Path]:

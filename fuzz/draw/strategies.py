@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.fuzz.draw import families
-from pa_oracle.oracle.case import DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, alibi_slopes
+from pa_oracle.oracle.case import CAP_THEN_ALIBI, DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, alibi_slopes
 
 PAGE_SIZES = (16, 1, 2, 3, 5, 8, 32, 64, 128, 256)  # shrinks toward the first
 GROUP_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
@@ -142,6 +142,8 @@ def options(draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilit
     return Options(
         causal=causal, sm_scale=sm_scale, window_left=window_left, logits_soft_cap=soft_cap,
         alibi_slopes=slopes, sinks=sinks, q_dtype=q_dtype, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale,
+        # not drawn: the kernel's own order where it matters (the case stays the same elsewhere)
+        soft_cap_alibi_order=caps.soft_cap_alibi_order if soft_cap and slopes else CAP_THEN_ALIBI,
     )
 
 

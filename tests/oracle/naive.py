@@ -39,9 +39,12 @@ def naive_attention(case: Case, tensors: Tensors) -> tuple[list, list]:
                     page, slot = pages[j // lay.page_size], j % lay.page_size
                     key = [x * opts.k_scale for x in k_cache[page][slot][kvh]]
                     s = case.sm_scale * sum(a * c for a, c in zip(q[row][h], key))
+                    alibi_first = opts.soft_cap_alibi_order == "alibi-then-cap"
+                    if opts.alibi_slopes is not None and alibi_first:
+                        s -= opts.alibi_slopes[h] * abs(p - j)
                     if opts.logits_soft_cap > 0:
                         s = opts.logits_soft_cap * math.tanh(s / opts.logits_soft_cap)
-                    if opts.alibi_slopes is not None:
+                    if opts.alibi_slopes is not None and not alibi_first:
                         s -= opts.alibi_slopes[h] * abs(p - j)
                     logits.append(s)
                     vals.append([x * opts.v_scale for x in v_cache[page][slot][kvh]])

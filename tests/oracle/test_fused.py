@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -324,3 +325,14 @@ def test_cuda_kernel_does_not_sync_the_stream(logit_noise: bool) -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert fused is not None
     _assert_matches(fused, reference(case, tensors, logit_noise=logit_noise, engine="torch"), case)
+
+
+def test_alibi_before_the_soft_cap_is_left_to_the_torch_engine() -> None:
+    from pa_oracle.oracle.fused import unsupported_reason
+
+    case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 8, 8), Options(logits_soft_cap=5.0, alibi_slopes=(0.5,)))
+    assert unsupported_reason(case) is None
+    flashinfer_order = case.replace(options=dataclasses.replace(case.options, soft_cap_alibi_order="alibi-then-cap"))
+    assert "torch engine" in unsupported_reason(flashinfer_order)
+    no_cap = flashinfer_order.replace(options=dataclasses.replace(flashinfer_order.options, logits_soft_cap=0.0))
+    assert unsupported_reason(no_cap) is None  # the order matters only with both on

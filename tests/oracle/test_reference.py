@@ -229,3 +229,30 @@ def test_cuda_reference_matches_cpu(case: Case) -> None:
     cpu, gpu = reference(case, tensors), reference(case, tensors.to("cuda"))
     torch.testing.assert_close(gpu.out.cpu(), cpu.out, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(gpu.lse.cpu(), cpu.lse, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize(("cap", "alibi"), [(0.0, True), (5.0, False), (5.0, True)])
+def test_soft_cap_alibi_orders_differ_only_when_both_are_on(cap: float, alibi: bool) -> None:
+    layout = Layout.from_lengths([2, 1], [7, 5], page_size=4)
+    heads = Heads(2, 1, 8, 8)
+    slopes = (0.5, 0.25) if alibi else None
+    first = Case(layout, heads, Options(logits_soft_cap=cap, alibi_slopes=slopes, sm_scale=2.0), seed=3)
+    second = first.replace(options=dataclasses.replace(first.options, soft_cap_alibi_order="alibi-then-cap"))
+    a, b = reference(first, make_tensors(first)), reference(second, make_tensors(second))
+    naive_out, naive_lse = naive_attention(second, make_tensors(second))
+    torch.testing.assert_close(b.lse, torch.tensor(naive_lse, dtype=torch.float64).view_as(b.lse), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(b.out, torch.tensor(naive_out, dtype=torch.float64).view_as(b.out), rtol=1e-10, atol=1e-12)
+    if cap and alibi:
+        assert (a.lse - b.lse).abs().max() > 1e-3 and (a.out - b.out).abs().max() > 1e-3
+    else:
+        assert torch.equal(a.lse, b.lse) and torch.equal(a.out, b.out)
+
+
+def test_the_default_order_is_left_out_of_the_case_file() -> None:
+    case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(1, 1, 8, 8), Options(logits_soft_cap=5.0, alibi_slopes=(0.5,)))
+    other = case.replace(options=dataclasses.replace(case.options, soft_cap_alibi_order="alibi-then-cap"))
+    assert "soft_cap_alibi_order" not in case.to_json()["options"]
+    assert other.to_json()["options"]["soft_cap_alibi_order"] == "alibi-then-cap"
+    assert other.case_id != case.case_id and Case.from_json(other.to_json()) == other
+    with pytest.raises(Exception, match="soft_cap_alibi_order must be one of"):
+        Options(soft_cap_alibi_order="cap-first")

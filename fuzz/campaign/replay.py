@@ -1,0 +1,199 @@
+"""Replay a corpus of saved cases (the golden cases, or any case files) on backends and record,
+per case and backend, the verdict, what the ledger makes of it (known, fixed in X, new finding)
+and the environment's versions (``pa-oracle replay --json``); compare two such records taken on
+two environments (``pa-oracle replay-compare``: fixed / regressed / same / new)."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pa_oracle.fuzz.campaign.ledger import Entry, ledger_verdict, lookup
+from pa_oracle.oracle.case import CaseError
+from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.tensors import load_case
+
+REPLAY_SCHEMA = 1
+REPLAY_KIND = "pa-oracle-replay"
+FAILING = ("fail", "crash")
+
+
+class ReplayError(BadInput):
+    """A corpus or replay record that cannot be read: the message names the file."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One case on one backend."""
+
+    case: str  # the file stem (a golden case's ledger name)
+    file: str
+    case_id: str
+    backend: str
+    family: str
+    status: str  # pass, fail, crash, unsupported, error, or "quarantine" (never launched)
+    message: str
+    ledger: str  # LedgerVerdict.kind
+    ledger_message: str
+    versions: dict[str, str]
+
+
+def corpus_files(paths: Iterable[Path]) -> list[Path]:
+    """The case files named: a folder gives its ``*.json`` (sorted), a file itself."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(path.glob("*.json"))
+            if not found:
+                raise ReplayError(f"{path}: no case files (*.json) in this folder")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ReplayError(f"{path}: no such case file or folder")
+    if not files:
+        raise ReplayError("give case files or a folder of them (e.g. the golden cases)")
+    return files
+
+
+def environment(backends: list[Any], unavailable: dict[str, str]) -> dict[str, Any]:
+    """Where the replay ran: Python, torch, the GPU, and every available backend's versions."""
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    packages: dict[str, str] = {}
+    for backend in backends:
+        packages.update(backend.versions())
+    return {"python": platform.python_version(), "torch": torch.__version__, "gpu": gpu,
+            "packages": dict(sorted(packages.items())), "unavailable": unavailable}
+
+
+
+def replay_corpus(
+    files: list[Path],
+    backends: list[Any],
+    ledger: list[Entry],
+    judge_for: Callable[[Any], Any],
+    progress: Callable[[Record], None] = lambda record: None,
+) -> list[Record]:
+    """Judge every case on every backend (``judge_for(backend)`` is a context manager yielding a
+    judge, e.g. ``case_judge``); quarantined pairs are not launched. A case that does not load is
+    bad input (``ReplayError``), never a verdict."""
+    cases = []
+    for path in files:
+        try:
+            cases.append((path, load_case(path)))
+        except CaseError as exc:
+            raise ReplayError(str(exc)) from None
+    records: list[Record] = []
+    for backend in backends:
+        versions, family = backend.versions(), backend.kernel_family
+        with judge_for(backend) as check:
+            for path, case in cases:
+                entry = lookup(ledger, path.stem, backend.name, versions, family)
+                if entry is not None and entry.status == "quarantine":
+                    status, message = "quarantine", "not launched"
+                else:
+                    outcome = check(case)
+                    status, message = outcome.status, outcome.message
+                verdict = ledger_verdict(ledger, path.stem, backend.name, versions,
+                                         None if status == "quarantine" else status, family)
+                record = Record(path.stem, str(path), _file_case_id(case), backend.name, family, status, message,
+                                verdict.kind, verdict.message, versions)
+                records.append(record)
+                progress(record)
+    return records
+
+
+def _file_case_id(case: Any) -> str:
+    """The id of the case as its file names it (a sidecar by its file name, not this machine's path)."""
+    return case.replace(tensors_file=Path(case.tensors_file).name).case_id if case.tensors_file else case.case_id
+
+
+def replay_document(records: list[Record], env: dict[str, Any]) -> dict[str, Any]:
+    return {"schema_version": REPLAY_SCHEMA, "kind": REPLAY_KIND, "environment": env,
+            "results": [asdict(r) for r in records]}
+
+
+def load_replay(path: Path) -> dict[str, Any]:
+    """A ``replay --json`` document, checked enough to compare (the message names the file)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"{path}: not a readable replay record ({exc})") from None
+    if not isinstance(data, dict) or data.get("kind") != REPLAY_KIND or data.get("schema_version") != REPLAY_SCHEMA:
+        raise ReplayError(f"{path}: not a pa-oracle replay record (write one with pa-oracle replay --json CASES...)")
+    results = data.get("results")
+    if not isinstance(results, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("case"), str) and isinstance(r.get("backend"), str) and isinstance(r.get("status"), str)
+        for r in results
+    ):
+        raise ReplayError(f"{path}: 'results' must be a list of records with case, backend and status")
+    return data
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # fixed, regressed, same, changed, new, gone
+    case: str
+    backend: str
+    before: str | None
+    after: str | None
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> list[Change]:
+    """Per (case, backend): ``fixed`` (failed, passes), ``regressed`` (passed, fails or crashes),
+    ``same``, ``changed`` (any other status change, e.g. pass -> unsupported), ``new`` (only in
+    ``after``), ``gone`` (only in ``before``)."""
+    old = {(r["case"], r["backend"]): r["status"] for r in before["results"]}
+    new = {(r["case"], r["backend"]): r["status"] for r in after["results"]}
+    changes = []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if a is None:
+            kind = "new"
+        elif b is None:
+            kind = "gone"
+        elif a == b:
+            kind = "same"
+        elif a in FAILING and b == "pass":
+            kind = "fixed"
+        elif a == "pass" and b in FAILING:
+            kind = "regressed"
+        else:
+            kind = "changed"
+        changes.append(Change(kind, key[0], key[1], a, b))
+    return changes
+
+
+def version_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """``package: A -> B`` for each package whose version differs between the environments."""
+    a = before.get("environment", {}).get("packages", {}) or {}
+    b = after.get("environment", {}).get("packages", {}) or {}
+    return [f"{k}: {a.get(k, '-')} -> {b.get(k, '-')}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+
+
+def comparison_lines(changes: list[Change], versions: list[str]) -> list[str]:
+    """Text: the version changes, every change but ``same`` (one line each), then counts."""
+    lines = [f"versions: {', '.join(versions)}" if versions else "versions: the same packages"]
+    order = ("regressed", "fixed", "changed", "new", "gone")
+    for kind in order:
+        for c in (c for c in changes if c.kind == kind):
+            lines.append(f"{kind.upper():9} {c.case} on {c.backend}: {c.before or '-'} -> {c.after or '-'}")
+    counts = {kind: sum(c.kind == kind for c in changes) for kind in (*order[:2], "same", *order[2:])}
+    lines.append(", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    return lines
+
+
+def record_line(record: Record) -> str:
+    """One text line per record; a fix or a finding is shouted."""
+    loud = record.ledger in ("fixed", "finding", "unexpected-pass", "error")
+    head = f"{record.case} on {record.backend}: {record.status}"
+    tail = record.ledger_message if record.ledger not in ("pass",) else ""
+    if record.status in ("unsupported", "error") and record.message:
+        tail = record.message
+    return f"{'>>> ' if loud else '    '}{head}{' - ' + tail if tail else ''}"
