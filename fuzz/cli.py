@@ -285,20 +285,7 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
     }
 
 
-<<<<<<< HEAD
 @click.command()
-@click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--backend", "-b", "backend_name", help="Backend to run (default: the one that found the case).")
-@click.option("--kernel", "-k", help="A user kernel as MODULE:FUNCTION.")
-@click.option("--json", "as_json", is_flag=True)
-def replay(case_file: Path, backend_name: str | None, kernel: str | None, as_json: bool) -> None:
-    """Re-run a saved case on one backend and print the verdict; exit 1 if it fails, 3 if no verdict (unsupported, error)."""
-    from pa_oracle.oracle.case import CaseError
-    from pa_oracle.oracle.report import format_report
-    from pa_oracle.oracle.tensors import load_case
-
-=======
-@main.command()
 @click.argument("case_files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend to run (repeatable; default: the one that found the case, or every available one for a corpus).")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
@@ -313,11 +300,14 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
     available) backend, judged against the ledger: known findings, "FIXED in X", new findings;
     --json prints the record pa-oracle replay-compare reads. Exit 1 on a new finding or an
     unexpected pass."""
+    from pa_oracle.oracle.case import CaseError
+    from pa_oracle.oracle.report import format_report
+    from pa_oracle.oracle.tensors import load_case
+
     if len(case_files) > 1 or case_files[0].is_dir() or len(backend_names) + len(kernels) > 1:
         _replay_corpus(case_files, backend_names, kernels, ledger_file, output_file, as_json)
         return
     case_file = case_files[0]
->>>>>>> h-contracts
     try:
         case = load_case(case_file)
     except CaseError as exc:
@@ -350,13 +340,13 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
         sys.exit(1)
 
 
-<<<<<<< HEAD
-@click.command()
-=======
 def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kernels: tuple[str, ...],
                    ledger_file: Path | None, output_file: Path | None, as_json: bool) -> None:
+    from pa_oracle.backends import available
     from pa_oracle.fuzz.campaign import replay as corpus
+    from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
     from pa_oracle.fuzz.run.isolation import BadTimeout, case_judge, default_case_timeout
+    from pa_oracle.oracle.case import CaseError
 
     try:
         files = corpus.corpus_files(paths)
@@ -388,7 +378,7 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
         sys.exit(3)  # a case the tool could not judge
 
 
-@main.command("replay-compare")
+@click.command("replay-compare")
 @click.argument("before", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("after", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
@@ -412,51 +402,7 @@ def replay_compare(before: Path, after: Path, as_json: bool) -> None:
         sys.exit(1)
 
 
-def _oracle_engines() -> dict[str, str]:
-    """Which engine computes the float64 oracle per device type (``reference(engine=...)``)."""
-    import importlib.util
-
-    import torch
-    from pa_oracle.oracle.reference import default_engine
-
-    engine = default_engine()
-    triton = importlib.util.find_spec("triton") is not None
-    engines = {"cpu": "torch"}
-    if torch.cuda.is_available():
-        fused = engine != "torch" and triton
-        engines["cuda"] = "fused (float64 Triton kernel; failures re-judged by torch)" if fused else "torch"
-    return engines
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True)
-def env(as_json: bool) -> None:
-    """Versions, devices and which backends are available (and why not)."""
-    import torch
-
-    usable, missing = available_backends()
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "devices": ["cpu"] + [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "oracle": _oracle_engines(),
-        "backends": {b.name: {"available": True, "device": b.device, "versions": b.versions()} for b in usable},
-    }
-    info["backends"].update({name: {"available": False, "why": why} for name, why in missing.items()})
-    if as_json:
-        click.echo(json.dumps(info, indent=1))
-        return
-    click.echo(f"python {info['python']}, torch {info['torch']}, cuda {info['cuda']}")
-    click.echo("devices: " + ", ".join(info["devices"]))
-    click.echo("oracle: " + ", ".join(f"{device} -> {engine}" for device, engine in info["oracle"].items()))
-    for name, entry in info["backends"].items():
-        state = f"available on {entry['device']}" if entry["available"] else f"unavailable: {entry['why']}"
-        click.echo(f"  {name:16s} {state}")
-
-
-@main.command()
->>>>>>> h-contracts
+@click.command()
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--examples", "-n", type=EXAMPLES, default=30, show_default=True)

@@ -21,6 +21,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("pa_oracle.fuzz.cli:replay",
                "Re-run a saved case on one backend and print the verdict; exit 1 if it fails, 3 if no verdict "
                "(unsupported, error)."),
+    "replay-compare": ("pa_oracle.fuzz.cli:replay_compare",
+                       "Compare two replay --json records (e.g. two library versions): fixed / regressed / same / "
+                       "new per case and backend; exit 1 if anything regressed."),
     "triage": ("pa_oracle.fuzz.triage.cli:triage",
                "Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the error and "
                "write triage.md / triage.html; exit 1 if any backend fails the case."),

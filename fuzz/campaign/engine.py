@@ -336,63 +336,7 @@ def run_campaign(
             total = sum(len(r.findings) for r in state.results.values())
             progress(f"  {label}{result.line()}; findings so far {total}")
 
-<<<<<<< HEAD
     workers: dict[str, Any] = {}  # one worker per backend, shared by its checks (started on its first case)
-=======
-    for i, backend in enumerate(todo):
-        deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
-        if progress:
-            pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
-            where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
-            progress(f"{label}fuzzing {backend.name} on {where} ...")
-        fuzz_backend(
-            backend, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline, limits=limits,
-            out_dir=out_dir, kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
-            progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
-            resume=state.results[backend.name], checkpoint=checkpoint,
-        )
-    return [state.results[b.name] for b in backends]
-
-
-def _crash_verdict(outcome: Outcome) -> Verdict:
-    return Verdict(False, [f"crash: {outcome.message.splitlines()[0]}"])
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-
-
-def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
-    """Write case.json (+ tensors.npz sidecar) and report.md for a finding; return its folder.
-
-    The folder is published whole (``pa_oracle.fuzz.campaign.outdir.publish_folder``): an existing folder is never
-    replaced or deleted (the same finding found again is left as it was; a different one with
-    the same case id goes beside it, ``CASE_ID-2``). Raises ``FindingNotSaved`` when it cannot be
-    written, after rescuing the case.json to a temp folder if possible."""
-    case = outcome.case
-    meta = {
-        "found_by": "pa-oracle fuzz",
-        "backend": backend.name,
-        "kernel": kernel_spec,
-        "status": outcome.status,
-        "message": outcome.message.splitlines()[0] if outcome.message else "",
-        "versions": backend.versions(),
-        "date": datetime.date.today().isoformat(),
-        "generated_from": {"seed": case.seed, "distribution": case.distribution},
-    }
-    saved = case.replace(tensors_file="tensors.npz", meta=meta)
-    parent = Path(out_dir) / _safe(backend.name)
-
-    def write(tmp: Path, final: Path) -> None:
-        save_tensors(make_tensors(case, "cpu"), tmp / "tensors.npz")
-        saved.save(tmp / "case.json")
-        repro = repro_command(str(final / "case.json"), backend.name, kernel_spec)
-        report = format_report(case, backend.name, outcome.verdict or _crash_verdict(outcome), repro, backend.conversions(case))
-        if outcome.status == "crash":
-            report += f"\n## Crash\n\n```\n{outcome.message}\n```\n"
-        (tmp / "report.md").write_text(report)
-
->>>>>>> h-contracts
     try:
         for i, ((backend, check), key) in enumerate(todo):
             deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)

@@ -92,7 +92,7 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
             write_case(case, tensors, tmp / label)
         if outcome.output is not None:
             save_output(outcome.output, tmp / first / OUTPUT_FILE)
-        (tmp / "report.md").write_text(finding_report(outcome, backend.name, original, repro(final)))
+        (tmp / "report.md").write_text(finding_report(outcome, backend.name, original, repro(final), backend.conversions(original)))
 
     try:
         folder = publish_folder(parent, name, write, already_saved=same)
@@ -136,11 +136,12 @@ def _crash_verdict(outcome: Outcome) -> Verdict:
     return Verdict(False, [f"crash: {outcome.message.splitlines()[0]}"])
 
 
-def finding_report(outcome: Outcome, backend: str, saved: Case, repro: str | None = None) -> str:
+def finding_report(outcome: Outcome, backend: str, saved: Case, repro: str | None = None,
+                   conversions: tuple[str, ...] = ()) -> str:
     """Markdown for a finding: the oracle's failure report, or a check's expectation, what
     happened, where, its cases; both with the repro command and a crash's traceback."""
     if outcome.check == ORACLE_CHECK:
-        report = format_report(saved, backend, outcome.verdict or _crash_verdict(outcome), repro)
+        report = format_report(saved, backend, outcome.verdict or _crash_verdict(outcome), repro, conversions)
         if outcome.status == "crash":
             report += f"\n## Crash\n\n```\n{outcome.message}\n```\n"
         return report
