@@ -40,8 +40,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pa_oracle.backends.base import KernelOutput, register
-from pa_oracle.backends.flashinfer import _FLASHINFER, LN_2, _FlashInferBackend, _workspace
+from pa_oracle.backends.base import CompileKey, KernelOutput, register
+from pa_oracle.backends.flashinfer import (
+    _FLASHINFER,
+    LN_2,
+    _FlashInferBackend,
+    _workspace,
+    auto_prefill_backend,
+    module_uri,
+)
 from pa_oracle.oracle.case import Case, Layout
 from pa_oracle.oracle.tensors import Tensors
 
@@ -178,6 +185,14 @@ class VllmFlashInfer(_FlashInferBackend):
         page_sizes=(16, 32, 64), min_qo_len=1, qo_len_above_kv_len=False, empty_requests=False,
         causal=(True,), alibi=False,
     )
+
+    compile_seconds = 120.0  # two prefill modules (fa3 on sm90: more)
+
+    def modules(self, key: CompileKey) -> list[str]:
+        """The prefill wrapper's module (backend "auto") and the decode wrapper's: a batch of decodes and
+        prefills loads both, so a key counts as built only when both are."""
+        decode = module_uri("prefill", key, "fa2") if DECODE_USE_TENSOR_CORES else module_uri("decode", key)
+        return list(dict.fromkeys((module_uri("prefill", key, auto_prefill_backend(key)), decode)))
 
     def plan(self, case: Case) -> dict[str, Any]:  # type: ignore[override]
         import flashinfer

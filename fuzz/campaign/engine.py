@@ -28,6 +28,7 @@ from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
 from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_folder, rescue
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
+from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME
 from pa_oracle.fuzz.run.runner import OracleDisagreement, Outcome, check_case
@@ -69,6 +70,7 @@ def fuzz_backend(
     ledger: list[Entry] | None = None,
     resume: BackendResult | None = None,
     checkpoint: Callable[[BackendResult], None] | None = None,
+    variants: VariantPlan | None = None,
 ) -> BackendResult:
     """Fuzz one backend until it ran ``examples`` cases (counting those of ``resume``), the monotonic
     ``deadline`` passed, or a finding.
@@ -110,7 +112,7 @@ def fuzz_backend(
             result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
         else:
             isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance)
-    strategy = cases(backend.capabilities, limits)
+    strategy = variants.strategy(limits) if variants is not None else cases(backend.capabilities, limits)
     failing: list[Outcome] = []
     stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
     internal: list[Exception] = []  # errors of the tool itself while judging a case
@@ -134,7 +136,10 @@ def fuzz_backend(
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
         try:
+            judging = time.monotonic()
             outcome = isolated.check(case, deadline) if isolated is not None else check_case(backend, case, tolerance)
+            if variants is not None and searching:
+                variants.observe(case, time.monotonic() - judging)
         except (OutOfTime, WorkerStartError) as exc:
             stopped.append(str(exc))
             if searching:
@@ -265,12 +270,15 @@ def run_campaign(
     case_timeout: float = CASE_TIMEOUT,
     out_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    compile_budget: float | None = None,
 ) -> list[BackendResult]:
     """Fuzz ``backends`` one after another on ``shard``, continuing ``state`` and saving it to
     ``state_file`` after every chunk. ``examples`` is the campaign's total per backend (this shard
     runs its share); the time budget is shared by the backends that still have work and bounds a
     hanging case too. A backend that stopped at a finding is fuzzed again only with
     ``rerun_findings``. ``isolate`` None: ``pa_oracle.fuzz.run.isolation.isolated_by_default`` per backend.
+    ``compile_budget`` (seconds, shared like the time budget): each backend draws inside a few compiled
+    variants (``pa_oracle.fuzz.campaign.variants``); None draws without that restriction.
     ValueError for a ``case_timeout`` that is not a finite number > 0."""
     from pa_oracle.fuzz.run.isolation import check_timeout
 
@@ -304,12 +312,19 @@ def run_campaign(
             pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
             where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
             progress(f"{label}fuzzing {backend.name} on {where} ...")
+        plan = None if compile_budget is None else plan_variants(
+            backend, limits, budget=compile_budget / len(todo), seed=int(state.config.get("seed", 0)) + shard.index
+        )
+        if plan is not None:
+            plan.prebuild(progress)
         fuzz_backend(
             backend, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline, limits=limits,
             out_dir=out_dir, kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
             progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
-            resume=state.results[backend.name], checkpoint=checkpoint,
+            resume=state.results[backend.name], checkpoint=checkpoint, variants=plan,
         )
+        if plan is not None:
+            state.results[backend.name].coverage.variants = plan.lines()
     return [state.results[b.name] for b in backends]
 
 
