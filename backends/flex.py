@@ -5,8 +5,8 @@ carries its request id and position, and a ``mask_mod`` keeps same-request pairs
 bottom-right causal and window tests. ``sm_scale``, soft cap and ALiBi are a ``score_mod``. What
 compiles is kept to the shape signature: every option is a tensor the mods read (causal, window,
 cap, slopes, scale; flex's own ``scale`` float would be a guard, one compile per value), and lengths
-are padded to coarse buckets (queries >= 512, keys 512 or 2048, then powers of two), so a fuzz run
-compiles once per (dtype, head dims, heads) and key-length bucket.
+are padded to coarse buckets (queries >= 512, keys >= 2048, then powers of two), so a fuzz run
+compiles once per (dtype, head dims, heads).
 Compiled flex on CPU returns no LSE (inductor: "return_lse is not supported yet").
 """
 
@@ -49,11 +49,12 @@ def block_mask_of(mask_mod: Any, lq: int, lk: int, device: torch.device) -> Any:
     return to_sparse(blocks, mask_mod, (lq, lk), block, block)
 
 
-def _bucket(n: int, smallest: int = 512) -> int:
-    """>>> _bucket(3), _bucket(600), _bucket(3000)
-    (512, 2048, 4096)"""
-    size = max(smallest, 1 << max(n - 1, 0).bit_length())
-    return 2048 if smallest < size <= 2048 else size
+def _bucket(n: int, smallest: int) -> int:
+    """The padded length: ``smallest``, else the next power of two.
+
+    >>> _bucket(3, 512), _bucket(600, 512), _bucket(1800, 2048), _bucket(3000, 2048)
+    (512, 1024, 2048, 4096)"""
+    return max(smallest, 1 << max(n - 1, 0).bit_length())
 
 
 @register
@@ -61,7 +62,7 @@ class Flex(Backend):
     name = "flex"
     description = "torch FlexAttention, compiled, batch packed with document masking"
     capabilities = Capabilities(sinks=False, fp8_scales=False, returns_lse=False)
-    # the shape signature torch.compile specializes on (the padded lengths vary inside a key: 1-3 compiles)
+    # the shape signature torch.compile specializes on (the padded lengths too, one bucket within fuzz limits)
     compile_fields = ("q_dtype", "head_dim_qk", "head_dim_vo", "num_kv_heads", "group_size")
     compile_seconds = 10.0
 
@@ -77,7 +78,9 @@ class Flex(Backend):
         doc_k = torch.repeat_interleave(torch.arange(lay.batch_size), torch.tensor(lay.kv_lens))
         q_pos = torch.cat([torch.arange(k - q, k) for q, k in zip(lay.qo_lens, lay.kv_lens)])
         k_pos = torch.cat([torch.arange(k) for k in lay.kv_lens])
-        lq, lk = _bucket(lay.total_q), _bucket(len(doc_k))
+        # one padded shape for every case of the default fuzz limits (<= 384 queries, <= 1800 keys): the
+        # padding is whole empty blocks of the block mask, which flex skips
+        lq, lk = _bucket(lay.total_q, 512), _bucket(len(doc_k), 2048)
         pad = lambda t, n, fill: torch.cat([t, t.new_full((n - len(t),), fill)]).to(device)  # noqa: E731
         return {
             "case": case,

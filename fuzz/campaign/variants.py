@@ -12,6 +12,7 @@ compile key (layouts, lengths, page tables, data, seeds) is restricted.
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ class VariantPlan:
     spent: float = 0.0
     ran: dict[CompileKey, int] = field(default_factory=dict)  # cases judged per key
     compiled: dict[CompileKey, float] = field(default_factory=dict)  # key -> seconds its first case (or build) took
+    warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
 
     def usable(self) -> list[CompileKey]:
         """The keys the next case may be drawn from: the free ones, the chosen ones already built, and
@@ -76,13 +78,17 @@ class VariantPlan:
         if key not in self.free and key not in self.compiled:
             self.compiled[key] = seconds
             self.spent += seconds
+        elif self.warm and seconds > 4 * statistics.median(self.warm[-20:]) + 0.5:
+            self.spent += seconds  # a compile the key does not name (e.g. a padded length): counted all the same
+        else:
+            self.warm.append(seconds)
 
     def prebuild(self, progress: Any = None) -> None:
         """Build the chosen keys ahead of the first case where the adapter can (FlashInfer: one parallel
         ninja run); what it builds is counted against the budget."""
         todo = [k for k in self.chosen if k not in self.compiled]
-        if not todo:
-            return
+        if not todo or type(self.backend).build_variants is Backend.build_variants:
+            return  # nothing to build, or no ahead-of-time build: each key compiles on its first case
         if progress:
             progress(f"  building {len(todo)} {self.backend.name} variants: " + "; ".join(key_label(k) for k in todo[:6]))
         start = time.monotonic()
