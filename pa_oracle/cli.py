@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 from pa_oracle.fuzz.cli import main
+from pa_oracle.fuzz.warmup import warmup
 from pa_oracle.gates.cli import gate
 
 main.add_command(gate)
+main.add_command(warmup)
 
 __all__ = ["main"]

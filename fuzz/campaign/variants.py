@@ -59,6 +59,7 @@ class VariantPlan:
     ran: dict[CompileKey, int] = field(default_factory=dict)  # cases judged per key
     compiled: dict[CompileKey, float] = field(default_factory=dict)  # key -> seconds its first case (or build) took
     warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
+    ahead: float = 0.0  # seconds of ``prebuild`` (before the first case)
 
     def usable(self) -> list[CompileKey]:
         """The keys the next case may be drawn from: the free ones, the chosen ones already built, and
@@ -102,6 +103,7 @@ class VariantPlan:
             return
         seconds = time.monotonic() - start
         self.spent += seconds
+        self.ahead += seconds
         for key in built:
             self.compiled[key] = seconds / max(len(built), 1)
 
@@ -114,7 +116,8 @@ class VariantPlan:
         unbuilt = self.space - len(self.free) - len(self.compiled)
         return [
             f"  {self.backend.name} variants: {len(ran)} ran this time ({shown}{more}); compiled {len(self.compiled)} "
-            f"in {self.spent:.0f}s of a {self.budget:.0f}s budget; {unbuilt} of {self.space} never built",
+            f"in {self.spent:.1f}s ({self.ahead:.1f}s ahead of the first case) of a {self.budget:.0f}s budget; "
+            f"{unbuilt} of {self.space} never built",
         ]
 
 
