@@ -74,6 +74,9 @@ def test_the_plan_rotates_with_the_seed_and_keeps_free_keys(monkeypatch: pytest.
     assert set(first.free) <= set(first.usable()) and set(first.chosen) <= set(first.usable())
     first.spent = first.budget  # spent before any chosen key was built: only the free ones stay
     assert set(first.usable()) == set(first.free)
+    assert first.redirect(first.chosen[0]) in first.free  # a draw of an unbuilt key is steered to a built one
+    first.compiled[first.chosen[1]] = 60.0
+    assert first.redirect(first.chosen[1]) == first.chosen[1]  # built this run: stays (a replay draws the same)
     assert "never built" in first.lines()[0]
 
 
@@ -109,3 +112,26 @@ def test_fuzz_sized_cases_stay_below_the_fused_threshold() -> None:
         Heads(limits.max_qo_heads, 1, 256, 256), Options(),
     )
     assert attended_flops(largest) < FUSED_MIN_FLOPS
+
+
+@pytest.mark.parametrize(("lq", "lk", "used"), [(512, 2048, (100, 450)), (512, 2048, (384, 1800)), (512, 512, None)])
+def test_flex_block_mask_is_torchs(lq: int, lk: int, used: tuple[int, int] | None) -> None:
+    import torch
+    from pa_oracle.backends.flex import block_mask_of
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    gen = torch.Generator().manual_seed(lq + lk)
+    nq, nk = used or (lq, lk)
+    doc_q = torch.cat([torch.randint(0, 3, (nq,), generator=gen), torch.full((lq - nq,), -1)])
+    doc_k = torch.cat([torch.randint(0, 3, (nk,), generator=gen), torch.full((lk - nk,), -2)])
+    q_pos, k_pos = torch.randint(0, 300, (lq,), generator=gen), torch.randint(0, 300, (lk,), generator=gen)
+    causal, window = torch.tensor(True), torch.tensor(7)
+
+    def mask_mod(b, h, qi, kv):  # type: ignore[no-untyped-def]
+        keep = (doc_q[qi] == doc_k[kv]) & (~causal | (k_pos[kv] <= q_pos[qi]))
+        return keep & ((window < 0) | (k_pos[kv] >= q_pos[qi] - window))
+
+    theirs = create_block_mask(mask_mod, 1, 1, lq, lk, device="cpu")
+    ours = block_mask_of(mask_mod, lq, lk, torch.device("cpu"), used=used)
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+    assert all(torch.equal(a, b) for a, b in zip(ours.as_tuple(), theirs.as_tuple()) if isinstance(a, torch.Tensor))

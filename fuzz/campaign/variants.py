@@ -61,15 +61,29 @@ class VariantPlan:
     warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
     ahead: float = 0.0  # seconds of ``prebuild`` (before the first case)
 
+    @property
+    def keys(self) -> list[CompileKey]:
+        return list(self.free) + self.chosen
+
+    def allowed(self, key: CompileKey) -> bool:
+        """Whether a case may be drawn inside ``key`` now: free, built this run, or budget is left."""
+        return key in self.free or key in self.compiled or self.spent < self.budget
+
     def usable(self) -> list[CompileKey]:
-        """The keys the next case may be drawn from: the free ones, the chosen ones already built, and
-        (while budget is left) the chosen ones not built yet; never empty."""
-        keys = list(self.free) + [k for k in self.chosen if k in self.compiled or self.spent < self.budget]
-        return keys or self.chosen[:1]
+        """The keys the next case may be drawn from (never empty)."""
+        return [k for k in self.keys if self.allowed(k)] or self.chosen[:1]
+
+    def redirect(self, key: CompileKey) -> CompileKey:
+        """``key`` if allowed, else the next allowed key of ``keys`` (wrapping). A key once allowed and run
+        stays allowed, so Hypothesis replaying a failing draw gets the same case."""
+        keys = self.keys
+        start = keys.index(key)
+        return next((k for k in keys[start:] + keys[:start] if self.allowed(k)), key)
 
     def strategy(self, limits: Limits) -> st.SearchStrategy[Case]:
-        """Cases inside ``usable()`` keys, re-read at every draw (the set shrinks once the budget is spent)."""
-        return cases(self.backend.capabilities, limits, variants=self.usable)
+        """Cases inside the plan's keys: one drawn from all of them (a fixed list, so draws replay), then
+        steered to an allowed one (the allowed set shrinks once the budget is spent)."""
+        return cases(self.backend.capabilities, limits, variants=self.keys, redirect=self.redirect)
 
     def observe(self, case: Case, seconds: float) -> None:
         """A case of this backend took ``seconds`` (kernel, oracle, checks): the first case of a key that

@@ -180,10 +180,12 @@ def cases(
     draw: st.DrawFn,
     caps: Capabilities = Capabilities(),
     limits: Limits = Limits(),
-    variants: Sequence[CompileKey] | Callable[[], Sequence[CompileKey]] | None = None,
+    variants: Sequence[CompileKey] | None = None,
+    redirect: Callable[[CompileKey], CompileKey] | None = None,
 ) -> Case:
     """A complete case that a kernel with ``caps`` accepts; with ``variants`` (compile keys from
-    ``variant_keys``, or a function returning them at each draw), one inside a key drawn from them.
+    ``variant_keys``), one inside a key drawn from them, passed through ``redirect`` (at draw time:
+    a campaign steers a key it may no longer compile to a built one).
 
     >>> from hypothesis import find
     >>> find(cases(), lambda c: c.options.causal and c.heads.group_size == 7).heads.group_size
@@ -191,10 +193,10 @@ def cases(
     """
     pinned: dict[str, Any] = {}
     if variants is not None:
-        keys = variants() if callable(variants) else variants
-        if not keys:
+        if not variants:
             raise ValueError("variants: no compile key to draw from")
-        pinned = dict(draw(st.sampled_from(list(keys)), label="compile key"))
+        key = draw(st.sampled_from(list(variants)), label="compile key")
+        pinned = dict(redirect(key) if redirect else key)
     layout = draw(layouts(caps, limits), label="layout")
     head = draw(heads(caps, limits, pinned), label="heads")
     opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps, pinned), label="options")
