@@ -312,8 +312,9 @@ def run_campaign(
             pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
             where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
             progress(f"{label}fuzzing {backend.name} on {where} ...")
+        compiling = sum(1 for b in todo if b.compile_fields) or 1  # the budget is shared by those that compile
         plan = None if compile_budget is None else plan_variants(
-            backend, limits, budget=compile_budget / len(todo), seed=int(state.config.get("seed", 0)) + shard.index
+            backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index
         )
         if plan is not None:
             plan.prebuild(progress)
