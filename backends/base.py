@@ -317,8 +317,51 @@ class Backend:
         and ``lse`` (natural log [total_q, Hq], or None), converted as ``run`` converts them."""
         return None
 
+    # --- compile keys: which compiled variant of the kernel a case needs (``pa_oracle.fuzz.campaign.variants``) ---
+    # the case fields (names of ``VARIANT_FIELDS``) whose values select a compiled variant; () = nothing compiles
+    compile_fields: ClassVar[tuple[str, ...]] = ()
+    compile_seconds: ClassVar[float] = 10.0  # about what building one key costs (plans the compile budget)
+
+    def compile_key(self, case: Case) -> CompileKey:
+        """The compiled variant ``case`` runs on: its ``compile_fields`` values (``()``: one for all)."""
+        return compile_key_of(case, self.compile_fields)
+
+    def built_reason(self, key: CompileKey) -> str | None:
+        """Why running ``key`` compiles nothing ("prebuilt", "cached", "nothing compiles"), or None
+        if its first case pays a compile. Compiles made by this process are tracked by the caller."""
+        return "nothing compiles" if not key else None
+
+    def build_variants(self, keys: list[CompileKey]) -> list[CompileKey] | None:
+        """Build ``keys`` ahead of any case (in parallel where the library allows) and return those
+        built; None: this adapter has no ahead-of-time build (warm-up then runs one case per key)."""
+        return None
+
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
+
+
+CompileKey = tuple[tuple[str, Any], ...]  # ((field, value), ...) in ``compile_fields`` order
+
+# the case fields a compile key may name: what each reads from a case. The strategies can draw a case
+# inside any combination of these values (``pa_oracle.fuzz.draw.strategies.cases(..., pinned=)``).
+VARIANT_FIELDS: dict[str, Callable[[Case], Any]] = {
+    "q_dtype": lambda case: case.options.q_dtype,
+    "kv_dtype": lambda case: case.options.kv_dtype,
+    "head_dim_qk": lambda case: case.heads.head_dim_qk,
+    "head_dim_vo": lambda case: case.heads.head_dim_vo,
+    "num_kv_heads": lambda case: case.heads.num_kv_heads,
+    "group_size": lambda case: case.heads.group_size,
+    "causal": lambda case: case.options.causal,
+    "alibi": lambda case: case.options.alibi_slopes is not None,
+    "window": lambda case: case.options.window_left >= 0,
+    "soft_cap": lambda case: case.options.logits_soft_cap > 0,
+    "sinks": lambda case: case.options.sinks is not None,
+}
+
+
+def compile_key_of(case: Case, fields: tuple[str, ...]) -> CompileKey:
+    """``case``'s values of ``fields`` (each a ``VARIANT_FIELDS`` name), as a compile key."""
+    return tuple((field, VARIANT_FIELDS[field](case)) for field in fields)
 
 
 _REGISTRY: dict[str, type[Backend]] = {}

@@ -40,6 +40,10 @@ def fa4_window(case: Case) -> tuple[int | None, int | None]:
 
 class _FlashAttn4(Backend):
     family = "flash-attn4"
+    # the CuTe DSL compiles a kernel per (dtype, head dim, causal, window, soft cap, sinks, GQA packing) on
+    # first use and keeps it in memory only: no key is built before this process compiles it
+    compile_fields = ("q_dtype", "head_dim_qk", "causal", "window", "soft_cap", "sinks", "group_size")
+    compile_seconds = 30.0
     min_major: ClassVar[int] = 9  # sm90, sm100, sm110
     paged: ClassVar[bool]
     capabilities = _FA4

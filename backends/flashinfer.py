@@ -24,6 +24,7 @@ from pa_oracle.backends.base import (
     Backend,
     Capabilities,
     Contract,
+    CompileKey,
     GraphCall,
     KernelOutput,
     RawOutput,
@@ -60,6 +61,64 @@ def _workspace(device: str) -> torch.Tensor:
     return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
+# FlashInfer 0.6.18.post1 JIT-builds one module per (dtype_q, dtype_kv, dtype_o, dtype_idx, head dims,
+# pos encoding, sliding window on/off, soft cap on/off[, fp16 qk reduction][, fa3]): see
+# flashinfer/jit/attention/modules.py get_batch_{decode,prefill}_uri. The mask mode (causal) is a runtime
+# dispatch inside one module, and a prefill module holds both the paged and the ragged run.
+_COMPILE_FIELDS = ("q_dtype", "kv_dtype", "head_dim_qk", "alibi", "window", "soft_cap")
+_URI_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def module_uri(kind: str, key: CompileKey, backend: str = "fa2") -> str:
+    """The name FlashInfer gives the module a ``_COMPILE_FIELDS`` key runs on: ``kind`` "decode"
+    (CUDA-core decode) or "prefill" (``backend`` fa2 or fa3; also tensor-core decode); o is q's
+    dtype and indices int32, as the adapters plan them."""
+    v = dict(key)
+    q, kv = _URI_DTYPE[v["q_dtype"]], _URI_DTYPE[v["kv_dtype"]]
+    dim = v["head_dim_qk"]
+    uri = (
+        f"batch_{kind}_with_kv_cache_dtype_q_{q}_dtype_kv_{kv}_dtype_o_{q}_dtype_idx_i32_head_dim_qk_{dim}_"
+        f"head_dim_vo_{dim}_posenc_{2 if v['alibi'] else 0}_use_swa_{bool(v['window'])}_use_logits_cap_{bool(v['soft_cap'])}"
+    )
+    if kind == "prefill":
+        uri += "_f16qk_False" + ("_sm90" if backend == "fa3" else "")
+    return uri
+
+
+def auto_prefill_backend(key: CompileKey) -> str:
+    """What ``backend="auto"`` picks (FlashInfer's ``determine_attention_backend``): fa3 on sm90 unless
+    ALiBi or an fp8 KV with a 16-bit q (every q here), else fa2."""
+    v = dict(key)
+    sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    return "fa3" if sm90 and not v["alibi"] and v["kv_dtype"] not in FP8_DTYPES else "fa2"
+
+
+def built_module(uri: str) -> str | None:
+    """"prebuilt" if FlashInfer's AOT folder (the wheel's data/aot, or flashinfer-jit-cache) holds the
+    module, "cached" if its JIT cache does, else None (also when flashinfer is not importable)."""
+    try:
+        from flashinfer.jit import env
+    except Exception:  # noqa: BLE001 - no flashinfer here: nothing is known to be built
+        return None
+    if (env.FLASHINFER_AOT_DIR / uri / f"{uri}.so").exists():
+        return "prebuilt"
+    return "cached" if (env.FLASHINFER_JIT_DIR / uri / f"{uri}.so").exists() else None
+
+
+def module_spec(uri: str, key: CompileKey) -> Any:
+    """FlashInfer's ``JitSpec`` for a ``module_uri`` (to build several in one ninja run)."""
+    from flashinfer.jit import gen_batch_decode_module, gen_batch_prefill_module
+
+    v = dict(key)
+    args = (
+        getattr(torch, v["q_dtype"]), getattr(torch, v["kv_dtype"]), getattr(torch, v["q_dtype"]), torch.int32,
+        v["head_dim_qk"], v["head_dim_qk"], 2 if v["alibi"] else 0, bool(v["window"]), bool(v["soft_cap"]),
+    )
+    if uri.startswith("batch_decode"):
+        return gen_batch_decode_module(*args)
+    return gen_batch_prefill_module("fa3" if uri.endswith("_sm90") else "fa2", *args, False)
+
+
 def _standard_alibi(case: Case) -> bool:
     from pa_oracle.oracle.case import alibi_slopes
 
@@ -84,6 +143,26 @@ class _FlashInferBackend(Backend):
     package = "flashinfer"
     extra = "flashinfer"
     contract = _FLASHINFER_CONTRACT
+    compile_fields = _COMPILE_FIELDS
+
+    def modules(self, key: CompileKey) -> list[str]:
+        """The FlashInfer modules (``module_uri``) a case of ``key`` loads."""
+        raise NotImplementedError
+
+    def built_reason(self, key: CompileKey) -> str | None:
+        reasons = [built_module(uri) for uri in self.modules(key)]
+        if any(r is None for r in reasons):
+            return None
+        return "prebuilt" if all(r == "prebuilt" for r in reasons) else "cached"
+
+    def build_variants(self, keys: list[CompileKey]) -> list[CompileKey] | None:
+        """Every module of ``keys`` in one ninja run (``flashinfer.jit.build_jit_specs``: ``MAX_JOBS``
+        compiler jobs side by side; prebuilt ones are skipped)."""
+        from flashinfer.jit import build_jit_specs
+
+        specs = {uri: module_spec(uri, key) for key in keys for uri in self.modules(key)}
+        build_jit_specs(list(specs.values()), skip_prebuilt=True)
+        return [key for key in keys if self.built_reason(key) is not None]
 
     def unsupported_reason(self, case: Case) -> str | None:
         reason = super().unsupported_reason(case)
@@ -222,6 +301,12 @@ fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 out, lse_base2 = wrapper.run(q, {caches}, return_lse=True, **({{"k_scale": k_scale, "v_scale": v_scale}} if fp8 else {{}}))
 {_FINISH_SOURCE}"""
 
+    compile_seconds = 15.0  # a decode module with 16 cores (the fa2 prefill module for tensor cores: 60)
+
+    def modules(self, key: CompileKey) -> list[str]:
+        # tensor cores: the fa2 prefill module (backend "auto" picks fa3 only for an fp8 q)
+        return [module_uri("prefill", key, "fa2") if self.use_tensor_cores else module_uri("decode", key)]
+
     def plan(self, case: Case) -> tuple[Case, Any]:
         import flashinfer
 
@@ -267,11 +352,17 @@ class FlashInferDecodeTensorCores(_PagedDecode):
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)"
     family = "flashinfer-decode-tensor-core"
     use_tensor_cores = True
+    compile_seconds = 60.0
 
 
 class _Prefill(_FlashInferBackend):
     backend: ClassVar[str]
     capabilities = _FLASHINFER
+
+    compile_seconds = 60.0  # an fa2 prefill module with 16 cores (fa3: 220)
+
+    def modules(self, key: CompileKey) -> list[str]:
+        return [module_uri("prefill", key, self.backend)]
 
     def unsupported_reason(self, case: Case) -> str | None:
         reason = super().unsupported_reason(case)
@@ -342,6 +433,7 @@ class FlashInferPrefillFA3(_PagedPrefill):
     description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa3'), sm90"
     family = "flashinfer-prefill-fa3"
     backend = "fa3"
+    compile_seconds = 220.0
 
     def unavailable_reason(self) -> str | None:
         reason = super().unavailable_reason()

@@ -41,8 +41,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pa_oracle.backends.base import KernelOutput, Precondition, register
-from pa_oracle.backends.flashinfer import _FLASHINFER, _FLASHINFER_CONTRACT, LN_2, _FlashInferBackend, _workspace
+from pa_oracle.backends.base import CompileKey, KernelOutput, Precondition, register
+from pa_oracle.backends.flashinfer import (
+    _FLASHINFER,
+    _FLASHINFER_CONTRACT,
+    LN_2,
+    _FlashInferBackend,
+    _workspace,
+    auto_prefill_backend,
+    module_uri,
+)
 from pa_oracle.oracle.case import Case, Layout
 from pa_oracle.oracle.tensors import Tensors
 
@@ -184,6 +192,14 @@ class VllmFlashInfer(_FlashInferBackend):
         Precondition("qo_len_above_kv_len", "vLLM's requests hold their own queries' keys (qo_len <= kv_len)"),
         Precondition("empty_requests", "vLLM schedules no request without keys or queries"),
     ))
+
+    compile_seconds = 120.0  # two prefill modules (fa3 on sm90: more)
+
+    def modules(self, key: CompileKey) -> list[str]:
+        """The prefill wrapper's module (backend "auto") and the decode wrapper's: a batch of decodes and
+        prefills loads both, so a key counts as built only when both are."""
+        decode = module_uri("prefill", key, "fa2") if DECODE_USE_TENSOR_CORES else module_uri("decode", key)
+        return list(dict.fromkeys((module_uri("prefill", key, auto_prefill_backend(key)), decode)))
 
     def plan(self, case: Case) -> dict[str, Any]:  # type: ignore[override]
         import flashinfer

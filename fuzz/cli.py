@@ -99,6 +99,8 @@ DEFAULT_MAX_BATCH, DEFAULT_MAX_KV_LEN = 6, 300
 @click.option("--examples", "-n", type=EXAMPLES, default=200, show_default=True, help="Examples per backend.")
 @click.option("--seed", default=0, show_default=True, help="Base seed: the same seed draws the same cases.")
 @click.option("--time-budget", type=Seconds(), default=None, help="Seconds for the whole run, shared by the backends.")
+@click.option("--compile-budget", type=Seconds(), default=None,
+              help="Seconds of kernel compiles the run may spend (default 30% of --time-budget): cases are drawn inside a few built variants, rotating with --seed.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("pa-findings"), show_default=True)
 @click.option("--max-batch", type=click.IntRange(1, MAX_BATCH), default=DEFAULT_MAX_BATCH, show_default=True)
 @click.option("--max-kv-len", type=click.IntRange(1, MAX_KV_LEN), default=DEFAULT_MAX_KV_LEN, show_default=True)
@@ -118,7 +120,7 @@ DEFAULT_MAX_BATCH, DEFAULT_MAX_KV_LEN = 6, 300
 @click.pass_context
 def fuzz(
     ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int,
-    time_budget: float | None, out_dir: Path, max_batch: int, max_kv_len: int, isolate: bool | None, case_timeout: float,
+    time_budget: float | None, compile_budget: float | None, out_dir: Path, max_batch: int, max_kv_len: int, isolate: bool | None, case_timeout: float,
     only: tuple[str, ...], resume: bool, overwrite: bool, rerun_findings: bool, skip_known: bool, ledger_file: Path | None,
     workers: int, shard_text: str | None, merge_only: bool, as_json: bool,
 ) -> None:
@@ -132,6 +134,7 @@ def fuzz(
     from pa_oracle.backends.user import UserKernel
     from pa_oracle.fuzz.campaign.coverage import coverage_table
     from pa_oracle.fuzz.campaign.engine import run_campaign
+    from pa_oracle.fuzz.campaign.variants import compile_budget as campaign_compile_budget
     from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
     from pa_oracle.fuzz.campaign.outdir import campaign_lock, kept_campaign, refuse_replacing
     from pa_oracle.fuzz.campaign.state import (
@@ -182,6 +185,7 @@ def fuzz(
                 ledger=load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None,
                 rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
                 progress=display.line, on_case=display.case,
+                compile_budget=campaign_compile_budget(time_budget, compile_budget),
             )
             display.close()
         summary = [_result_json(r) for r in results]

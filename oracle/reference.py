@@ -248,8 +248,23 @@ def _merge(a: _State, b: _State) -> _State:
 ENGINES = ("auto", "torch", "fused")
 
 
+# ``auto`` takes the fused kernel only from this many attended float64 flops (2 * pairs * Hq * (Dqk + Dvo)).
+# Measured on the H200: torch ~11 TFLOP/s + ~1.6 ms fixed, fused ~25 TFLOP/s + ~0.9 ms (serving batch,
+# 255 GFLOP: 22.7 vs 10.2 ms; fuzz-sized: 1.63 vs 0.92 ms, of an ~11 ms judged case), while each new
+# Triton specialization costs seconds of compile. From 5e10 the fused kernel saves >= 3 ms a call; the
+# largest case the default fuzz Limits draw is ~3.8e10 (6 x 300 keys x 64 queries, 32 heads, dims 256), so
+# fuzzing never compiles the oracle and serving-sized cases still get the fast kernel.
+FUSED_MIN_FLOPS = 5e10
+
+
+def attended_flops(case: Case) -> float:
+    """Float64 flops of the attended (query, key) pairs of ``case`` (causal masking not subtracted)."""
+    pairs = sum(q * k for q, k in zip(case.layout.qo_lens, case.layout.kv_lens))
+    return 2.0 * pairs * case.heads.num_qo_heads * (case.heads.head_dim_qk + case.heads.head_dim_vo)
+
+
 def default_engine() -> str:
-    """``PA_ORACLE_ENGINE`` (``auto``, ``torch`` or ``fused``), else ``auto``."""
+    """``PA_ORACLE_ENGINE`` (``auto``, ``torch`` or ``fused``), else ``auto`` (fused from ``FUSED_MIN_FLOPS``)."""
     engine = os.environ.get("PA_ORACLE_ENGINE", "auto")
     if engine not in ENGINES:
         raise ValueError(f"PA_ORACLE_ENGINE must be one of {ENGINES}, got {engine!r}")
@@ -270,7 +285,8 @@ def reference(
     ``engine``: ``"torch"`` computes the definition below; ``"fused"`` computes the same quantity
     with one float64 Triton kernel (``pa_oracle.oracle.fused``: CUDA tensors only, ~2x faster, checked against
     this code to ~1e-15 in tests/oracle/test_fused.py); ``"auto"`` (default: ``default_engine()``)
-    takes the fused kernel where it applies and no ``chunk_size`` is given, else this code. The
+    takes the fused kernel where it applies, no ``chunk_size`` is given and the case has at least
+    ``FUSED_MIN_FLOPS`` of work, else this code. The
     result's ``engine`` says which ran; the fuzz runner re-judges every failure with ``"torch"``.
     The fused kernel declines custom-mask and MLA cases (``auto`` runs this code on them,
     ``fused`` raises): a masked case is computed one request at a time (``_masked_attention``).
@@ -298,7 +314,8 @@ def reference(
             raise ValueError("engine='fused' declines custom-mask cases; use 'auto' or 'torch'")
         result = _masked_attention(case, tensors, torch.float64, chunk_size=chunk_size, logit_noise=logit_noise)
         return result._replace(lse=result.lse * LOG2_E if lse_base == "2" else result.lse)
-    if engine != "torch" and chunk_size is None and not case.heads.mla:  # fused: no strided latent V (yet)
+    wants_fused = engine == "fused" or (engine == "auto" and attended_flops(case) >= FUSED_MIN_FLOPS)
+    if wants_fused and chunk_size is None and not case.heads.mla:  # fused: no strided latent V (yet)
         from pa_oracle.oracle.fused import fused_reference  # local: pa_oracle.oracle.fused imports this module
 
         fast = fused_reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise)
@@ -473,4 +490,4 @@ def merge_states(
     state = _merge(_State(lse_a, out_a, None, None), _State(lse_b, out_b, None, None))
     return state.out, state.lse
 
-__all__ = ["ENGINES", "Reference", "default_engine", "half_ulp", "reference", "plain_attention", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]
+__all__ = ["ENGINES", "FUSED_MIN_FLOPS", "Reference", "attended_flops", "default_engine", "half_ulp", "reference", "plain_attention", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]

@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "writes": ("pa_oracle.fuzz.write_cli:writes",
                "Append ragged batches into canary-filled paged pools and compare every byte: the appended slots "
                "must hold the appended values, everything else must be unchanged."),
+    "warmup": ("pa_oracle.fuzz.warmup:warmup", "Build the kernel variants a campaign will draw from (FlashInfer: in parallel, MAX_JOBS jobs)."),
     "env": ("pa_oracle.env:env", "Versions, devices, kernel libraries, caches and the golden corpus in use."),
 }
 

@@ -95,6 +95,7 @@ class Coverage:
     """Cases run per dimension and value label."""
 
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    variants: list[str] = field(default_factory=list)  # this run's compile keys (``variants.VariantPlan.lines``); not saved
 
     def add(self, case: Case) -> None:
         for name, value in exercised(case).items():
@@ -135,4 +136,6 @@ def coverage_table(rows: list[tuple[str, Coverage, dict[str, list[str]]]]) -> li
         gaps = cov.missing(wanted)
         if gaps:
             lines.append(f"  {name} never ran: " + "; ".join(f"{d} {', '.join(v)}" for d, v in gaps.items()))
+    for _, cov, _ in rows:
+        lines += cov.variants
     return lines

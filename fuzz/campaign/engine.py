@@ -28,6 +28,7 @@ from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding
 from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
+from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
@@ -79,6 +80,7 @@ def fuzz_backend(
     checkpoint: Callable[[BackendResult], None] | None = None,
     workers: dict[str, Any] | None = None,
     on_case: Callable[[BackendResult, bool], None] | None = None,  # after each judged case (False: shrinking)
+    variants: VariantPlan | None = None,
 ) -> BackendResult:
     """Run ``check`` (default: the comparison with the oracle) on one backend until it ran
     ``examples`` cases (counting those of ``resume``), the monotonic ``deadline`` passed, or a
@@ -133,7 +135,7 @@ def fuzz_backend(
             isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance)
             if workers is not None:
                 workers[backend.name] = isolated
-    strategy = cases(capabilities, limits)
+    strategy = variants.strategy(limits) if variants is not None else cases(capabilities, limits)
     failing: list[Outcome] = []
     stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
     internal: list[Exception] = []  # errors of the tool itself while judging a case
@@ -160,8 +162,10 @@ def fuzz_backend(
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
         try:
-            # a per-backend time split (worker start / first-case compile / judge) would be measured here
+            judging = time.monotonic()
             outcome = judge(case)
+            if variants is not None and searching:
+                variants.observe(case, time.monotonic() - judging)
         except (OutOfTime, WorkerStartError) as exc:
             stopped.append(str(exc))
             if searching:
@@ -299,6 +303,7 @@ def run_campaign(
     checks: tuple[Check, ...] = (ORACLE,),
     tolerance: Tolerance = Tolerance(),
     on_case: Callable[[BackendResult, bool], None] | None = None,
+    compile_budget: float | None = None,
 ) -> list[BackendResult]:
     """Run every check of ``checks`` on ``backends``, one (backend, check) after another, on
     ``shard``, continuing ``state`` and saving it to ``state_file`` after every chunk. ``examples``
@@ -306,7 +311,9 @@ def run_campaign(
     shared by the pairs that still have work and bounds a hanging case too. A pair that stopped
     at a finding runs again only with ``rerun_findings``. ``isolate`` None:
     ``pa_oracle.fuzz.run.isolation.isolated_by_default`` per backend. ValueError for a
-    ``case_timeout`` that is not a finite number > 0."""
+    ``case_timeout`` that is not a finite number > 0. ``compile_budget`` (seconds, shared like the
+    time budget): each backend draws inside a few compiled variants (``pa_oracle.fuzz.campaign.variants``);
+    None draws without that restriction."""
     from pa_oracle.fuzz.run.isolation import check_timeout
 
     check_timeout(case_timeout)
@@ -345,13 +352,21 @@ def run_campaign(
                 where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
                 what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
                 progress(f"{label}{what} on {where} ...")
+            compiling = sum(1 for (b, _), _key in todo if b.compile_fields) or 1  # the budget is shared by those that compile
+            plan = None if compile_budget is None or check is not ORACLE else plan_variants(
+                backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index
+            )
+            if plan is not None:
+                plan.prebuild(progress)
             fuzz_backend(
                 backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
                 limits=limits, tolerance=tolerance, out_dir=out_dir,
                 kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
                 progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
-                resume=state.results[key], checkpoint=checkpoint, workers=workers, on_case=on_case,
+                resume=state.results[key], checkpoint=checkpoint, workers=workers, on_case=on_case, variants=plan,
             )
+            if plan is not None:
+                state.results[key].coverage.variants = plan.lines()
     finally:
         for worker in workers.values():
             worker.close()

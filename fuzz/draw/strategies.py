@@ -10,15 +10,23 @@ Edges drawn on purpose: kv_len in {0, 1, page-1, page, page+1, 2 pages, many pag
 random page permutations with unused pool pages; page sizes 1..256; GQA groups 1..32 including
 5, 6, 7; every option; five data distributions.
 
+Variant-aware drawing: ``cases(..., variants=KEYS)`` draws a compile key from ``KEYS`` first (each a
+``pa_oracle.backends.base.CompileKey``: field values that select a compiled kernel variant), then
+draws everything else as always, with those fields pinned to the key's values, so every case runs on
+an already-built variant (constructed, not rejected). ``variants=None`` draws exactly as before.
+
 EXTENDING: a new knob is one labelled ``draw`` here plus a ``Capabilities`` field that gates it.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import strategies as st
-from pa_oracle.backends.base import Capabilities
+from pa_oracle.backends.base import VARIANT_FIELDS, Capabilities, CompileKey
 from pa_oracle.fuzz.draw import families
 from pa_oracle.oracle.case import CAP_THEN_ALIBI, DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, alibi_slopes
 
@@ -105,36 +113,59 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
 
 
 @st.composite
-def heads(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits()) -> Heads:
-    num_kv = draw(st.integers(1, limits.max_kv_heads), label="num_kv_heads")
-    groups = [g for g in GROUP_SIZES if g * num_kv <= limits.max_qo_heads and g <= (caps.max_group_size or g)]
-    group = draw(st.sampled_from(groups), label="group_size")
-    dims = [d for d in limits.head_dims if caps.head_dims is None or d in caps.head_dims] or list(caps.head_dims or ())
-    dim_qk = draw(st.sampled_from(dims), label="head_dim_qk")
+def heads(
+    draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits(), pinned: Mapping[str, Any] = {}
+) -> Heads:
+    num_kv = _pick(draw, pinned, "num_kv_heads", lambda: st.integers(1, limits.max_kv_heads))
+    group = _pick(draw, pinned, "group_size", lambda: st.sampled_from(_groups(caps, limits, num_kv)))
+    dims = _head_dims(caps, limits)
+    dim_qk = _pick(draw, pinned, "head_dim_qk", lambda: st.sampled_from(dims))
     dim_vo = dim_qk
-    if caps.head_dim_vo_may_differ and draw(st.booleans(), label="head_dim_vo differs"):
+    if "head_dim_vo" in pinned:
+        dim_vo = pinned["head_dim_vo"]
+    elif caps.head_dim_vo_may_differ and draw(st.booleans(), label="head_dim_vo differs"):
         dim_vo = draw(st.sampled_from(dims), label="head_dim_vo")
     return Heads(num_kv * group, num_kv, dim_qk, dim_vo)
 
 
+def _pick(draw: st.DrawFn, pinned: Mapping[str, Any], field: str, strategy: Any) -> Any:
+    """``pinned[field]`` if the compile key fixes it, else a draw of ``strategy()`` labelled ``field``."""
+    return pinned[field] if field in pinned else draw(strategy(), label=field)
+
+
+def _switch(draw: st.DrawFn, pinned: Mapping[str, Any], field: str, reachable: bool, label: str) -> bool:
+    """An option switch: the key's value if pinned, else a coin (when ``caps`` lets it be on)."""
+    return bool(pinned[field]) if field in pinned else reachable and draw(st.booleans(), label=label)
+
+
+def _groups(caps: Capabilities, limits: Limits, num_kv: int) -> list[int]:
+    return [g for g in GROUP_SIZES if g * num_kv <= limits.max_qo_heads and g <= (caps.max_group_size or g)]
+
+
+def _head_dims(caps: Capabilities, limits: Limits) -> list[int]:
+    return [d for d in limits.head_dims if caps.head_dims is None or d in caps.head_dims] or list(caps.head_dims or ())
+
+
 @st.composite
-def options(draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilities = Capabilities()) -> Options:
-    q_dtype = draw(st.sampled_from(caps.q_dtypes), label="q_dtype")
-    kv_dtype = draw(st.sampled_from(caps.accepted_kv_dtypes(q_dtype)), label="kv_dtype")
+def options(
+    draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilities = Capabilities(), pinned: Mapping[str, Any] = {}
+) -> Options:
+    q_dtype = _pick(draw, pinned, "q_dtype", lambda: st.sampled_from(caps.q_dtypes))
+    kv_dtype = _pick(draw, pinned, "kv_dtype", lambda: st.sampled_from(caps.accepted_kv_dtypes(q_dtype)))
     k_scale = v_scale = 1.0
     if kv_dtype in FP8_DTYPES and caps.fp8_scales:
         k_scale = draw(st.sampled_from(FP8_SCALES), label="k_scale")
         v_scale = draw(st.sampled_from(FP8_SCALES), label="v_scale")
-    causal = draw(st.sampled_from(sorted(caps.causal)), label="causal")
+    causal = _pick(draw, pinned, "causal", lambda: st.sampled_from(sorted(caps.causal)))
     window_left = -1
-    if caps.window_left and draw(st.booleans(), label="sliding window"):
+    if _switch(draw, pinned, "window", caps.window_left, "sliding window"):
         window_left = draw(st.integers(0, max(max_kv_len, 1)), label="window_left")
     soft_cap = 0.0
-    if caps.logits_soft_cap and draw(st.booleans(), label="soft cap"):
+    if _switch(draw, pinned, "soft_cap", caps.logits_soft_cap, "soft cap"):
         soft_cap = draw(st.sampled_from(SOFT_CAPS), label="logits_soft_cap")
-    slopes = alibi_slopes(num_qo_heads) if caps.alibi and draw(st.booleans(), label="alibi") else None
+    slopes = alibi_slopes(num_qo_heads) if _switch(draw, pinned, "alibi", caps.alibi, "alibi") else None
     sinks = None
-    if caps.sinks and draw(st.booleans(), label="sinks"):
+    if _switch(draw, pinned, "sinks", caps.sinks, "sinks"):
         sinks = tuple(draw(st.lists(st.sampled_from((0.0, 1.0, -2.0, 4.0)), min_size=num_qo_heads, max_size=num_qo_heads), label="sinks"))
     sm_scale = None
     if caps.custom_sm_scale and draw(st.booleans(), label="custom sm_scale"):
@@ -148,19 +179,75 @@ def options(draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilit
 
 
 @st.composite
-def cases(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits()) -> Case:
-    """A complete case that a kernel with ``caps`` accepts.
+def cases(
+    draw: st.DrawFn,
+    caps: Capabilities = Capabilities(),
+    limits: Limits = Limits(),
+    variants: Sequence[CompileKey] | None = None,
+    redirect: Callable[[CompileKey], CompileKey] | None = None,
+) -> Case:
+    """A complete case that a kernel with ``caps`` accepts; with ``variants`` (compile keys from
+    ``variant_keys``), one inside a key drawn from them, passed through ``redirect`` (at draw time:
+    a campaign steers a key it may no longer compile to a built one).
 
     >>> from hypothesis import find
     >>> find(cases(), lambda c: c.options.causal and c.heads.group_size == 7).heads.group_size
     7
     """
+    pinned: dict[str, Any] = {}
+    if variants is not None:
+        if not variants:
+            raise ValueError("variants: no compile key to draw from")
+        key = draw(st.sampled_from(list(variants)), label="compile key")
+        pinned = dict(redirect(key) if redirect else key)
     layout = draw(layouts(caps, limits), label="layout")
-    head = draw(heads(caps, limits), label="heads")
-    opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps), label="options")
+    head = draw(heads(caps, limits, pinned), label="heads")
+    opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps, pinned), label="options")
     distribution = draw(st.sampled_from(DISTRIBUTIONS), label="distribution")
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     case = Case(layout, head, opts, seed=seed, distribution=distribution)
     if caps.custom_mask != (False,) or caps.mla != (False,):  # off by default: existing kernels draw as before
         case = draw(families.extend(case, caps, max_prefix=limits.max_kv_len), label="families")
     return case
+
+
+def field_values(caps: Capabilities, limits: Limits, field: str) -> list[Any]:
+    """Every value of a ``VARIANT_FIELDS`` field that these strategies draw for ``caps`` (pairs that
+    cannot go together are removed by ``variant_keys``)."""
+    values: dict[str, list[Any]] = {
+        "q_dtype": list(caps.q_dtypes),
+        "kv_dtype": list(dict.fromkeys(kv for q in caps.q_dtypes for kv in caps.accepted_kv_dtypes(q))),
+        "head_dim_qk": _head_dims(caps, limits),
+        "head_dim_vo": _head_dims(caps, limits),
+        "num_kv_heads": list(range(1, limits.max_kv_heads + 1)),
+        "group_size": [g for g in GROUP_SIZES if g <= limits.max_qo_heads and g <= (caps.max_group_size or g)],
+        "causal": sorted(caps.causal),
+        "alibi": [False, True] if caps.alibi else [False],
+        "window": [False, True] if caps.window_left else [False],
+        "soft_cap": [False, True] if caps.logits_soft_cap else [False],
+        "sinks": [False, True] if caps.sinks else [False],
+    }
+    if field not in VARIANT_FIELDS or field not in values:
+        raise ValueError(f"unknown compile-key field {field!r}; known: {sorted(values)}")
+    return values[field]
+
+
+def _drawable(caps: Capabilities, limits: Limits, v: Mapping[str, Any]) -> bool:
+    """Whether ``cases`` can draw these pinned values together."""
+    if "q_dtype" in v and "kv_dtype" in v and v["kv_dtype"] not in caps.accepted_kv_dtypes(v["q_dtype"]):
+        return False
+    if "q_dtype" not in v and "kv_dtype" in v and not all(v["kv_dtype"] in caps.accepted_kv_dtypes(q) for q in caps.q_dtypes):
+        return False  # q is drawn freely: the KV dtype must go with every q dtype
+    if "head_dim_vo" in v and not caps.head_dim_vo_may_differ and v["head_dim_vo"] != v.get("head_dim_qk", v["head_dim_vo"]):
+        return False
+    if "group_size" in v and v["group_size"] * v.get("num_kv_heads", 1) > limits.max_qo_heads:
+        return False
+    return True
+
+
+def variant_keys(caps: Capabilities, limits: Limits, fields: Sequence[str]) -> list[CompileKey]:
+    """Every compile key over ``fields`` that ``cases`` can draw for ``caps`` within ``limits``
+    (``[()]`` for no fields: one variant, nothing compiles per case)."""
+    domains = [field_values(caps, limits, f) for f in fields]
+    keys = [tuple(zip(fields, combo)) for combo in itertools.product(*domains)]
+    return [key for key in keys if _drawable(caps, limits, dict(key))]

@@ -83,9 +83,13 @@ def test_engine_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.gpu
-def test_auto_engine_on_cuda_is_the_fused_kernel_and_agrees() -> None:
+def test_auto_engine_on_cuda_is_the_fused_kernel_from_its_size_and_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("triton")
+    from pa_oracle.oracle import reference as reference_module
+
     tensors = make_tensors(CASE, "cuda")
+    assert reference(CASE, tensors).engine == "torch"  # fuzz-sized: below FUSED_MIN_FLOPS, nothing compiles
+    monkeypatch.setattr(reference_module, "FUSED_MIN_FLOPS", 0.0)
     fast, definition = reference(CASE, tensors, logit_noise=True), reference(CASE, tensors, logit_noise=True, engine="torch")
     assert (fast.engine, definition.engine) == ("fused", "torch")
     torch.testing.assert_close(fast.out, definition.out, rtol=1e-12, atol=1e-13)

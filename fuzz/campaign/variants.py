@@ -1,0 +1,164 @@
+"""A campaign's compile budget: which compiled kernel variants (compile keys) a backend's cases run on.
+
+Verification model: a key is *free* when the adapter says it needs no compile (prebuilt AOT, in the
+library's cache, nothing compiles); a few other keys are *chosen* to be built this run, rotating
+with the seed (consecutive seeds take consecutive slices of one fixed shuffle, so campaigns cover
+new variants until every one was built). Cases are then drawn inside the usable keys
+(``pa_oracle.fuzz.draw.strategies.cases(..., variants=)``); a chosen key's first case pays its
+compile, and once the budget is spent only keys already built stay usable. Nothing outside the
+compile key (layouts, lengths, page tables, data, seeds) is restricted.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+from pa_oracle.backends.base import Backend, CompileKey
+from pa_oracle.fuzz.draw.strategies import Limits, cases, variant_keys
+from pa_oracle.oracle.case import Case
+
+COMPILE_SHARE = 0.3  # default compile budget: this share of --time-budget
+
+
+def key_label(key: CompileKey) -> str:
+    """>>> key_label((("q_dtype", "bfloat16"), ("head_dim_qk", 128), ("window", True)))
+    'bfloat16 hd128 window'"""
+    parts = []
+    for name, value in key:
+        if isinstance(value, bool):
+            if value:
+                parts.append(name)
+        elif name == "head_dim_qk":
+            parts.append(f"hd{value}")
+        elif name == "head_dim_vo":
+            parts.append(f"vo{value}")
+        elif name == "num_kv_heads":
+            parts.append(f"kv{value}")
+        elif name == "group_size":
+            parts.append(f"g{value}")
+        else:
+            parts.append(str(value))
+    return " ".join(parts) or "(one variant)"
+
+
+@dataclass
+class VariantPlan:
+    """The keys one backend's cases are drawn from in this run, and what they cost."""
+
+    backend: Backend
+    space: int  # compile keys the strategies can reach for this backend
+    free: dict[CompileKey, str]  # key -> why it needs no compile ("prebuilt", "cached", ...)
+    chosen: list[CompileKey]  # keys to build in this run, in build order
+    budget: float  # seconds of compiling this run may spend
+    spent: float = 0.0
+    ran: dict[CompileKey, int] = field(default_factory=dict)  # cases judged per key
+    compiled: dict[CompileKey, float] = field(default_factory=dict)  # key -> seconds its first case (or build) took
+    warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
+    ahead: float = 0.0  # seconds of ``prebuild`` (before the first case)
+
+    @property
+    def keys(self) -> list[CompileKey]:
+        return list(self.free) + self.chosen
+
+    def allowed(self, key: CompileKey) -> bool:
+        """Whether a case may be drawn inside ``key`` now: free, built this run, or budget is left."""
+        return key in self.free or key in self.compiled or self.spent < self.budget
+
+    def usable(self) -> list[CompileKey]:
+        """The keys the next case may be drawn from (never empty)."""
+        return [k for k in self.keys if self.allowed(k)] or self.chosen[:1]
+
+    def redirect(self, key: CompileKey) -> CompileKey:
+        """``key`` if allowed, else the next allowed key of ``keys`` (wrapping). A key once allowed and run
+        stays allowed, so Hypothesis replaying a failing draw gets the same case."""
+        keys = self.keys
+        start = keys.index(key)
+        return next((k for k in keys[start:] + keys[:start] if self.allowed(k)), key)
+
+    def strategy(self, limits: Limits) -> st.SearchStrategy[Case]:
+        """Cases inside the plan's keys: one drawn from all of them (a fixed list, so draws replay), then
+        steered to an allowed one (the allowed set shrinks once the budget is spent)."""
+        return cases(self.backend.capabilities, limits, variants=self.keys, redirect=self.redirect)
+
+    def observe(self, case: Case, seconds: float) -> None:
+        """A case of this backend took ``seconds`` (kernel, oracle, checks): the first case of a key that
+        was not free paid its compile."""
+        key = self.backend.compile_key(case)
+        self.ran[key] = self.ran.get(key, 0) + 1
+        if key not in self.free and key not in self.compiled:
+            self.compiled[key] = seconds
+            self.spent += seconds
+        elif self.warm and seconds > 4 * statistics.median(self.warm[-20:]) + 0.5:
+            self.spent += seconds  # a compile the key does not name (e.g. a padded length): counted all the same
+        else:
+            self.warm.append(seconds)
+
+    def prebuild(self, progress: Any = None) -> None:
+        """Build the chosen keys ahead of the first case where the adapter can (FlashInfer: one parallel
+        ninja run); what it builds is counted against the budget."""
+        todo = [k for k in self.chosen if k not in self.compiled]
+        if not todo or type(self.backend).build_variants is Backend.build_variants:
+            return  # nothing to build, or no ahead-of-time build: each key compiles on its first case
+        if progress:
+            progress(f"  building {len(todo)} {self.backend.name} variants: " + "; ".join(key_label(k) for k in todo[:6]))
+        start = time.monotonic()
+        try:
+            built = self.backend.build_variants(todo)
+        except Exception as exc:  # noqa: BLE001 - a failed ahead-of-time build: the first case compiles (or fails) as usual
+            if progress:
+                progress(f"  ahead-of-time build failed ({type(exc).__name__}: {exc}); cases compile on first use")
+            return
+        if built is None:
+            return
+        seconds = time.monotonic() - start
+        self.spent += seconds
+        self.ahead += seconds
+        for key in built:
+            self.compiled[key] = seconds / max(len(built), 1)
+
+    def lines(self) -> list[str]:
+        """What the coverage table says about variants: which ran this time, which were never built."""
+        ran = sorted(self.ran, key=lambda k: -self.ran[k])
+        how = {k: self.free.get(k) or ("compiled" if k in self.compiled else "?") for k in ran}
+        shown = "; ".join(f"{key_label(k)} [{how[k]}] {self.ran[k]}" for k in ran[:8])
+        more = f"; +{len(ran) - 8} more" if len(ran) > 8 else ""
+        unbuilt = self.space - len(self.free) - len(self.compiled)
+        return [
+            f"  {self.backend.name} variants: {len(ran)} ran this time ({shown}{more}); compiled {len(self.compiled)} "
+            f"in {self.spent:.1f}s ({self.ahead:.1f}s ahead of the first case) of a {self.budget:.0f}s budget; "
+            f"{unbuilt} of {self.space} never built",
+        ]
+
+
+def plan_variants(
+    backend: Backend, limits: Limits, *, budget: float, seed: int, compile_seconds: float | None = None
+) -> VariantPlan | None:
+    """The keys ``backend`` draws from under a compile ``budget`` (seconds); None when nothing about it
+    compiles per case (its draws stay exactly those of an unrestricted campaign)."""
+    fields = backend.compile_fields
+    if not fields:
+        return None
+    keys = variant_keys(backend.capabilities, limits, fields)
+    free = {k: why for k in keys if (why := backend.built_reason(k)) is not None}
+    unbuilt = [k for k in keys if k not in free]
+    random.Random(f"variants:{backend.name}").shuffle(unbuilt)  # one fixed order per backend
+    cost = compile_seconds or backend.compile_seconds
+    count = min(len(unbuilt), int(budget // cost) if cost > 0 else len(unbuilt))
+    if not free and unbuilt:
+        count = max(count, 1)  # something must run
+    start = (seed * max(count, 1)) % max(len(unbuilt), 1)
+    chosen = [unbuilt[(start + i) % len(unbuilt)] for i in range(count)]
+    return VariantPlan(backend, len(keys), free, chosen, budget)
+
+
+def compile_budget(time_budget: float | None, asked: float | None) -> float | None:
+    """``--compile-budget`` if given, else ``COMPILE_SHARE`` of ``--time-budget``; None (no variant
+    restriction) when neither is given."""
+    if asked is not None:
+        return asked
+    return None if time_budget is None else COMPILE_SHARE * time_budget

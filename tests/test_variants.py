@@ -1,0 +1,137 @@
+"""Compile keys, variant-aware drawing and the compile budget (``pa_oracle.fuzz.campaign.variants``)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.base import Backend, register
+from pa_oracle.backends.flashinfer import module_uri
+from pa_oracle.backends.sdpa import SdpaMath
+from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.variants import compile_budget, key_label, plan_variants
+from pa_oracle.fuzz.draw.strategies import Limits, cases, variant_keys
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
+from pa_oracle.oracle.reference import FUSED_MIN_FLOPS, attended_flops
+
+
+def _draw(strategy, count: int = 40, at: int = 7) -> list[Case]:  # type: ignore[no-untyped-def]
+    drawn: list[Case] = []
+
+    @seed(at)
+    @settings(max_examples=count, database=None, deadline=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(case: Case) -> None:
+        drawn.append(case)
+
+    collect()
+    return drawn
+
+
+@pytest.mark.parametrize("name", ["flex", "flashinfer-prefill-fa2", "flashinfer-decode", "vllm-flashinfer"])
+def test_restricted_draws_stay_inside_the_keys_and_vary_the_rest(name: str) -> None:
+    backend = get_backend(name)
+    keys = variant_keys(backend.capabilities, Limits(), backend.compile_fields)[3:5]
+    drawn = _draw(cases(backend.capabilities, Limits(), variants=keys))
+    assert {backend.compile_key(c) for c in drawn} <= set(keys)
+    assert all(backend.capabilities.unsupported_reason(c) is None for c in drawn)
+    assert len({c.layout.batch_size for c in drawn}) > 1 and len({c.seed for c in drawn}) > 1
+    again = _draw(cases(backend.capabilities, Limits(), variants=keys))
+    assert [c.case_id for c in again] == [c.case_id for c in drawn]  # same seed, same keys: same cases
+
+
+def test_variant_keys_pair_dtypes_as_the_capabilities_do() -> None:
+    caps = get_backend("flashinfer-decode").capabilities
+    keys = variant_keys(caps, Limits(), ("q_dtype", "kv_dtype", "head_dim_qk"))
+    assert all(dict(k)["kv_dtype"] in caps.accepted_kv_dtypes(dict(k)["q_dtype"]) for k in keys)
+    assert len(keys) == 2 * 3 * 2  # q f16/bf16, kv q's own or two fp8, dims 64/128 (256 is past the Limits)
+    assert variant_keys(caps, Limits(), ()) == [()]
+    with pytest.raises(ValueError, match="unknown compile-key field"):
+        variant_keys(caps, Limits(), ("tile_size",))
+
+
+def test_module_uri_names_the_prebuilt_flashinfer_modules() -> None:
+    key = (("q_dtype", "bfloat16"), ("kv_dtype", "bfloat16"), ("head_dim_qk", 128), ("alibi", False),
+           ("window", True), ("soft_cap", False))
+    assert module_uri("decode", key) == (
+        "batch_decode_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_128_"
+        "head_dim_vo_128_posenc_0_use_swa_True_use_logits_cap_False"
+    )
+    assert module_uri("prefill", key, "fa3").endswith("use_swa_True_use_logits_cap_False_f16qk_False_sm90")
+    tc = get_backend("flashinfer-decode-tc")
+    assert tc.modules(key) == [module_uri("prefill", key, "fa2")]
+
+
+def test_the_plan_rotates_with_the_seed_and_keeps_free_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = get_backend("flashinfer-prefill-fa2")
+    free_dim = 64
+    monkeypatch.setattr(type(backend), "built_reason", lambda self, key: "prebuilt" if dict(key)["head_dim_qk"] == free_dim else None)
+    first = plan_variants(backend, Limits(), budget=120, seed=0)
+    second = plan_variants(backend, Limits(), budget=120, seed=1)
+    assert first is not None and second is not None
+    assert len(first.chosen) == 2 and not set(first.chosen) & set(second.chosen)  # 120 s / 60 s a module
+    assert all(dict(k)["head_dim_qk"] != free_dim for k in first.chosen)
+    assert set(first.free) <= set(first.usable()) and set(first.chosen) <= set(first.usable())
+    first.spent = first.budget  # spent before any chosen key was built: only the free ones stay
+    assert set(first.usable()) == set(first.free)
+    assert first.redirect(first.chosen[0]) in first.free  # a draw of an unbuilt key is steered to a built one
+    first.compiled[first.chosen[1]] = 60.0
+    assert first.redirect(first.chosen[1]) == first.chosen[1]  # built this run: stays (a replay draws the same)
+    assert "never built" in first.lines()[0]
+
+
+def test_a_backend_with_nothing_to_compile_draws_as_before() -> None:
+    assert plan_variants(get_backend("sdpa-math"), Limits(), budget=10, seed=0) is None
+    assert compile_budget(None, None) is None and compile_budget(100, None) == pytest.approx(30)
+    assert compile_budget(100, 5) == 5
+
+
+@register
+class _DtypeKeyed(SdpaMath):
+    """sdpa-math that pretends to compile one variant per q dtype (a CPU stand-in for a JIT kernel)."""
+
+    name = "test-dtype-keyed"
+    compile_fields = ("q_dtype",)
+    compile_seconds = 1.0
+
+
+def test_a_campaign_draws_inside_the_planned_variants() -> None:
+    backend: Backend = _DtypeKeyed()
+    plan = plan_variants(backend, Limits(max_batch=2, max_kv_len=20), budget=1.0, seed=3)
+    assert plan is not None and len(plan.chosen) == 1
+    result = fuzz_backend(backend, examples=12, limits=Limits(max_batch=2, max_kv_len=20), isolate=False, variants=plan)
+    assert result.examples == 12
+    assert set(plan.ran) == set(plan.chosen) and sum(plan.ran.values()) == 12
+    assert key_label(plan.chosen[0]) in plan.lines()[0]
+
+
+def test_fuzz_sized_cases_stay_below_the_fused_threshold() -> None:
+    limits = Limits()
+    largest = Case(
+        Layout.from_lengths([limits.max_qo_len] * limits.max_batch, [limits.max_kv_len] * limits.max_batch, 16),
+        Heads(limits.max_qo_heads, 1, 256, 256), Options(),
+    )
+    assert attended_flops(largest) < FUSED_MIN_FLOPS
+
+
+@pytest.mark.parametrize(("lq", "lk", "used"), [(512, 2048, (100, 450)), (512, 2048, (384, 1800)), (512, 512, None)])
+def test_flex_block_mask_is_torchs(lq: int, lk: int, used: tuple[int, int] | None) -> None:
+    import torch
+    from pa_oracle.backends.flex import block_mask_of
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    gen = torch.Generator().manual_seed(lq + lk)
+    nq, nk = used or (lq, lk)
+    doc_q = torch.cat([torch.randint(0, 3, (nq,), generator=gen), torch.full((lq - nq,), -1)])
+    doc_k = torch.cat([torch.randint(0, 3, (nk,), generator=gen), torch.full((lk - nk,), -2)])
+    q_pos, k_pos = torch.randint(0, 300, (lq,), generator=gen), torch.randint(0, 300, (lk,), generator=gen)
+    causal, window = torch.tensor(True), torch.tensor(7)
+
+    def mask_mod(b, h, qi, kv):  # type: ignore[no-untyped-def]
+        keep = (doc_q[qi] == doc_k[kv]) & (~causal | (k_pos[kv] <= q_pos[qi]))
+        return keep & ((window < 0) | (k_pos[kv] >= q_pos[qi] - window))
+
+    theirs = create_block_mask(mask_mod, 1, 1, lq, lk, device="cpu")
+    ours = block_mask_of(mask_mod, lq, lk, torch.device("cpu"), used=used)
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+    assert all(torch.equal(a, b) for a, b in zip(ours.as_tuple(), theirs.as_tuple()) if isinstance(a, torch.Tensor))
