@@ -60,7 +60,7 @@ class FlexFamilies(Flex):
         else:
             flat = np.concatenate([m.reshape(-1) for m in masks] + [np.ones(1, bool)])
             offset = np.cumsum([0, *(m.size for m in masks)])[:-1]
-        lq, lk = _bucket(len(doc_q)), _bucket(len(doc_k))
+        lq, lk = _bucket(len(doc_q), 512), _bucket(len(doc_k), 2048)  # the shapes flex pads to (one compile per key)
         put = lambda x, n, fill: torch.from_numpy(np.concatenate([x, np.full(n - len(x), fill)]).astype(np.int64)).to(device)  # noqa: E731
         return {
             "case": case,

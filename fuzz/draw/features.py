@@ -34,6 +34,7 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "distribution": DISTRIBUTIONS,
     "custom_mask": ("none", "tree", "bits"),  # how the case's custom mask is given (oracle.case.CustomMask)
     "mla": bool,  # the latent layout (Heads.mla)
+    "mask_empty_row": bool,  # a custom mask leaves some query row no key (before causal and window)
 }
 
 
@@ -72,4 +73,10 @@ def case_features(case: Case) -> dict[str, Feature]:
         "distribution": case.distribution,
         "custom_mask": "none" if case.custom_mask is None else "tree" if case.custom_mask.tree_parents is not None else "bits",
         "mla": heads.mla,
+        "mask_empty_row": _mask_empty_row(case),
     }
+
+
+def _mask_empty_row(case: Case) -> bool:
+    masks = case.masks() if case.custom_mask is not None else None
+    return bool(masks) and any(m.shape[1] > 0 and not m.any(axis=1).all() for m in masks if m.shape[0])
