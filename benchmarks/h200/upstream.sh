@@ -22,7 +22,7 @@ fi
 [ -d .device/flash-attn ] && pipi .device/flash-attn/*.whl
 [ -d .device/triton ] && pipi .device/triton/*.whl
 
-guard="$PWD/.device-scripts/without_project.py"
+guard="$PWD/benchmarks/h200/without_project.py"
 summary="$log/summary.txt"
 has() { PYTHONPATH="$site" python3 -c "import $1" >/dev/null 2>&1; }
 for dir in golden/reports/*/; do
