@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pa_oracle.fuzz.campaign.ledger import load_ledger
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.errors import BadInput
-from pa_oracle.oracle.tensors import load_case, make_tensors, save_tensors
+from pa_oracle.oracle.tensors import load_case, load_tensors, make_tensors, save_tensors, tensors_digest
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _NOT_VERSIONS = ("kernel", "module_file")  # machine-specific entries of a user kernel's versions()
@@ -163,10 +163,13 @@ def promote(
     cases_dir.mkdir(parents=True, exist_ok=True)
     if case.tensors_file is not None:
         shutil.copyfile(case.tensors_file, target_npz)
+        tensors = load_tensors(case, case.tensors_file)
     else:
-        save_tensors(make_tensors(case), target_npz)
+        tensors = make_tensors(case)
+        save_tensors(tensors, target_npz)
     golden_meta = {"guards": reason.strip(), "source": issue, "found_by": meta}
-    case.replace(tensors_file=target_npz.name, meta=golden_meta).save(target_json)
+    # named by the sidecar's content (tensors_sha256), so the golden case's id is the finding's, wherever it lies
+    case.replace(tensors_file=target_npz.name, tensors_sha256=tensors_digest(tensors), meta=golden_meta).save(target_json)
     try:
         make_tensors(load_case(target_json))
     except CaseError as exc:

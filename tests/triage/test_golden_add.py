@@ -43,6 +43,9 @@ def test_golden_add_round_trips(last_page_finding, golden) -> None:
     case = load_case(golden / "cases" / "planted-last-page.json")
     assert case.tensors_file == str((golden / "cases" / "planted-last-page.npz").resolve())
     assert case.meta["found_by"]["backend"] == PLANTED.format("last_page_off_by_one")
+    # one id wherever the case lies: the golden copy keeps the finding's id (its sidecar's content names it)
+    assert case.case_id == load_case(last_page_finding / "case.json").case_id
+    assert json.loads((golden / "cases" / "planted-last-page.json").read_text())["case_id"] == case.case_id
     assert check_case(kernel("last_page_off_by_one"), case).status == "fail"
     assert check_case(kernel("correct_attention"), case).status == "pass"
     entries = load_ledger(golden / "ledger.json")
