@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from pa_oracle.backends import get_backend
-from pa_oracle.backends.base import Backend, register
+from pa_oracle.backends.base import Backend
 from pa_oracle.backends.flashinfer import module_uri
 from pa_oracle.backends.sdpa import SdpaMath
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
@@ -86,9 +86,9 @@ def test_a_backend_with_nothing_to_compile_draws_as_before() -> None:
     assert compile_budget(100, 5) == 5
 
 
-@register
 class _DtypeKeyed(SdpaMath):
-    """sdpa-math that pretends to compile one variant per q dtype (a CPU stand-in for a JIT kernel)."""
+    """sdpa-math that pretends to compile one variant per q dtype (a CPU stand-in for a JIT kernel);
+    not registered: the registry is every other test's list of adapters."""
 
     name = "test-dtype-keyed"
     compile_fields = ("q_dtype",)
