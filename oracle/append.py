@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from pa_oracle.oracle.case import CaseError
+from pa_oracle.oracle.tensors import BITS_OF_SIZE, raw_bits
 
 LAYOUTS = ("NHD", "HND")
 DTYPES = ("bfloat16", "float16", "float32")
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def make_inputs(case: AppendCase, device: str | torch.device = "cpu") -> AppendI
     gen = torch.Generator().manual_seed(case.seed)
     page_shape = ((case.page_size, case.num_kv_heads) if case.kv_layout == "NHD"
                   else (case.num_kv_heads, case.page_size)) + (case.head_dim,)
-    bits = _BITS[torch.empty((), dtype=dtype).element_size()]
+    bits = BITS_OF_SIZE[torch.empty((), dtype=dtype).element_size()]
     info = torch.iinfo(bits)
     shape = (case.num_pages, 2, *page_shape)
     canaries = torch.randint(info.min, info.max, shape, generator=gen, dtype=torch.int64).to(bits).view(dtype)
@@ -198,8 +198,7 @@ def compare_pools(case: AppendCase, before: AppendInputs, k_after: torch.Tensor,
     found: list[Mismatch] = []
     count = 0
     for which, want, got in (("k", want_k, k_after.cpu()), ("v", want_v, v_after.cpu())):
-        bits = _BITS[want.element_size()]
-        diff = want.contiguous().view(bits) != got.contiguous().view(bits)
+        diff = raw_bits(want) != raw_bits(got)
         rows = diff.any(-1)  # [pages, page, H] or [pages, H, page]
         if case.kv_layout == "HND":
             rows = rows.transpose(1, 2)

@@ -21,7 +21,7 @@ import torch
 from pa_oracle.oracle.case import Case, CaseError
 
 POISON = float("nan")  # every unreferenced slot of the pool
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> int dtype
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -60,14 +60,20 @@ class Tensors:
         return {name: _checksum(t) for name, t in {**self.as_dict(), **(extra or {})}.items()}
 
 
-def _raw_bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(_BITS[t.element_size()])
+def raw_bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers of the same width (bf16 and fp8 have no comparisons of bits)."""
+    return t.contiguous().view(BITS_OF_SIZE[t.element_size()])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (NaN payloads and -0.0 included), ``b`` read where ``a`` is."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b).to(a.device))
 
 
 def _checksum(t: torch.Tensor, chunk: int = 1 << 24) -> tuple[int, int]:
     """(sum, position-weighted sum) of the raw bits as int64: any single changed element changes
     the weighted sum (weights 1..65521 are never 0 mod 2**64)."""
-    bits = _raw_bits(t).flatten()
+    bits = raw_bits(t).flatten()
     plain = weighted = 0
     for start in range(0, bits.numel(), chunk):
         part = bits[start : start + chunk].to(torch.int64)
@@ -224,7 +230,7 @@ def save_tensors(tensors: Tensors, path: str | Path) -> Path:
     """Write tensors as raw bits plus dtype names (bf16 and fp8 have no numpy dtype)."""
     arrays: dict[str, np.ndarray] = {}
     for name, t in tensors.as_dict().items():
-        arrays[f"{name}__bits"] = _raw_bits(t.cpu()).numpy()
+        arrays[f"{name}__bits"] = raw_bits(t.cpu()).numpy()
         arrays[f"{name}__dtype"] = np.array(str(t.dtype).removeprefix("torch."))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +245,7 @@ def tensors_digest(tensors: Tensors) -> str:
     digest = hashlib.sha256()
     for name, t in tensors.as_dict().items():
         digest.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
-        digest.update(_raw_bits(t.detach().cpu()).numpy().tobytes())
+        digest.update(raw_bits(t.detach().cpu()).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -287,7 +293,7 @@ def load_tensors(case: Case, path: str | Path) -> Tensors:
     tensors = Tensors(**loaded)
     if case.heads.mla:
         latent_v = tensors.k_cache[..., : case.heads.head_dim_vo]
-        if not torch.equal(_raw_bits(latent_v), _raw_bits(tensors.v_cache)):
+        if not torch.equal(raw_bits(latent_v), raw_bits(tensors.v_cache)):
             raise CaseError(f"{path}: an MLA case's v_cache must be the first head_dim_vo dims of k_cache, bit for bit")
         tensors = Tensors(tensors.q, tensors.k_cache, latent_v)
     _check_referenced_finite(case, path, tensors)
@@ -325,7 +331,7 @@ def _read_array(case: Case, path: Path, archive: np.lib.npyio.NpzFile, name: str
         raise CaseError(f"{path}: {name} is {str(dtype_array)[:40]!r}, the case needs {dtype_name}")
     bits = _member(path, archive, f"{name}__bits")
     dtype = torch_dtype(dtype_name)
-    raw = np.dtype(str(_BITS[dtype.itemsize]).removeprefix("torch."))
+    raw = np.dtype(str(BITS_OF_SIZE[dtype.itemsize]).removeprefix("torch."))
     if bits.dtype != raw:
         raise CaseError(f"{path}: array {name}__bits is {bits.dtype}, the raw bits of {dtype_name} are {raw}")
     if bits.shape != shape:

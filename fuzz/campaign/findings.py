@@ -29,7 +29,7 @@ from pa_oracle.fuzz.checks.registry import expectation
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK, Outcome
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.report import format_report, repro_command
-from pa_oracle.oracle.tensors import Tensors, make_tensors, saved_form, write_case
+from pa_oracle.oracle.tensors import Tensors, make_tensors, raw_bits, saved_form, write_case
 from pa_oracle.oracle.tolerance import Verdict
 
 
@@ -105,7 +105,6 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
 
 
 OUTPUT_FILE = "output.npz"
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def save_output(output: KernelOutput, path: Path) -> Path:
@@ -113,8 +112,8 @@ def save_output(output: KernelOutput, path: Path) -> Path:
     arrays: dict[str, np.ndarray] = {}
     for name, t in (("out", output.out), ("lse", output.lse)):
         if t is not None:
-            t = t.detach().cpu().contiguous()
-            arrays[f"{name}__bits"] = t.view(_BITS[t.element_size()]).numpy()
+            t = t.detach().cpu()
+            arrays[f"{name}__bits"] = raw_bits(t).numpy()
             arrays[f"{name}__dtype"] = np.array(str(t.dtype).removeprefix("torch."))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:

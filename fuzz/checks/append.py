@@ -9,6 +9,7 @@ from typing import NamedTuple
 from pa_oracle.backends.base import exception_text
 from pa_oracle.backends.writes import WriteKernel
 from pa_oracle.oracle.append import AppendCase, AppendVerdict, compare_pools, make_inputs
+from pa_oracle.oracle.tensors import same_bits
 
 
 class WriteOutcome(NamedTuple):
@@ -36,17 +37,9 @@ def judge_write(case: AppendCase, kernel: WriteKernel) -> WriteOutcome:
             torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - whatever the kernel raises is its finding
         return WriteOutcome(case, kernel.name, "crash", f"{type(exc).__name__}: {exception_text(exc)}")
-    changed = [name for name, kept in read_only.items() if not _same_bits(kept, getattr(inputs, name))]
+    changed = [name for name, kept in read_only.items() if not same_bits(kept, getattr(inputs, name))]
     if changed:
         return WriteOutcome(case, kernel.name, "mutated", f"the kernel changed its inputs: {', '.join(changed)}")
     verdict = compare_pools(case, before, inputs.k_pool, inputs.v_pool)
     return WriteOutcome(case, kernel.name, "pass" if verdict.ok else "fail", verdict.summary(), verdict)
 
-
-def _same_bits(a, b) -> bool:  # type: ignore[no-untyped-def]
-    import torch
-
-    if a.dtype.is_floating_point:
-        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return bool(torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)))
-    return bool(torch.equal(a, b))

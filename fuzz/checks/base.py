@@ -35,11 +35,10 @@ from pa_oracle.fuzz.run.runner import (
 )
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.report import Location, locate
-from pa_oracle.oracle.tensors import Tensors, make_tensors
+from pa_oracle.oracle.tensors import Tensors, make_tensors, same_bits
 from pa_oracle.oracle.tolerance import Tolerance
 
 Expectation = Literal["bit-exact", "tolerance", "oracle"]
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def check_outcome(
@@ -130,15 +129,6 @@ def run_supported(backend: Backend, case: Case, tensors: Tensors, label: str) ->
 
 def tensors_for(backend: Backend, case: Case) -> Tensors:
     return make_tensors(case, backend.device or "cpu")
-
-
-def raw_bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bits as integers of the same width (bf16 and fp8 have no comparisons of bits)."""
-    return t.contiguous().view(_BITS[t.element_size()])
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b).to(a.device))
 
 
 def elementwise_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, GraphCall, KernelOutput, RawOutput, Unsupported
 from pa_oracle.fuzz.run.runner import Outcome
-from pa_oracle.fuzz.checks.base import Check, check_outcome, same_bits, tensors_for
+from pa_oracle.fuzz.checks.base import Check, check_outcome, tensors_for
+from pa_oracle.oracle.tensors import same_bits
 from pa_oracle.fuzz.run.runner import judge
 from pa_oracle.oracle.case import Case, Layout
 from pa_oracle.oracle.tensors import Tensors

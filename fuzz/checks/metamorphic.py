@@ -35,14 +35,12 @@ from pa_oracle.fuzz.checks.base import (
     Check,
     case_key,
     judge_relation,
-    raw_bits,
     run_supported,
-    same_bits,
     tensors_for,
 )
 from pa_oracle.fuzz.checks.properties import alone
 from pa_oracle.oracle.case import Case, Layout, Options
-from pa_oracle.oracle.tensors import POISON, Tensors, token_addresses
+from pa_oracle.oracle.tensors import POISON, Tensors, raw_bits, same_bits, token_addresses
 from pa_oracle.oracle.tolerance import Tolerance
 
 

@@ -8,20 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.oracle.case import Case, Layout
-from pa_oracle.oracle.tensors import Tensors, make_tensors
+from pa_oracle.oracle.tensors import Tensors, make_tensors, same_bits
 
 
 @dataclass(frozen=True)
 class Properties:
     deterministic: bool
     batch_invariant: bool | None  # None: a batch of one request
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def alone(case: Case, request: int) -> Case:
@@ -39,7 +34,7 @@ def measure(backend: Backend, case: Case, tensors: Tensors | None = None) -> Pro
     tensors = tensors if tensors is not None else make_tensors(case, backend.device or "cpu")
     plan = backend.plan(case)
     first = backend.run(plan, tensors).out
-    deterministic = _same_bits(first, backend.run(plan, tensors).out)
+    deterministic = same_bits(first, backend.run(plan, tensors).out)
     lay = case.layout
     if lay.batch_size == 1:
         return Properties(deterministic, None)
@@ -50,5 +45,5 @@ def measure(backend: Backend, case: Case, tensors: Tensors | None = None) -> Pro
             continue
         single = alone(case, b)
         out = backend.run(backend.plan(single), Tensors(tensors.q[rows], tensors.k_cache, tensors.v_cache)).out
-        invariant &= _same_bits(out, first[rows])
+        invariant &= same_bits(out, first[rows])
     return Properties(deterministic, invariant)

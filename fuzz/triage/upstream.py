@@ -27,11 +27,10 @@ import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.reference import plain_attention, reference
-from pa_oracle.oracle.tensors import Tensors, make_tensors, token_slots
+from pa_oracle.oracle.tensors import Tensors, make_tensors, raw_bits, token_slots
 from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
 
 EMBED_LIMIT = 96 << 10  # compressed tensor bytes embedded in repro.py; more go to inputs.npz beside it
-_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 # names the repro defines before the kernel call (``Backend.call_source`` may use these)
 PRELUDE_NAMES = (
@@ -70,8 +69,8 @@ def _tensor_bits(tensors: Tensors) -> tuple[bytes, dict[str, str]]:
     """The tensors as an npz of raw bits (fp8 and bf16 have no numpy dtype) and their torch dtypes."""
     arrays, dtypes = {}, {}
     for name, t in tensors.as_dict().items():
-        t = t.detach().cpu().contiguous()
-        arrays[name] = t.view(getattr(torch, np.dtype(_BITS[t.element_size()]).name)).numpy()
+        t = t.detach().cpu()
+        arrays[name] = raw_bits(t).numpy()
         dtypes[name] = str(t.dtype).removeprefix("torch.")
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)

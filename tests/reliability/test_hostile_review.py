@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.tensors import _raw_bits, make_tensors
+from pa_oracle.oracle.tensors import raw_bits, make_tensors
 
 from pa_oracle.cli import main
 
@@ -33,7 +33,7 @@ def write_case(folder: Path, q_value: float | None = None, **options: object) ->
     if q_value is not None:
         arrays = {}
         for name, tensor in make_tensors(Case.from_json(data), "cpu").as_dict().items():
-            arrays[name + "__bits"] = _raw_bits(tensor).numpy().copy()
+            arrays[name + "__bits"] = raw_bits(tensor).numpy().copy()
             arrays[name + "__dtype"] = np.array("float32")
         arrays["q__bits"].view(np.float32)[:] = q_value  # finite in float32, but its logits overflow
         np.savez(folder / "t.npz", **arrays)
