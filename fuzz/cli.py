@@ -131,14 +131,12 @@ def fuzz(
     file); a campaign never replaces or deletes a finding folder. --workers N runs N shards side
     by side and merges them; --shard I/N runs one shard (a job-array task), --merge merges their
     states."""
-    from pa_oracle.backends.user import UserKernel
     from pa_oracle.fuzz.campaign.coverage import coverage_table
     from pa_oracle.fuzz.campaign.engine import run_campaign
     from pa_oracle.fuzz.campaign.variants import compile_budget as campaign_compile_budget
     from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
-    from pa_oracle.fuzz.campaign.outdir import campaign_lock, kept_campaign, refuse_replacing
+    from pa_oracle.fuzz.campaign.outdir import campaign_lock
     from pa_oracle.fuzz.campaign.state import (
-        CampaignState,
         load_shards,
         merge_results,
         missing_shards,
@@ -169,14 +167,9 @@ def fuzz(
             path = state_path(out_dir, shard)
             asked = {"seed": seed, "max_batch": max_batch, "max_kv_len": max_kv_len, "only": list(only),
                      "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard)}
-            if not resume:
-                refuse_replacing([] if overwrite else kept_campaign(out_dir, path, workers), out_dir)
-            state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
+            state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not resume else [], resume=resume,
+                                             overwrite=overwrite, workers=workers)
             config = state.config
-            if resume:
-                chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
-            config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
-            config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
             display = CampaignProgress(shard.share(examples), write=lambda line: click.echo(line, err=True))
             ctx.call_on_close(display.close)  # a live display on a terminal, else a heartbeat: stopped on any exit
             results = run_campaign(
@@ -206,6 +199,26 @@ def fuzz(
     for line in problems:
         click.echo(f"pa-oracle: {line}{kept}", err=True)
     ctx.exit(code)
+
+
+def _start_or_resume(ctx: click.Context, out_dir: Path, path: Path, asked: dict[str, Any], chosen: list[Backend], *,
+                     resume: bool, overwrite: bool, workers: int = 1, kind: str = "campaign") -> tuple[CampaignState, list[Backend]]:
+    """The campaign state at ``path`` and the backends it runs: with ``resume`` the saved state, its
+    backends selected again from its config; else a new state for ``chosen``, refusing to replace a
+    campaign kept under ``out_dir`` unless ``overwrite``. The config records the backends either way."""
+    from pa_oracle.backends.user import UserKernel
+    from pa_oracle.fuzz.campaign.outdir import kept_campaign, refuse_replacing
+    from pa_oracle.fuzz.campaign.state import CampaignState
+
+    if not resume:
+        refuse_replacing([] if overwrite else kept_campaign(out_dir, path, workers, kind), out_dir)
+    state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
+    config = state.config
+    if resume:
+        chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
+    config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
+    config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
+    return state, chosen
 
 
 def _parse_shard(text: str | None) -> Shard:
@@ -486,8 +499,8 @@ def metamorphic(
 
     from pa_oracle.backends.user import UserKernel
     from pa_oracle.fuzz.campaign.engine import judge_one, run_campaign
-    from pa_oracle.fuzz.campaign.outdir import campaign_lock, kept_campaign, refuse_replacing
-    from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, CampaignState, load_shards, merge_results, state_path
+    from pa_oracle.fuzz.campaign.outdir import campaign_lock
+    from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, load_shards, merge_results, state_path
     from pa_oracle.fuzz.checks.registry import ALL_CHECKS, CHECKS
     from pa_oracle.fuzz.draw.strategies import Limits
     from pa_oracle.oracle.tensors import load_case
@@ -520,14 +533,9 @@ def metamorphic(
             path = state_path(out_dir, shard, CHECKS_CAMPAIGN)
             asked = {"seed": seed, "max_batch": Limits.max_batch, "max_kv_len": Limits.max_kv_len, "only": list(only),
                      "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard), "checks": names}
-            if not resume:
-                refuse_replacing([] if overwrite else kept_campaign(out_dir, path, 1, CHECKS_CAMPAIGN), out_dir)
-            state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
+            state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not resume else [], resume=resume,
+                                             overwrite=overwrite, kind=CHECKS_CAMPAIGN)
             config = state.config
-            if resume:
-                chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
-            config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
-            config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
             results = run_campaign(
                 chosen, state, path, examples=examples, time_budget=time_budget, shard=shard,
                 limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),

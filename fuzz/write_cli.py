@@ -23,6 +23,8 @@ from pa_oracle.fuzz.exits import FINDING, NO_FINDING, TOOL_FAILED
 def writes(names: tuple[str, ...], examples: int, seed: int, case_file: Path | None, out_dir: Path) -> None:
     """Append ragged batches into canary-filled paged pools and compare every byte: the appended
     slots must hold the appended values, everything else must be unchanged."""
+    import random
+
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
@@ -43,11 +45,11 @@ def writes(names: tuple[str, ...], examples: int, seed: int, case_file: Path | N
     if not usable:
         click.echo("pa-oracle: no write kernel could run here", err=True)
         click.get_current_context().exit(TOOL_FAILED)
-    saved = json.loads(json.dumps(read_json(case_file, CaseError))) if case_file else None
+    saved = read_json(case_file, CaseError) if case_file else None
     found = False
     for kernel in usable:
         if saved is not None:
-            case = AppendCase.from_json(saved.get("case", saved))
+            case = AppendCase.from_json(saved.get("case", saved) if isinstance(saved, dict) else saved)
             outcome = judge_write(case, kernel)
             click.echo(f"{kernel.name:28s} {outcome.status.upper()}: {outcome.detail}")
             found |= not outcome.ok
@@ -61,7 +63,7 @@ def writes(names: tuple[str, ...], examples: int, seed: int, case_file: Path | N
         try:
             case = find(append_cases(kernel.capabilities), fails,
                         settings=settings(max_examples=examples, database=None, deadline=None,
-                                          suppress_health_check=list(HealthCheck)), random=_random(seed))
+                                          suppress_health_check=list(HealthCheck)), random=random.Random(seed))
         except NoSuchExample:
             click.echo(f"{kernel.name:28s} ok   {tried[0]} examples")
             continue
@@ -71,12 +73,6 @@ def writes(names: tuple[str, ...], examples: int, seed: int, case_file: Path | N
         click.echo(f"{kernel.name:28s} FAIL {outcome.status}: {outcome.detail}\n    saved {folder}; replay: "
                    f"pa-oracle writes -b {kernel.name} --case {folder / 'writes.json'}")
     click.get_current_context().exit(FINDING if found else NO_FINDING)
-
-
-def _random(seed: int):  # type: ignore[no-untyped-def]
-    import random
-
-    return random.Random(seed)
 
 
 def _save(out_dir: Path, name: str, case, outcome) -> Path:  # type: ignore[no-untyped-def]

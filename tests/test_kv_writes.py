@@ -128,5 +128,8 @@ def test_cli_fuzzes_and_replays(tmp_path):
     (tmp_path / "w.json").write_text(__import__("json").dumps({"case": case.to_json()}))
     result = CliRunner().invoke(main, ["writes", "-b", "torch-scatter", "--case", str(tmp_path / "w.json")])
     assert result.exit_code == 0 and "PASS" in result.output, result.output
+    (tmp_path / "list.json").write_text("[1, 2]")
+    result = CliRunner().invoke(main, ["writes", "-b", "torch-scatter", "--case", str(tmp_path / "list.json")])
+    assert result.exit_code == 2 and "expected a JSON object" in result.output, result.output
     result = CliRunner().invoke(main, ["writes", "-b", "nope"])
     assert result.exit_code == 2 and "unknown write kernel" in result.output

@@ -344,6 +344,7 @@ def run_campaign(
             progress(f"  {label}{result.line()}; findings so far {total}")
 
     workers: dict[str, Any] = {}  # one worker per backend, shared by its checks (started on its first case)
+    compiling = sum(1 for (b, _), _key in todo if b.compile_fields) or 1  # the compile budget is shared by those that compile
     try:
         for i, ((backend, check), key) in enumerate(todo):
             deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
@@ -352,7 +353,6 @@ def run_campaign(
                 where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
                 what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
                 progress(f"{label}{what} on {where} ...")
-            compiling = sum(1 for (b, _), _key in todo if b.compile_fields) or 1  # the budget is shared by those that compile
             plan = None if compile_budget is None or check is not ORACLE else plan_variants(
                 backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index
             )
