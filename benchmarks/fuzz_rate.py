@@ -14,6 +14,8 @@ alone on the same cases. Prints cases/s and the kernel's share of the time.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -48,18 +50,26 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(backend: Backend, drawn: list[Case]) -> tuple[float, float, int]:
-    """(judge seconds, kernel-only seconds, cases judged) over ``drawn``, kernels already warm."""
+def measure(backend: Backend, drawn: list[Case], profile: int = 0) -> tuple[float, float, int]:
+    """(judge seconds, kernel-only seconds, cases judged) over ``drawn``, kernels already warm.
+
+    With ``profile`` > 0, prints the top ``profile`` functions (cumulative time) of the timed judge pass."""
     device = backend.device or "cpu"
     supported = [case for case in drawn if backend.unsupported_reason(case) is None]
     for case in supported:  # warm-up: compiles every variant the cases need
         check_case(backend, case)
     sync(device)
+    profiler = cProfile.Profile() if profile else None
     start = time.perf_counter()
+    if profiler:
+        profiler.enable()
     for case in supported:
         check_case(backend, case)
     sync(device)
     judge = time.perf_counter() - start
+    if profiler:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(profile)
     inputs = [(backend.plan(case), make_tensors(case, device)) for case in supported]
     sync(device)
     start = time.perf_counter()
@@ -77,6 +87,7 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="narrow the draws, as for pa-oracle fuzz")
     parser.add_argument("--compile-budget", type=float, default=0.0,
                         help="seconds of compiles the drawn variants may cost (default 0: the built ones, at least one); -1: no restriction")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions of the judge pass")
     args = parser.parse_args()
     for name in args.backend:
         backend = narrow(get_backend(name), tuple(args.only))
@@ -84,7 +95,7 @@ def main() -> None:
             print(f"{name}: unavailable ({backend.unavailable_reason()})")
             continue
         budget = None if args.compile_budget < 0 else args.compile_budget
-        judge, kernel, judged = measure(backend, draw_cases(backend, args.examples, args.seed, budget))
+        judge, kernel, judged = measure(backend, draw_cases(backend, args.examples, args.seed, budget), args.profile)
         print(
             f"{name} on {backend.device}: {judged} cases, {judged / judge:.1f} cases/s warm "
             f"({judge / judged * 1e3:.1f} ms a case); kernel calls alone {kernel / judged * 1e3:.2f} ms a case "
