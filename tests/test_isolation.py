@@ -120,3 +120,55 @@ def test_a_user_kernel_a_worker_cannot_import_runs_in_process_with_a_note(tmp_pa
     result = fuzz_backend(kernel, examples=3, limits=Limits(max_batch=2, max_kv_len=12), kernel_spec=kernel.name)
     assert result.status == "done" and result.passed == 3, result.line()
     assert result.notes == [f"{kernel.name} is not importable by its name: its cases ran in this process"]
+
+
+def _user(name: str) -> tuple[str, UserKernel]:
+    spec = f"tests.reliability.bad_kernels:{name}"
+    return spec, UserKernel.from_spec(spec)
+
+
+def test_one_worker_serves_several_backends_and_restarts_after_a_crash_before_another_backend() -> None:
+    from pa_oracle.fuzz.run.isolation import Worker
+    from pa_oracle.fuzz.run.runner import ORACLE
+
+    worker = Worker(timeout=60)
+    try:
+        (good, good_kernel), (bad, bad_kernel) = _user("correct"), _user("raises_value_error")
+        outcome, start_seconds = worker.check(good, good_kernel.capabilities, CASE, ORACLE, False)
+        assert outcome.status == "pass" and start_seconds > 0 and worker.starts == 1
+        outcome, start_seconds = worker.check(bad, bad_kernel.capabilities, CASE, ORACLE, False)
+        assert outcome.status == "crash" and worker.starts == 1, "a second backend loads into the same process"
+        again, _ = worker.check(bad, bad_kernel.capabilities, CASE, ORACLE, False)
+        assert again.status == "crash" and worker.starts == 1, "the crashing backend's own next case (shrinking) stays"
+        after, start_seconds = worker.check(good, good_kernel.capabilities, CASE, ORACLE, False)
+        assert after.status == "pass" and worker.starts == 2 and start_seconds > 0, "another backend gets a fresh process"
+    finally:
+        worker.close()
+
+
+def test_a_backend_that_cannot_load_in_the_shared_worker_is_a_start_error_not_a_finding() -> None:
+    from pa_oracle.fuzz.run.isolation import Worker, WorkerStartError
+    from pa_oracle.fuzz.run.runner import ORACLE
+
+    worker = Worker(timeout=60)
+    try:
+        good, kernel = _user("correct")
+        with pytest.raises(WorkerStartError, match="could not load tests.reliability.bad_kernels:no_such_kernel"):
+            worker.check("tests.reliability.bad_kernels:no_such_kernel", kernel.capabilities, CASE, ORACLE, False)
+        assert worker.check(good, kernel.capabilities, CASE, ORACLE, False)[0].status == "pass"
+    finally:
+        worker.close()
+
+
+def test_one_backend_cannot_loosen_torchs_numerics_for_the_next_in_the_shared_worker() -> None:
+    from pa_oracle.fuzz.run.isolation import Worker
+    from pa_oracle.fuzz.run.runner import ORACLE
+
+    worker = Worker(timeout=60)
+    try:
+        (flips, flipper), (strict, checker) = _user("flips_tf32"), _user("refuses_loosened_numerics")
+        assert worker.check(flips, flipper.capabilities, CASE, ORACLE, False)[0].status == "pass"
+        outcome, _ = worker.check(strict, checker.capabilities, CASE, ORACLE, False)
+        assert outcome.status == "pass" and worker.starts == 1, outcome.message
+    finally:
+        worker.close()

@@ -14,7 +14,7 @@ from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, CampaignState, state_path
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS, CHECKS
 from pa_oracle.fuzz.draw.strategies import Limits
-from pa_oracle.fuzz.run.isolation import IsolatedBackend
+from pa_oracle.fuzz.run.isolation import IsolatedBackend, Worker
 from pa_oracle.fuzz.run.runner import ORACLE, check_case
 from pa_oracle.oracle.case import Case, Heads, Layout
 from pa_oracle.oracle.report import repro_command
@@ -123,19 +123,24 @@ def test_the_oracle_is_one_check_among_the_others() -> None:
     assert "sdpa-math reorder: ok" in result.line()
 
 
-def test_the_checks_of_one_backend_share_one_worker(tmp_path: Path, monkeypatch) -> None:
+def test_every_backend_and_check_of_a_campaign_shares_one_worker_per_device(tmp_path: Path, monkeypatch) -> None:
     starts = []
-    real = IsolatedBackend._start
+    real = Worker._start
 
     def counted(self, deadline=None):  # type: ignore[no-untyped-def]
-        starts.append(self.spec)
+        starts.append(deadline)
         return real(self, deadline)
 
-    monkeypatch.setattr(IsolatedBackend, "_start", counted)
-    oracle, reorder = run_campaign([UserKernel.from_spec(CORRECT)], CampaignState({"seed": 0}), tmp_path / "checks.json",
-                                   examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"]))
-    assert (oracle.check, reorder.check) == ("oracle", "reorder") and oracle.passed == 3 and reorder.examples == 3
-    assert reorder.is_complete and starts == [CORRECT], starts
+    monkeypatch.setattr(Worker, "_start", counted)
+    backends = [UserKernel.from_spec(CORRECT), get_backend("sdpa-math")]
+    results = run_campaign(backends, CampaignState({"seed": 0}), tmp_path / "checks.json",
+                           examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"]))
+    assert [(r.backend, r.check) for r in results] == [(b.name, c) for b in backends for c in ("oracle", "reorder")]
+    assert all(r.is_complete and r.examples == 3 for r in results), [r.line() for r in results]
+    assert len(starts) == 1, "one process served both backends and both checks"
+    first = results[0]
+    assert first.start_seconds > 0 and first.judge_seconds > 0, "the first pair paid the start, and the split says so"
+    assert all(r.start_seconds < first.start_seconds for r in results[1:]), [r.time_split() for r in results]
 
 
 def test_a_kept_output_round_trips_bit_for_bit(tmp_path: Path) -> None:
@@ -148,3 +153,27 @@ def test_a_kept_output_round_trips_bit_for_bit(tmp_path: Path) -> None:
         kept = load_output(save_output(KernelOutput(out, lse), tmp_path / "output.npz"))
         assert kept.out.dtype == torch.bfloat16 and torch.equal(kept.out.view(torch.int16), out.view(torch.int16))
         assert (kept.lse is None and lse is None) or torch.equal(kept.lse, lse)
+
+
+def test_a_pair_that_overruns_its_share_shortens_the_others_evenly_never_to_nothing(tmp_path: Path, monkeypatch) -> None:
+    import time as clock
+
+    from pa_oracle.fuzz.campaign import engine
+
+    turns: list[tuple[str, float]] = []
+
+    def fake(backend, *, deadline, resume, **_):  # type: ignore[no-untyped-def]
+        now = clock.monotonic()
+        turns.append((backend.name, deadline - now))
+        clock.sleep(max(deadline - now, 0) + (1.0 if backend.name == "sdpa-math" else 0.0))  # the first overruns by 1 s
+        resume.examples, resume.passed, resume.status = resume.examples + 1, resume.passed + 1, "running"
+        return resume
+
+    monkeypatch.setattr(engine, "fuzz_backend", fake)
+    backends = [get_backend(n) for n in ("sdpa-math", "sdpa-efficient", "flex")]
+    run_campaign(backends, CampaignState({"seed": 0}), tmp_path / "c.json", examples=100, limits=TINY, time_budget=3.0)
+    first_turn = turns[:3]
+    assert [name for name, _ in first_turn] == ["sdpa-math", "sdpa-efficient", "flex"], turns
+    shares = [share for _, share in first_turn]
+    assert abs(shares[0] - 1.0) < 0.2, shares
+    assert abs(shares[1] - shares[2]) < 0.2 and shares[2] > 0.3, f"the overrun is shared, not taken from the last: {shares}"

@@ -92,9 +92,11 @@ def fuzz_backend(
     process: a crash of the process or a case running longer than ``case_timeout`` seconds is a
     finding, and the worker restarts; a case still running at ``deadline`` (but within its
     timeout) is out of time, not a finding. ``isolate_timeout`` is the older spelling of
-    ``isolate=True, case_timeout=...``. ``workers`` (backend name -> worker) keeps the worker for
-    the caller's next check of the same backend (the caller closes it); without it the worker is
-    closed at the end.
+    ``isolate=True, case_timeout=...``. ``workers`` (device -> ``Worker``) shares one worker
+    process per device with the caller's other backends and checks (the caller closes them);
+    without it the backend's own worker is closed at the end. ``result.start_seconds`` and
+    ``result.compile_seconds`` say how much of ``result.seconds`` went to starting workers
+    (process, CUDA context, imports) and to compiling (the first case of each variant not built).
 
     The result's status is "done", "finding", "running" (the deadline came first), "exhausted"
     (the strategy drew nothing new) or "incomplete" with the reason in ``notes``: no example
@@ -104,6 +106,7 @@ def fuzz_backend(
     from pa_oracle.fuzz.run.isolation import (
         IsolatedBackend,
         OutOfTime,
+        Worker,
         WorkerStartError,
         check_timeout,
         isolatable,
@@ -129,12 +132,12 @@ def fuzz_backend(
         spec = isolatable(backend)  # what a worker can load it from (kernel_spec is for repro commands)
         if spec is None:
             result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
-        elif workers is not None and backend.name in workers:
-            isolated = workers[backend.name]
         else:
-            isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance)
-            if workers is not None:
-                workers[backend.name] = isolated
+            shared = None
+            if workers is not None:  # one worker per device, shared by every backend and check of the campaign
+                device = backend.device or "cpu"
+                shared = workers.get(device) or workers.setdefault(device, Worker(timeout=case_timeout, tolerance=tolerance))
+            isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance, worker=shared)
     strategy = variants.strategy(limits) if variants is not None else cases(capabilities, limits)
     failing: list[Outcome] = []
     stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
@@ -161,12 +164,16 @@ def fuzz_backend(
             if searching:
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
+        starting = isolated.start_seconds if isolated is not None else 0.0
         try:
             judging = time.monotonic()
             outcome = judge(case)
+            started = (isolated.start_seconds if isolated is not None else 0.0) - starting
+            result.start_seconds += started
             if variants is not None and searching:
-                variants.observe(case, time.monotonic() - judging)
+                result.compile_seconds += variants.observe(case, time.monotonic() - judging - started)
         except (OutOfTime, WorkerStartError) as exc:
+            result.start_seconds += (isolated.start_seconds if isolated is not None else 0.0) - starting
             stopped.append(str(exc))
             if searching:
                 result.seen.pop()  # not judged: a resume draws it again
@@ -308,7 +315,10 @@ def run_campaign(
     """Run every check of ``checks`` on ``backends``, one (backend, check) after another, on
     ``shard``, continuing ``state`` and saving it to ``state_file`` after every chunk. ``examples``
     is the campaign's total per backend and check (this shard runs its share); the time budget is
-    shared by the pairs that still have work and bounds a hanging case too. A pair that stopped
+    shared by the pairs that still have work (each turn gets an equal share of what is left, so
+    time one pair did not use goes to the others; a pair the deadline stopped gets another turn
+    while time is left) and bounds a hanging case too. One worker process per device serves
+    every isolated pair. A pair that stopped
     at a finding runs again only with ``rerun_findings``. ``isolate`` None:
     ``pa_oracle.fuzz.run.isolation.isolated_by_default`` per backend. ValueError for a
     ``case_timeout`` that is not a finite number > 0. ``compile_budget`` (seconds, shared like the
@@ -343,34 +353,64 @@ def run_campaign(
             total = sum(len(r.findings) for r in state.results.values())
             progress(f"  {label}{result.line()}; findings so far {total}")
 
-    workers: dict[str, Any] = {}  # one worker per backend, shared by its checks (started on its first case)
+    workers: dict[str, Any] = {}  # one worker per device, shared by every backend and check (started on its first case)
     compiling = sum(1 for (b, _), _key in todo if b.compile_fields) or 1  # the compile budget is shared by those that compile
+    plans: dict[str, VariantPlan | None] = {}
+    end = None if time_budget is None else start + time_budget
     try:
-        for i, ((backend, check), key) in enumerate(todo):
-            deadline = None if time_budget is None else start + time_budget * (i + 1) / len(todo)
-            if progress:
-                pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
-                where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
-                what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
-                progress(f"{label}{what} on {where} ...")
-            plan = None if compile_budget is None or check is not ORACLE else plan_variants(
-                backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index
-            )
-            if plan is not None:
-                plan.prebuild(progress)
-            fuzz_backend(
-                backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
-                limits=limits, tolerance=tolerance, out_dir=out_dir,
-                kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
-                progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
-                resume=state.results[key], checkpoint=checkpoint, workers=workers, on_case=on_case, variants=plan,
-            )
-            if plan is not None:
-                state.results[key].coverage.variants = plan.lines()
+        turns = 0
+        while True:  # turns: a pair runs again only when the deadline (not a finding, an end or a failure) stopped it
+            active = [(pair, key) for pair, key in todo if (wants_more(state.results[key]) if turns == 0 else
+                      state.results[key].status == "running" and state.results[key].examples < target)]
+            turns += 1
+            if not active or (turns > 1 and end is not None and time.monotonic() >= end):
+                break
+            for i, ((backend, check), key) in enumerate(active):
+                now = time.monotonic()
+                if turns > 1 and end is not None and now >= end:
+                    break  # (in the first turn every pair runs, so one the budget never reached says so: incomplete)
+                # a fair share of what is left: one that overran or finished early moves the others' deadlines, never to nothing
+                deadline = None if end is None else now + max(end - now, 0.0) / (len(active) - i)
+                if key not in plans:
+                    plans[key] = _start_pair(backend, check, state, key, limits, shard, compile_budget, compiling, label, progress)
+                plan = plans[key]
+                fuzz_backend(
+                    backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
+                    limits=limits, tolerance=tolerance, out_dir=out_dir,
+                    kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
+                    progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
+                    resume=state.results[key], checkpoint=checkpoint, workers=workers, on_case=on_case, variants=plan,
+                )
+                if plan is not None:
+                    state.results[key].coverage.variants = plan.lines()
+            if end is None:
+                break  # without a budget each pair ran to its count, its finding or its end
     finally:
         for worker in workers.values():
             worker.close()
     return [state.results[key] for key in keys]
+
+
+def _start_pair(
+    backend: Backend, check: Check, state: CampaignState, key: str, limits: Limits, shard: Shard,
+    compile_budget: float | None, compiling: int, label: str, progress: Callable[[str], None] | None,
+) -> VariantPlan | None:
+    """Announce a (backend, check) pair's first turn and plan (and build ahead) its variants; the
+    build's seconds count as the pair's compile time."""
+    if progress:
+        pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
+        what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
+        progress(f"{label}{what} on {where} ...")
+    if compile_budget is None or check is not ORACLE:
+        return None
+    plan = plan_variants(backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index)
+    if plan is not None:
+        plan.prebuild(progress)
+        result = state.results[key]
+        result.seconds += plan.ahead
+        result.compile_seconds += plan.ahead
+    return plan
 
 
 def judge_one(

@@ -67,6 +67,8 @@ class BackendResult:
     skip_reasons: dict[str, int] = field(default_factory=dict)  # first line of a skip's reason -> count
     not_applicable: str | None = None  # why the check cannot apply to this backend (then nothing ran)
     check: str = "oracle"  # which check (``pa_oracle.fuzz.checks.registry.ALL_CHECKS``)
+    start_seconds: float = 0.0  # of ``seconds``: starting worker processes (spawn, CUDA context, imports)
+    compile_seconds: float = 0.0  # of ``seconds``: builds ahead of the first case and first cases of unbuilt variants
     # this run only (not persisted): the latest finding as an Outcome, where it was saved, its repro
     finding: Outcome | None = field(default=None, compare=False)
     finding_dir: Path | None = field(default=None, compare=False)
@@ -88,6 +90,16 @@ class BackendResult:
         return self.status in ("done", "finding", "running") and judged
 
     @property
+    def judge_seconds(self) -> float:
+        """Of ``seconds``: drawing and judging cases (neither starting workers nor compiling)."""
+        return max(self.seconds - self.start_seconds - self.compile_seconds, 0.0)
+
+    def time_split(self) -> str:
+        """>>> BackendResult("b", seconds=10.0, start_seconds=2.0, compile_seconds=3.0).time_split()
+        'start 2.0s, compile 3.0s, judge 5.0s'"""
+        return f"start {self.start_seconds:.1f}s, compile {self.compile_seconds:.1f}s, judge {self.judge_seconds:.1f}s"
+
+    @property
     def coverage_fraction(self) -> float:
         return self.coverage.fraction(self.declared)
 
@@ -101,7 +113,7 @@ class BackendResult:
         skipped = f", {self.skipped_known} skipped as known" if self.skipped_known else ""
         return (
             f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported"
-            f"{skipped}) in {self.seconds:.1f}s ({rate:.1f}/s), coverage {self.coverage_fraction:.0%}, "
+            f"{skipped}) in {self.seconds:.1f}s ({rate:.1f}/s; {self.time_split()}), coverage {self.coverage_fraction:.0%}, "
             f"worst error ratio {self.worst_ratio:.2f}"
         )
 
@@ -281,6 +293,8 @@ def merge_results(per_shard: list[list[BackendResult]]) -> list[BackendResult]:
             m.skipped_known += r.skipped_known
             m.chunks_done += r.chunks_done
             m.seconds = max(m.seconds, r.seconds)
+            m.start_seconds = max(m.start_seconds, r.start_seconds)  # like seconds: the shards ran side by side
+            m.compile_seconds = max(m.compile_seconds, r.compile_seconds)
             m.worst_ratio = max(m.worst_ratio, r.worst_ratio)
             m.findings += r.findings
             m.coverage.merge(r.coverage)

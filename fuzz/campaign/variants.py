@@ -85,18 +85,20 @@ class VariantPlan:
         steered to an allowed one (the allowed set shrinks once the budget is spent)."""
         return cases(self.backend.capabilities, limits, variants=self.keys, redirect=self.redirect)
 
-    def observe(self, case: Case, seconds: float) -> None:
+    def observe(self, case: Case, seconds: float) -> float:
         """A case of this backend took ``seconds`` (kernel, oracle, checks): the first case of a key that
-        was not free paid its compile."""
+        was not free paid its compile. Returns the seconds counted as compiling (0.0 for a warm case)."""
         key = self.backend.compile_key(case)
         self.ran[key] = self.ran.get(key, 0) + 1
         if key not in self.free and key not in self.compiled:
             self.compiled[key] = seconds
             self.spent += seconds
-        elif self.warm and seconds > 4 * statistics.median(self.warm[-20:]) + 0.5:
+            return seconds
+        if self.warm and seconds > 4 * statistics.median(self.warm[-20:]) + 0.5:
             self.spent += seconds  # a compile the key does not name (e.g. a padded length): counted all the same
-        else:
-            self.warm.append(seconds)
+            return seconds
+        self.warm.append(seconds)
+        return 0.0
 
     def prebuild(self, progress: Any = None) -> None:
         """Build the chosen keys ahead of the first case where the adapter can (FlashInfer: one parallel

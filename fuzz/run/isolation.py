@@ -13,6 +13,7 @@ KeyboardInterrupt inside the worker is the kernel's own.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -66,21 +67,57 @@ def default_case_timeout() -> float:
         raise BadTimeout(f"PA_ORACLE_CASE_TIMEOUT={raw!r}: give a finite number of seconds > 0") from None
 
 
-def _load_backend(spec: str) -> Any:
+def _load_backend(spec: str, capabilities: Any) -> Any:
     from pa_oracle.backends import get_backend
     from pa_oracle.backends.user import UserKernel
 
-    return UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
+    backend = UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
+    backend.capabilities = capabilities  # the parent's (narrowed by --only)
+    return backend
 
 
-def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection) -> None:
-    """The worker: judge each case it is sent with the check sent along (the parent's tolerance)
-    and send the outcome back with every tensor on the CPU (verdict, kernel output, derived cases).
-    One worker serves every check of its backend."""
+_NUMERICS_FLAGS = (  # torch's process-wide numerics switches a library import may flip (e.g. TF32 for its own speed)
+    ("backends.cuda.matmul", "allow_tf32"),
+    ("backends.cuda.matmul", "allow_fp16_reduced_precision_reduction"),
+    ("backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
+    ("backends.cudnn", "allow_tf32"),
+    ("backends.cudnn", "benchmark"),
+    ("backends.cudnn", "deterministic"),
+)
+
+
+def _numerics() -> dict[tuple[str, str], Any]:
+    import operator
+
+    import torch
+
+    return {(where, name): getattr(operator.attrgetter(where)(torch), name) for where, name in _NUMERICS_FLAGS}
+
+
+def _restore_numerics(saved: dict[tuple[str, str], Any]) -> None:
+    """Put back torch's numerics switches as they were when the worker started: one backend's
+    import (or kernel) must not loosen the controls of another judged in the same worker."""
+    import operator
+
+    import torch
+
+    if _numerics() != saved:
+        for (where, name), value in saved.items():
+            setattr(operator.attrgetter(where)(torch), name, value)
+    if torch.get_default_dtype() != torch.float32:
+        torch.set_default_dtype(torch.float32)
+
+
+def _serve(tolerance: Tolerance, conn: Connection) -> None:
+    """The worker: load each backend it is sent once (``("load", spec, capabilities)``), then judge
+    each case it is sent with the check sent along (the parent's tolerance) and send the outcome
+    back with every tensor on the CPU (verdict, kernel output, derived cases). One worker serves
+    every check of every backend of its device; torch's numerics switches are restored before each
+    case."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    backend = _load_backend(spec)
-    backend.capabilities = capabilities
-    conn.send("ready")
+    saved = _numerics()
+    backends: dict[str, Any] = {}
+    conn.send_bytes(pickle.dumps("ready"))
     while True:
         try:
             raw = conn.recv_bytes()
@@ -93,9 +130,19 @@ def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection)
             continue
         if request is None:
             return
-        case_json, keep_output, check = request
+        if request[0] == "load":
+            _, spec, capabilities = request
+            try:
+                backends[spec] = _load_backend(spec, capabilities)
+                reply: Any = ("loaded",)
+            except BaseException as exc:  # noqa: BLE001 - the backend cannot load here: the parent says so
+                reply = ("load_failed", f"{type(exc).__name__}: {exception_text(exc)}")
+            conn.send_bytes(pickle.dumps(reply))
+            continue
+        spec, case_json, keep_output, check = request
         try:
-            reply: Any = ("outcome", check.judge(Case.from_json(case_json), backend, tolerance, keep_output).on_cpu())
+            _restore_numerics(saved)
+            reply = ("outcome", check.judge(Case.from_json(case_json), backends[spec], tolerance, keep_output).on_cpu())
             payload = pickle.dumps(reply)
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
             payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "".join(traceback.format_exception(exc, limit=-6))))
@@ -103,96 +150,122 @@ def _serve(spec: str, capabilities: Any, tolerance: Tolerance, conn: Connection)
         conn.send_bytes(payload)
 
 
-class IsolatedBackend:
-    """A backend proxy whose ``check`` runs ``judge`` (default: the oracle comparison) in a
-    restartable worker process.
+class Worker:
+    """One restartable worker process that judges the cases of any backend it is sent: a campaign
+    keeps one per device, so the process start, the CUDA context and a library's import are paid
+    once, not once per backend.
 
-    ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel.
+    A backend is loaded in it on its first case (within the ``startup`` allowance); the first case
+    of each backend after a start gets ``first_case_factor`` times the case timeout (it may
+    compile). After a crash outcome the process is restarted before another backend's case runs:
+    a CUDA context a kernel left broken must not fail the next backend.
     """
 
     def __init__(
-        self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
-        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
-        judge: Check = ORACLE,
+        self, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
+        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS,
     ) -> None:
-        self.backend = backend
-        self.spec = spec
-        self.judge = judge
         self.timeout = check_timeout(timeout)
         self.tolerance = tolerance
         self.first_case_factor = first_case_factor
         self.startup = startup
-        self.keep_output = keep_output  # outcomes carry the kernel's output (``check_case``)
         self._ctx = mp.get_context("spawn")  # CUDA cannot be re-initialized in a forked child
         self._process: Any = None
         self._conn: Connection | None = None
-        self._fresh = True  # the next case is the first after a start
+        self._loaded: set[str] = set()  # specs loaded in the current process
+        self._judged: set[str] = set()  # specs that judged a case in the current process
+        self._crashed: str | None = None  # the spec whose case crashed in the current process
         self.starts = 0
-
-    @property
-    def name(self) -> str:
-        return self.backend.name
 
     def _start(self, deadline: float | None = None) -> None:
         parent, child = self._ctx.Pipe()
-        args = (self.spec, self.backend.capabilities, self.tolerance, child)
-        self._process = self._ctx.Process(target=_serve, args=args, daemon=True)
+        self._process = self._ctx.Process(target=_serve, args=(self.tolerance, child), daemon=True)
         self._process.start()
         child.close()  # the parent's copy: a dead worker then reads as EOF
         self._conn = parent
         self.starts += 1
-        self._fresh = True
+        self._loaded, self._judged, self._crashed = set(), set(), None
+        if self._receive(deadline, "start") != "ready":
+            raise WorkerStartError("the worker answered its start with something other than ready")
+
+    def _receive(self, deadline: float | None, what: str) -> Any:
+        """The worker's next message within the startup allowance (or until ``deadline``), for
+        ``what`` it is doing: "start" or the spec it loads."""
+        assert self._conn is not None
         wait = self.startup if deadline is None else max(min(self.startup, deadline - time.monotonic()), 0.0)
         try:
-            ready = parent.poll(wait) and parent.recv() == "ready"
+            raw = self._conn.recv_bytes() if self._conn.poll(wait) else None
         except (EOFError, OSError):
-            ready = False
-        if not ready:
+            raw = None
+        if raw is None:
             code = self._process.exitcode
             self.close(graceful=False)
+            doing = "started" if what == "start" else f"loaded {what}"
             if wait < self.startup and code is None:
-                raise OutOfTime(f"{OUT_OF_TIME} while the worker for {self.spec} started")
-            raise WorkerStartError(f"the worker for {self.spec} did not start within {self.startup:g} s (exit code {code})")
+                raise OutOfTime(f"{OUT_OF_TIME} while the worker {doing}")
+            raise WorkerStartError(f"the worker {'did not start' if what == 'start' else 'did not load ' + what} "
+                                   f"within {self.startup:g} s (exit code {code})")
+        return pickle.loads(raw)
 
-    def case_limit(self) -> float:
-        """The timeout of the next case: longer for the first case after a start."""
-        return self.timeout * (self.first_case_factor if self._fresh else 1.0)
-
-    def check(self, case: Case, deadline: float | None = None, judge: Check | None = None) -> Outcome:
-        """Judge ``case`` with ``judge`` (default: this proxy's) in the worker within its case
-        timeout, or until the monotonic ``deadline`` if that comes first (then a case still running
-        is ``OutOfTime``). A check travels by name (``pa_oracle.fuzz.checks.base.Check.__reduce__``)."""
-        judge = judge if judge is not None else self.judge
+    def ensure(self, spec: str, capabilities: Any, deadline: float | None = None) -> None:
+        """A live process with ``spec`` loaded (``WorkerStartError`` if it cannot load there)."""
+        if self._crashed is not None and self._crashed != spec:
+            self.close()  # a crash may have left the CUDA context broken: another backend gets a fresh one
         if self._process is None or not self._process.is_alive():
             self._start(deadline)
+        if spec in self._loaded:
+            return
+        assert self._conn is not None
+        self._conn.send_bytes(pickle.dumps(("load", spec, capabilities)))
+        reply = self._receive(deadline, spec)
+        if reply[0] != "loaded":
+            raise WorkerStartError(f"the worker could not load {spec}: {reply[1]}")
+        self._loaded.add(spec)
+
+    def case_limit(self, spec: str) -> float:
+        """The timeout of ``spec``'s next case: longer for its first case in this process."""
+        return self.timeout * (1.0 if spec in self._judged else self.first_case_factor)
+
+    def check(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+              deadline: float | None = None) -> tuple[Outcome, float]:
+        """(the outcome of ``case`` judged by ``judge`` on backend ``spec``, seconds spent starting
+        the process and loading the backend first). Within its case timeout, or until the monotonic
+        ``deadline`` if that comes first (then a case still running is ``OutOfTime``)."""
+        started = time.monotonic()
+        self.ensure(spec, capabilities, deadline)
+        start_seconds = time.monotonic() - started
         assert self._conn is not None
         time_left = None if deadline is None else deadline - time.monotonic()
-        limit = self.case_limit()
+        limit = self.case_limit(spec)
         budget_cut = time_left is not None and time_left < limit
         wait = max(time_left, 0.0) if budget_cut and time_left is not None else limit
         start = time.monotonic()
         try:
-            self._conn.send_bytes(pickle.dumps((case.to_json(), self.keep_output, judge)))
+            self._conn.send_bytes(pickle.dumps((spec, case.to_json(), keep_output, judge)))
             answered = self._conn.poll(wait)
             reply = pickle.loads(self._conn.recv_bytes()) if answered else None
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
-            return self._died(case, judge.name)
+            return self._died(case, spec, judge.name), start_seconds
         if reply is None:
             self.close(graceful=False)  # the next check starts a fresh worker
             if budget_cut:
                 raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {case.case_id}")
-            return Outcome(case, self.name, "crash", f"hang: no answer after {limit:g} s (worker restarted)", check=judge.name)
-        self._fresh = False
+            hang = Outcome(case, spec, "crash", f"hang: no answer after {limit:g} s (worker restarted)", check=judge.name)
+            return hang, start_seconds
+        self._judged.add(spec)
         if reply[0] == "outcome":
-            return reply[1]
+            if reply[1].status == "crash":
+                self._crashed = spec
+            return reply[1], start_seconds
         _, kind, message, tb = reply
         if kind == "OracleDisagreement":
             raise OracleDisagreement(message)
         if kind == "CaseError":
             raise CaseError(message)  # the case cannot be judged at all: bad input, not a kernel's fault
-        return Outcome(case, self.name, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}", check=judge.name)
+        failed = Outcome(case, spec, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}", check=judge.name)
+        return failed, start_seconds
 
-    def _died(self, case: Case, check: str) -> Outcome:
+    def _died(self, case: Case, spec: str, check: str) -> Outcome:
         self._process.join(5)
         code = self._process.exitcode
         self.close()
@@ -202,14 +275,14 @@ class IsolatedBackend:
                 how = f"signal {signal.Signals(-code).name}"
             except ValueError:
                 how = f"signal {-code}"
-        return Outcome(case, self.name, "crash", f"worker process died ({how}) (worker restarted)", check=check)
+        return Outcome(case, spec, "crash", f"worker process died ({how}) (worker restarted)", check=check)
 
     def close(self, graceful: bool = True) -> None:
         if self._process is not None:
             if graceful and self._process.is_alive():
                 try:
                     assert self._conn is not None
-                    self._conn.send(None)
+                    self._conn.send_bytes(pickle.dumps(None))
                 except (BrokenPipeError, OSError):
                     pass
                 self._process.join(2)
@@ -220,7 +293,64 @@ class IsolatedBackend:
             self._conn.close()
         self._process = None
         self._conn = None
-        self._fresh = True  # the next case is a new worker's first
+        self._loaded, self._judged, self._crashed = set(), set(), None
+
+
+class IsolatedBackend:
+    """A backend proxy whose ``check`` runs ``judge`` (default: the oracle comparison) in a
+    restartable worker process: its own, or a shared ``worker`` (then ``close`` leaves it running
+    for the other backends; its owner closes it).
+
+    ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel.
+    """
+
+    def __init__(
+        self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
+        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
+        judge: Check = ORACLE, worker: Worker | None = None,
+    ) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.judge = judge
+        self.keep_output = keep_output  # outcomes carry the kernel's output (``check_case``)
+        self._owns = worker is None
+        self.worker = worker if worker is not None else Worker(
+            timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, startup=startup
+        )
+        self.start_seconds = 0.0  # spent starting the worker and loading this backend (all checks so far)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def starts(self) -> int:
+        return self.worker.starts
+
+    def _start(self, deadline: float | None = None) -> None:
+        self.worker.ensure(self.spec, self.backend.capabilities, deadline)
+
+    def case_limit(self) -> float:
+        """The timeout of the next case: longer for this backend's first case after a start."""
+        return self.worker.case_limit(self.spec)
+
+    def check(self, case: Case, deadline: float | None = None, judge: Check | None = None) -> Outcome:
+        """Judge ``case`` with ``judge`` (default: this proxy's) in the worker within its case
+        timeout, or until the monotonic ``deadline`` if that comes first (then a case still running
+        is ``OutOfTime``). A check travels by name (``pa_oracle.fuzz.checks.base.Check.__reduce__``)."""
+        judge = judge if judge is not None else self.judge
+        started = time.monotonic()
+        try:
+            outcome, starting = self.worker.check(self.spec, self.backend.capabilities, case, judge, self.keep_output, deadline)
+        except (OutOfTime, WorkerStartError):
+            self.start_seconds += time.monotonic() - started
+            raise
+        self.start_seconds += starting
+        return outcome if outcome.backend == self.name else dataclasses.replace(outcome, backend=self.name)
+
+    def close(self, graceful: bool = True) -> None:
+        if self._owns:
+            self.worker.close(graceful)
 
 
 def isolatable(backend: Any) -> str | None:

@@ -221,3 +221,17 @@ def refuses_alibi(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_l
 
 def returns_zeros(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal):
     return torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+
+
+def flips_tf32(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Correct, but turns TF32 on for the whole process (as a library import might)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32
+    return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+
+
+def refuses_loosened_numerics(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Correct, unless another kernel's switches leaked into this call."""
+    if torch.backends.cuda.matmul.allow_tf32:
+        raise RuntimeError("TF32 is on: another backend's setting leaked")
+    return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
