@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-VARIANT_LINE = re.compile(r"^\s+(\S+) variants: .* compiled \d+ in ([\d.]+)s \(([\d.]+)s ahead", re.M)
 
 
-def run(args: argparse.Namespace, caches: Path, out: Path) -> tuple[float, str, list[dict]]:
+def run(args: argparse.Namespace, caches: Path, out: Path) -> tuple[float, str, list[dict], int]:
     env = dict(os.environ)
     for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
         env[name] = str(caches / name.lower())
@@ -38,10 +36,12 @@ def run(args: argparse.Namespace, caches: Path, out: Path) -> tuple[float, str, 
     start = time.monotonic()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     wall = time.monotonic() - start
-    if done.returncode not in (0, 1):
+    if args.log:
+        args.log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+    if done.returncode not in (0, 1, 3) or not (out / "summary.json").is_file():  # 3: a backend incomplete, still measured
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit(f"pa-oracle fuzz exited {done.returncode}")
-    return wall, done.stdout, json.loads((out / "summary.json").read_text())
+    return wall, done.stdout, json.loads((out / "summary.json").read_text()), done.returncode
 
 
 def main() -> None:
@@ -52,27 +52,31 @@ def main() -> None:
     parser.add_argument("-n", "--examples", type=int, default=100000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--caches", type=Path, default=None, help="cache folder to use (default: a fresh temp folder)")
+    parser.add_argument("--log", type=Path, default=None, help="write the campaign's whole output here")
     args = parser.parse_args()
     caches = args.caches or Path(tempfile.mkdtemp(prefix="pa-cold-caches-"))
     with tempfile.TemporaryDirectory(prefix="pa-cold-out-") as out_dir:
         cpu0 = os.times()
-        wall, text, summary = run(args, caches, Path(out_dir))
+        wall, text, summary, code = run(args, caches, Path(out_dir))
         cpu1 = os.times()
-    compiles = {name: (float(total), float(ahead)) for name, total, ahead in VARIANT_LINE.findall(text)}
     cpu = (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)
-    total = sum(r["examples"] - r["unsupported"] for r in summary)
-    print(f"cold campaign: {total} cases judged in {wall:.0f}s wall ({total / wall:.1f}/s), {cpu:.0f} CPU-s "
-          f"({total / max(cpu, 1e-9):.2f} cases per CPU-second); caches in {caches}")
-    fuzzing = 0.0
+    judged = {r["backend"]: r["examples"] - r["unsupported"] for r in summary}
+    total = sum(judged.values())
+    print(f"cold campaign (exit {code}): {total} cases judged in {wall:.0f}s wall ({total / wall:.1f}/s), {cpu:.0f} CPU-s "
+          f"({total / max(cpu, 1e-9):.2f} cases per CPU-second); fewest for one backend: {min(judged.values(), default=0)}; "
+          f"caches in {caches}")
+    split = {"start": 0.0, "compile": 0.0, "judge": 0.0}
     for r in summary:
-        compile_s, ahead = compiles.get(r["backend"], (0.0, 0.0))
-        judge = max(r["seconds"] - (compile_s - ahead), 0.0)
-        fuzzing += r["seconds"] + ahead
-        print(f"  {r['backend']:<28} {r['examples'] - r['unsupported']:>6} judged ({r['status']}): "
-              f"compile {compile_s:6.1f}s  judge {judge:6.1f}s  ({r['examples'] / max(r['seconds'], 1e-9):.1f}/s in its chunks)")
-    judged_s = sum(max(r["seconds"] - (compiles.get(r["backend"], (0, 0))[0] - compiles.get(r["backend"], (0, 0))[1]), 0) for r in summary)
-    print(f"  split of the wall time: start/other {max(wall - fuzzing, 0):.0f}s, "
-          f"compile {sum(c for c, _ in compiles.values()):.0f}s, judge {judged_s:.0f}s ({judged_s / wall:.0%} judging)")
+        start, compile_ = r.get("start_seconds", 0.0), r.get("compile_seconds", 0.0)
+        judge = max(r["seconds"] - start - compile_, 0.0)
+        split["start"] += start
+        split["compile"] += compile_
+        split["judge"] += judge
+        print(f"  {r['backend']:<28} {judged[r['backend']]:>6} judged ({r['status']}): start {start:6.1f}s  "
+              f"compile {compile_:6.1f}s  judge {judge:6.1f}s  ({judged[r['backend']] / max(judge, 1e-9):.1f}/s judging)")
+    other = max(wall - sum(split.values()), 0.0)
+    print(f"  split of the wall time: start {split['start']:.0f}s, compile {split['compile']:.0f}s, judge {split['judge']:.0f}s, "
+          f"other (process start, planning, summary) {other:.0f}s -> {split['judge'] / wall:.0%} judging")
     for line in text.splitlines():
         if " variants: " in line:
             print(line)

@@ -296,8 +296,9 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
     return {
         "backend": result.backend, "status": result.status, "examples": result.examples, "passed": result.passed,
         "unsupported": result.unsupported, "skipped_known": result.skipped_known, "chunks": result.chunks_done,
-        "seconds": round(result.seconds, 2), "worst_ratio": result.worst_ratio,
-        "coverage": result.coverage.to_json(result.declared),
+        "seconds": round(result.seconds, 2), "start_seconds": round(result.start_seconds, 2),
+        "compile_seconds": round(result.compile_seconds, 2), "judge_seconds": round(result.judge_seconds, 2),
+        "worst_ratio": result.worst_ratio, "coverage": result.coverage.to_json(result.declared),
         "finding": findings[0] if findings else None, "findings": findings, "notes": result.notes,
     }
 

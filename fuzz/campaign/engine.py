@@ -341,6 +341,7 @@ def run_campaign(
 
     keys = [BackendResult(b.name, check=c.name).key for b, c in pairs]
     todo = [(pair, key) for pair, key in zip(pairs, keys) if wants_more(state.results[key])]
+    todo.sort(key=lambda item: bool(item[0][0].compile_fields))  # those that may compile (and overrun a share) go last
     start = time.monotonic()
     label = f"[shard {shard}] " if shard.count > 1 else ""
 
