@@ -20,7 +20,8 @@ from typing import Any
 STARTING = "first case (worker start, compile)"
 JUDGING = "judging"
 SHRINKING = "shrinking a finding"
-_START_LINE = re.compile(r"fuzzing (?P<backend>\S+) on (?P<device>.+?) \.\.\.$")
+_START_LINE = re.compile(r"fuzzing (?P<backend>\S+) on (?P<device>.+?) \.\.\.(?: \(turn \d+\))?$")
+_COMPILE_LINE = re.compile(r"compiling (?P<backend>\S+) (?P<variant>.+) \(its first case\) \.\.\.$")
 
 
 @dataclass
@@ -34,13 +35,19 @@ class _Backend:
     examples_at_start: int | None = None
     examples: int = 0
     findings: int = 0
+    phase_started: float = field(default_factory=time.monotonic)
 
     def rate(self, now: float) -> float:
         judged = self.examples - (self.examples_at_start or 0)
         return judged / (now - self.started) if now > self.started else 0.0
 
+    def set_phase(self, phase: str) -> None:
+        if phase != self.phase:
+            self.phase, self.phase_started = phase, time.monotonic()
+
     def summary(self, now: float) -> str:
-        return (f"{self.name}: {self.phase}, {self.examples}/{self.target} cases judged, {self.rate(now):.1f}/s, "
+        phase = self.phase if self.phase in (JUDGING, SHRINKING) else f"{self.phase} {now - self.phase_started:.0f}s"
+        return (f"{self.name}: {phase}, {self.examples}/{self.target} cases judged, {self.rate(now):.1f}/s, "
                 f"{self.findings} finding(s), {now - self.started:.0f}s")
 
 
@@ -70,8 +77,11 @@ class CampaignProgress:
     def line(self, text: str) -> None:
         """A line of the engine (``run_campaign(progress=...)``): printed; a start line opens a backend."""
         started = _START_LINE.search(text)
+        compiling = _COMPILE_LINE.search(text)
         if started:
             self.current = _Backend(started["backend"], self.target)
+        elif compiling and self.current is not None and self.current.name == compiling["backend"]:
+            self.current.set_phase(f"compiling {compiling['variant']}")
         if self._rich is not None:
             self._rich.console.print(text, markup=False, highlight=False)
         else:
@@ -87,7 +97,7 @@ class CampaignProgress:
         if row.examples_at_start is None:
             row.examples_at_start = result.examples - 1 if searching else result.examples
         row.examples, row.findings = result.examples, len(result.findings)
-        row.phase = JUDGING if searching else SHRINKING
+        row.set_phase(JUDGING if searching else SHRINKING)
         self._refresh()
 
     # ------------------------------------------------------------------ rendering

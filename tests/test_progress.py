@@ -43,6 +43,20 @@ def test_without_a_terminal_it_prints_the_engines_lines_and_a_heartbeat_with_pha
     assert len(lines) == count, "closed: no more heartbeat"
 
 
+def test_a_compile_shows_as_the_phase_with_its_variant_and_seconds_until_the_next_judged_case() -> None:
+    lines: list[str] = []
+    with CampaignProgress(10, write=lines.append, live=False, heartbeat=0.02) as display:
+        display.line("fuzzing flashinfer-decode on cuda ...")
+        display.case(_result("flashinfer-decode", 1), True)
+        display.line("  compiling flashinfer-decode bfloat16 hd128 window (its first case) ...")
+        beat = _wait_for(lines, "flashinfer-decode: compiling")
+        assert "compiling bfloat16 hd128 window " in beat and "s, 1/10 cases judged" in beat, beat
+        display.case(_result("flashinfer-decode", 2), True)
+        assert f"flashinfer-decode: {JUDGING}, 2/10" in _wait_for(lines, "2/10 cases judged")
+        display.line("fuzzing flashinfer-decode on cuda ... (turn 2)")
+        assert STARTING in _wait_for(lines, f"flashinfer-decode: {STARTING}")
+
+
 def test_on_a_terminal_a_rich_display_runs_and_the_engines_lines_still_print(capsys) -> None:
     display = CampaignProgress(4, live=True)
     display.line("fuzzing sdpa-math on cpu ...")

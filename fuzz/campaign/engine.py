@@ -165,6 +165,8 @@ def fuzz_backend(
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
         starting = isolated.start_seconds if isolated is not None else 0.0
+        if variants is not None and searching:
+            variants.before(case)
         try:
             judging = time.monotonic()
             outcome = judge(case)
@@ -374,6 +376,8 @@ def run_campaign(
                 deadline = None if end is None else now + max(end - now, 0.0) / (len(active) - i)
                 if key not in plans:
                     plans[key] = _start_pair(backend, check, state, key, limits, shard, compile_budget, compiling, label, progress)
+                elif progress:
+                    progress(f"{label}{_doing(backend, check)} ... (turn {turns})")
                 plan = plans[key]
                 fuzz_backend(
                     backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
@@ -392,6 +396,14 @@ def run_campaign(
     return [state.results[key] for key in keys]
 
 
+def _doing(backend: Backend, check: Check) -> str:
+    """What a pair's turn does, as its progress line says it: "fuzzing sdpa-math on cpu"."""
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
+    what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
+    return f"{what} on {where}"
+
+
 def _start_pair(
     backend: Backend, check: Check, state: CampaignState, key: str, limits: Limits, shard: Shard,
     compile_budget: float | None, compiling: int, label: str, progress: Callable[[str], None] | None,
@@ -399,14 +411,12 @@ def _start_pair(
     """Announce a (backend, check) pair's first turn and plan (and build ahead) its variants; the
     build's seconds count as the pair's compile time."""
     if progress:
-        pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
-        where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
-        what = f"fuzzing {backend.name}" if check is ORACLE else f"checking {backend.name} {check.name}"
-        progress(f"{label}{what} on {where} ...")
+        progress(f"{label}{_doing(backend, check)} ...")
     if compile_budget is None or check is not ORACLE:
         return None
     plan = plan_variants(backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index)
     if plan is not None:
+        plan.announce = progress
         plan.prebuild(progress)
         result = state.results[key]
         result.seconds += plan.ahead

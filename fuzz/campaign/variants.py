@@ -15,6 +15,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import strategies as st
@@ -60,6 +61,7 @@ class VariantPlan:
     compiled: dict[CompileKey, float] = field(default_factory=dict)  # key -> seconds its first case (or build) took
     warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
     ahead: float = 0.0  # seconds of ``prebuild`` (before the first case)
+    announce: Callable[[str], None] | None = field(default=None, repr=False)  # a progress line before a compile
 
     @property
     def keys(self) -> list[CompileKey]:
@@ -84,6 +86,13 @@ class VariantPlan:
         """Cases inside the plan's keys: one drawn from all of them (a fixed list, so draws replay), then
         steered to an allowed one (the allowed set shrinks once the budget is spent)."""
         return cases(self.backend.capabilities, limits, variants=self.keys, redirect=self.redirect)
+
+    def before(self, case: Case) -> None:
+        """A case is about to be judged: say so through ``announce`` when its key is not built yet
+        (its first case compiles), e.g. "compiling flashinfer-decode bfloat16 hd128 window ..."."""
+        key = self.backend.compile_key(case)
+        if self.announce is not None and key not in self.free and key not in self.compiled:
+            self.announce(f"  compiling {self.backend.name} {key_label(key)} (its first case) ...")
 
     def observe(self, case: Case, seconds: float) -> float:
         """A case of this backend took ``seconds`` (kernel, oracle, checks): the first case of a key that
