@@ -177,3 +177,21 @@ def test_a_pair_that_overruns_its_share_shortens_the_others_evenly_never_to_noth
     shares = [share for _, share in first_turn]
     assert abs(shares[0] - 1.0) < 0.2, shares
     assert abs(shares[1] - shares[2]) < 0.2 and shares[2] > 0.3, f"the overrun is shared, not taken from the last: {shares}"
+
+
+def test_turns_that_end_at_their_deadline_keep_the_shared_worker_running(tmp_path: Path, monkeypatch) -> None:
+    """A turn ends between two cases (or lets its last case finish): the worker is neither cut nor restarted."""
+    starts = []
+    real = Worker._start
+
+    def counted(self, deadline=None):  # type: ignore[no-untyped-def]
+        starts.append(deadline)
+        return real(self, deadline)
+
+    monkeypatch.setattr(Worker, "_start", counted)
+    slow = [UserKernel.from_spec(f"tests.reliability.bad_kernels:{n}") for n in ("slow_correct", "sleeps_two_seconds")]
+    results = run_campaign(slow, CampaignState({"seed": 0}), tmp_path / "c.json", examples=10_000, limits=TINY,
+                           isolate=True, case_timeout=60, time_budget=12.0)
+    assert all(r.passed > 0 and r.status == "running" for r in results), [r.line() for r in results]
+    assert len(starts) == 1, f"the worker started {len(starts)} times"
+    assert results[0].notes == [], "the first turn's last case finished (only the campaign's end cuts a case)"

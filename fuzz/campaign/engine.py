@@ -53,6 +53,9 @@ class _Finding(Exception):
     pass
 
 
+_TURN_OVER = "the deadline came before the next case"
+
+
 class _Stop(BaseException):
     """Ends a Hypothesis run at once, without shrinking (Hypothesis passes BaseExceptions other than
     SystemExit and GeneratorExit through): out of time, a hang (each shrink step would cost a whole
@@ -66,6 +69,7 @@ def fuzz_backend(
     examples: int = 200,
     base_seed: int = 0,
     deadline: float | None = None,
+    cutoff: float | None = None,
     limits: Limits = Limits(),
     tolerance: Tolerance = Tolerance(),
     out_dir: Path | None = None,
@@ -83,8 +87,9 @@ def fuzz_backend(
     variants: VariantPlan | None = None,
 ) -> BackendResult:
     """Run ``check`` (default: the comparison with the oracle) on one backend until it ran
-    ``examples`` cases (counting those of ``resume``), the monotonic ``deadline`` passed, or a
-    finding. A check that cannot apply to the backend runs nothing (``result.not_applicable``).
+    ``examples`` cases (counting those of ``resume``), the monotonic ``deadline`` passed (no case
+    starts after it; an isolated case still running at ``cutoff``, default ``deadline``, is cut
+    off as out of time), or a finding. A check that cannot apply to the backend runs nothing (``result.not_applicable``).
 
     ``resume`` continues an earlier result at its next chunk; ``checkpoint`` is called with the
     result after every chunk. With ``ledger``, drawn cases that an entry covers are skipped. With
@@ -144,7 +149,7 @@ def fuzz_backend(
     internal: list[Exception] = []  # errors of the tool itself while judging a case
 
     def judge(case: Case) -> Outcome:
-        return isolated.check(case, deadline, check) if isolated is not None else check.judge(case, backend, tolerance)
+        return isolated.check(case, cutoff or deadline, check) if isolated is not None else check.judge(case, backend, tolerance)
 
     def prop(case: Case) -> None:
         searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
@@ -153,7 +158,8 @@ def fuzz_backend(
             stopped.append("out of time while shrinking")
             raise _Stop  # the finding so far is kept: a budget bounds shrinking too
         if out_of_time:
-            reject()  # out of time: Hypothesis has no graceful stop, so the rest are discarded
+            stopped.append(_TURN_OVER)
+            raise _Stop  # at once: rejecting the rest of the chunk would still draw each of them (seconds of draws)
         case = case.replace(seed=shard.case_seed(case.seed))
         if searching:
             if case.case_id in seen:
@@ -215,6 +221,8 @@ def fuzz_backend(
                 if internal and isinstance(internal[-1], OracleDisagreement):
                     raise internal[-1] from None  # a bug of the oracle itself: the run fails (exit 3)
                 broke = stopped[-1] if stopped and not failing else None
+                if broke == _TURN_OVER:
+                    broke = None  # the deadline came between two cases: nothing was cut
             except Flaky as exc:
                 result.notes.append("the failure did not reproduce on replay (flaky kernel): " + str(exc)[:200])
                 broke = None if failing else "Hypothesis reported a flaky test without a finding"
@@ -381,7 +389,7 @@ def run_campaign(
                 plan = plans[key]
                 fuzz_backend(
                     backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
-                    limits=limits, tolerance=tolerance, out_dir=out_dir,
+                    cutoff=end, limits=limits, tolerance=tolerance, out_dir=out_dir,
                     kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
                     progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
                     resume=state.results[key], checkpoint=checkpoint, workers=workers, on_case=on_case, variants=plan,
