@@ -13,6 +13,7 @@ so the campaign surfaces new findings. After every chunk the state (``pa_oracle.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -25,17 +26,19 @@ from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.coverage import declared
 from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
 from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding
+from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk
 from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
 from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
 from pa_oracle.fuzz.draw.strategies import Limits, cases
-from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME
+from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tolerance import Tolerance
 
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
+_DISCARD_SECONDS = 2.0  # after a finding or a failure: how long cases judged ahead may take to finish (then the worker stops)
 
 __all__ = ["CHUNK", "BackendResult", "campaign_settings", "fuzz_backend", "run_campaign", "save_finding"]
 
@@ -85,6 +88,7 @@ def fuzz_backend(
     workers: dict[str, Any] | None = None,
     on_case: Callable[[BackendResult, bool], None] | None = None,  # after each judged case (False: shrinking)
     variants: VariantPlan | None = None,
+    pipeline: bool = True,
 ) -> BackendResult:
     """Run ``check`` (default: the comparison with the oracle) on one backend until it ran
     ``examples`` cases (counting those of ``resume``), the monotonic ``deadline`` passed (no case
@@ -148,38 +152,57 @@ def fuzz_backend(
     stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
     internal: list[Exception] = []  # errors of the tool itself while judging a case
 
+    prefetch = Prefetch(isolated, check) if pipeline and isolated is not None else None
+
+    def judge_timed(case: Case) -> tuple[Outcome, float | None]:
+        """(outcome, seconds the worker spent on it if it was judged ahead in the pipeline, else None)."""
+        if prefetch is not None:
+            got = prefetch.outcome(case, cutoff or deadline)
+            if got is not None:
+                return got
+            if (cutoff or deadline) is not None and time.monotonic() > (cutoff or deadline):  # type: ignore[operator]
+                raise OutOfTime(f"{OUT_OF_TIME} before case {case.case_id}")  # (its queued outcome was dropped)
+        if isolated is not None:
+            return isolated.check(case, cutoff or deadline, check), None
+        return check.judge(case, backend, tolerance), None
+
     def judge(case: Case) -> Outcome:
-        return isolated.check(case, cutoff or deadline, check) if isolated is not None else check.judge(case, backend, tolerance)
+        return judge_timed(case)[0]
+
+    def is_known(case: Case) -> bool:
+        return bool(ledger) and known_finding(ledger, case, backend.name, versions, family=backend.kernel_family) is not None
 
     def prop(case: Case) -> None:
         searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
-        out_of_time = deadline is not None and time.monotonic() > deadline
+        case = case.replace(seed=shard.case_seed(case.seed))
+        judged_ahead = prefetch is not None and searching and (case.case_id in prefetch.done or case.case_id in prefetch.queue)
+        out_of_time = deadline is not None and time.monotonic() > deadline and not judged_ahead
         if out_of_time and not searching:
             stopped.append("out of time while shrinking")
             raise _Stop  # the finding so far is kept: a budget bounds shrinking too
         if out_of_time:
             stopped.append(_TURN_OVER)
             raise _Stop  # at once: rejecting the rest of the chunk would still draw each of them (seconds of draws)
-        case = case.replace(seed=shard.case_seed(case.seed))
         if searching:
             if case.case_id in seen:
                 reject()  # drawn before in this campaign (Hypothesis starts every run at the simplest case)
             seen.add(case.case_id)
             result.seen.append(case.case_id)
-        if ledger and known_finding(ledger, case, backend.name, versions, family=backend.kernel_family):
+        if is_known(case):
             if searching:
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
         starting = isolated.start_seconds if isolated is not None else 0.0
-        if variants is not None and searching:
+        if variants is not None and searching and not judged_ahead:
             variants.before(case)
         try:
             judging = time.monotonic()
-            outcome = judge(case)
+            outcome, ahead_seconds = judge_timed(case)
             started = (isolated.start_seconds if isolated is not None else 0.0) - starting
             result.start_seconds += started
             if variants is not None and searching:
-                result.compile_seconds += variants.observe(case, time.monotonic() - judging - started)
+                took = ahead_seconds if ahead_seconds is not None else time.monotonic() - judging - started
+                result.compile_seconds += variants.observe(case, took)
         except (OutOfTime, WorkerStartError) as exc:
             result.start_seconds += (isolated.start_seconds if isolated is not None else 0.0) - starting
             stopped.append(str(exc))
@@ -205,14 +228,47 @@ def fuzz_backend(
                 raise _Stop  # shrinking a hang costs a whole timeout per step
             raise _Finding(outcome.message)
 
+    def chunk_run(index: int, n: int) -> Callable[[Callable[[Case], None]], None]:
+        """Chunk ``index``'s Hypothesis run (``n`` examples), given its test function."""
+        return lambda fn: campaign_settings(n)(seed(shard.chunk_seed(base_seed, index))(given(strategy)(fn)))()
+
+    def draw_ahead(index: int, n: int, also_seen: set[str]) -> DrawnChunk:
+        """Draw chunk ``index`` and queue its cases in the worker (``pa_oracle.fuzz.campaign.overlap``)."""
+        assert prefetch is not None and isolated is not None
+        starting = isolated.start_seconds
+        chunk = draw_chunk(
+            index, lambda fn: chunk_run(index, n)(lambda c: fn(c.replace(seed=shard.case_seed(c.seed)))),
+            seen=seen | also_seen, known=is_known, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
+            announce=variants.before if variants is not None else None,
+        )
+        result.start_seconds += isolated.start_seconds - starting
+        return chunk
+
+    ahead: DrawnChunk | None = None  # the next chunk, drawn (and queued) while the worker judged this one
     try:
-        while result.examples < examples and (deadline is None or time.monotonic() < deadline):
+        # (a chunk drawn ahead is judged even past the deadline: it was drawn only when expected to finish by it)
+        while result.examples < examples and (deadline is None or time.monotonic() < deadline or ahead is not None):
             n = min(CHUNK, examples - result.examples)
-            test = campaign_settings(n)(seed(shard.chunk_seed(base_seed, result.chunks_done))(given(strategy)(prop)))
             before, chunk_start = result.examples, time.monotonic()
             broke: str | None = None
+            if prefetch is not None:
+                index, rest = result.chunks_done, examples - result.examples - n
+                chunk = ahead if ahead is not None and ahead.index == index else draw_ahead(index, n, set())
+                ahead = None
+                if chunk.complete and rest > 0 and prefetch.will_finish_by(min(CHUNK, rest), deadline):
+                    ahead = draw_ahead(index + 1, min(CHUNK, rest), chunk.ids)  # while the worker judges `chunk`
+                # every case passed (or was unsupported): counted as drawn; else the engine's own run
+                # judges the chunk (shrinking included), taking the outcomes judged so far
+                counted, broke = _count_clean_chunk(result, chunk, prefetch, seen, variants, on_case, cutoff or deadline) \
+                    if chunk.complete else (False, None)
+                if chunk.error is not None and not chunk.queued:
+                    counted, broke = True, chunk.error  # the worker did not start (or the budget ran out first), as in prop
+                run_it = not counted
+            else:
+                run_it = True
             try:
-                test()
+                if run_it:
+                    chunk_run(result.chunks_done, n)(prop)
             except Unsatisfiable:
                 pass  # every example of the chunk was rejected (out of time, or all drawn before)
             except _Finding:
@@ -253,9 +309,47 @@ def fuzz_backend(
         if _judged_nothing(result) and checkpoint:
             checkpoint(result)
     finally:
+        if prefetch is not None:  # cases judged ahead and not counted: the worker must be idle for the next backend
+            prefetch.discard(min(cutoff or deadline or math.inf, time.monotonic() + _DISCARD_SECONDS))
         if isolated is not None and workers is None:
             isolated.close()
     return result
+
+
+def _count_clean_chunk(
+    result: BackendResult, chunk: DrawnChunk, prefetch: Prefetch, seen: set[str], variants: VariantPlan | None,
+    on_case: Callable[[BackendResult, bool], None] | None, deadline: float | None,
+) -> tuple[bool, str | None]:
+    """Count a drawn chunk as the engine's run would have, if every queued case passed or was
+    unsupported: (True, None); (True, why) when the budget's end cut it off (the cases judged before
+    are counted, as the engine's run counts them); (False, None) otherwise: nothing is counted and
+    the outcomes stay in ``prefetch`` for the engine's own run."""
+    cut = None
+    try:
+        prefetch.collect_through([case.case_id for case in chunk.queued], deadline)
+    except OutOfTime as exc:
+        cut = str(exc)
+    events = chunk.events
+    if cut is not None:  # the judged prefix: up to the first queued case without an outcome
+        missing = next((i for i, (kind, case) in enumerate(events) if kind == "queued" and case.case_id not in prefetch.done), len(events))
+        events = events[:missing]
+    for kind, case in events:
+        got = prefetch.done.get(case.case_id)
+        if kind == "queued" and (not isinstance(got, tuple) or got[0].status not in ("pass", "unsupported")):
+            return False, None  # a finding, an error, a dropped case: the engine's own run judges the chunk
+    for kind, case in events:
+        seen.add(case.case_id)
+        result.seen.append(case.case_id)
+        if kind == "known":
+            result.skipped_known += 1
+            continue
+        outcome, seconds = prefetch.done.pop(case.case_id)  # type: ignore[misc]
+        if variants is not None:
+            result.compile_seconds += variants.observe(case, seconds)
+        _count(result, outcome)
+        if on_case:
+            on_case(result, True)
+    return True, cut
 
 
 def _judged_nothing(result: BackendResult) -> bool:

@@ -13,6 +13,7 @@ KeyboardInterrupt inside the worker is the kernel's own.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import multiprocessing as mp
@@ -142,8 +143,9 @@ def _serve(tolerance: Tolerance, conn: Connection) -> None:
         spec, case_json, keep_output, check = request
         try:
             _restore_numerics(saved)
-            reply = ("outcome", check.judge(Case.from_json(case_json), backends[spec], tolerance, keep_output).on_cpu())
-            payload = pickle.dumps(reply)
+            start = time.monotonic()
+            outcome = check.judge(Case.from_json(case_json), backends[spec], tolerance, keep_output).on_cpu()
+            payload = pickle.dumps(("outcome", outcome, time.monotonic() - start))
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
             payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "".join(traceback.format_exception(exc, limit=-6))))
         # plain pickle: Connection.send would move every tensor to shared memory (torch's reducers), ~0.1 s a case
@@ -172,6 +174,7 @@ class Worker:
         self._ctx = mp.get_context("spawn")  # CUDA cannot be re-initialized in a forked child
         self._process: Any = None
         self._conn: Connection | None = None
+        self._pending: collections.deque[tuple[str, Case, str]] = collections.deque()  # (spec, case, check) sent, not collected
         self._loaded: set[str] = set()  # specs loaded in the current process
         self._judged: set[str] = set()  # specs that judged a case in the current process
         self._crashed: str | None = None  # the spec whose case crashed in the current process
@@ -231,39 +234,72 @@ class Worker:
         """(the outcome of ``case`` judged by ``judge`` on backend ``spec``, seconds spent starting
         the process and loading the backend first). Within its case timeout, or until the monotonic
         ``deadline`` if that comes first (then a case still running is ``OutOfTime``)."""
+        if self._pending:
+            raise AssertionError("check() with cases still pending: collect them first")
+        start_seconds = self.submit(spec, capabilities, case, judge, keep_output, deadline)
+        outcome, _ = self.collect(deadline)
+        return outcome, start_seconds
+
+    @property
+    def pending(self) -> int:
+        """Cases submitted and not collected yet."""
+        return len(self._pending)
+
+    def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+               deadline: float | None = None) -> float:
+        """Send ``case`` to be judged after the cases already pending (the worker works through them
+        while the caller does something else, e.g. draws the next cases); ``collect`` returns the
+        outcomes in order. Returns the seconds spent starting the process and loading ``spec`` first.
+        Pending cases are one backend's."""
         started = time.monotonic()
-        self.ensure(spec, capabilities, deadline)
-        start_seconds = time.monotonic() - started
+        if not self._pending:
+            self.ensure(spec, capabilities, deadline)
+        elif spec not in self._loaded:
+            raise AssertionError(f"{spec} submitted while another backend's cases are pending")
         assert self._conn is not None
+        try:
+            self._conn.send_bytes(pickle.dumps((spec, case.to_json(), keep_output, judge)))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass  # the process died: collect reports it as this (or an earlier) case's crash
+        self._pending.append((spec, case, judge.name))
+        return time.monotonic() - started
+
+    def collect(self, deadline: float | None = None) -> tuple[Outcome, float]:
+        """(the outcome of the oldest pending case, the seconds the worker spent judging it). It gets
+        its case timeout from now (so a caller busy elsewhere never causes a false hang), or until
+        the monotonic ``deadline`` if that comes first (then ``OutOfTime``, and every pending case is
+        dropped). A hang or a death of the process is this case's crash outcome, and the cases sent
+        after it are dropped (``pending`` is 0 then): they were not judged."""
+        spec, case, check = self._pending.popleft()
         time_left = None if deadline is None else deadline - time.monotonic()
         limit = self.case_limit(spec)
         budget_cut = time_left is not None and time_left < limit
         wait = max(time_left, 0.0) if budget_cut and time_left is not None else limit
         start = time.monotonic()
+        assert self._conn is not None
         try:
-            self._conn.send_bytes(pickle.dumps((spec, case.to_json(), keep_output, judge)))
             answered = self._conn.poll(wait)
             reply = pickle.loads(self._conn.recv_bytes()) if answered else None
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
-            return self._died(case, spec, judge.name), start_seconds
+            return self._died(case, spec, check), time.monotonic() - start
         if reply is None:
-            self.close(graceful=False)  # the next check starts a fresh worker
+            self.close(graceful=False)  # the next case starts a fresh worker
             if budget_cut:
                 raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {case.case_id}")
-            hang = Outcome(case, spec, "crash", f"hang: no answer after {limit:g} s (worker restarted)", check=judge.name)
-            return hang, start_seconds
+            hang = Outcome(case, spec, "crash", f"hang: no answer after {limit:g} s (worker restarted)", check=check)
+            return hang, limit
         self._judged.add(spec)
         if reply[0] == "outcome":
             if reply[1].status == "crash":
                 self._crashed = spec
-            return reply[1], start_seconds
+            return reply[1], reply[2]
         _, kind, message, tb = reply
         if kind == "OracleDisagreement":
             raise OracleDisagreement(message)
         if kind == "CaseError":
             raise CaseError(message)  # the case cannot be judged at all: bad input, not a kernel's fault
-        failed = Outcome(case, spec, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}", check=judge.name)
-        return failed, start_seconds
+        failed = Outcome(case, spec, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}", check=check)
+        return failed, time.monotonic() - start
 
     def _died(self, case: Case, spec: str, check: str) -> Outcome:
         self._process.join(5)
@@ -294,6 +330,7 @@ class Worker:
         self._process = None
         self._conn = None
         self._loaded, self._judged, self._crashed = set(), set(), None
+        self._pending.clear()  # not judged: their callers are told by ``pending`` dropping to 0
 
 
 class IsolatedBackend:
@@ -347,6 +384,25 @@ class IsolatedBackend:
             raise
         self.start_seconds += starting
         return outcome if outcome.backend == self.name else dataclasses.replace(outcome, backend=self.name)
+
+    @property
+    def pending(self) -> int:
+        return self.worker.pending
+
+    def submit(self, case: Case, deadline: float | None = None, judge: Check | None = None) -> None:
+        """Queue ``case`` in the worker (``Worker.submit``); ``collect`` returns its outcome."""
+        started = time.monotonic()
+        try:
+            self.start_seconds += self.worker.submit(self.spec, self.backend.capabilities, case, judge or self.judge,
+                                                     self.keep_output, deadline)
+        except (OutOfTime, WorkerStartError):
+            self.start_seconds += time.monotonic() - started
+            raise
+
+    def collect(self, deadline: float | None = None) -> tuple[Outcome, float]:
+        """(the oldest queued case's outcome, seconds the worker spent on it): ``Worker.collect``."""
+        outcome, seconds = self.worker.collect(deadline)
+        return (outcome if outcome.backend == self.name else dataclasses.replace(outcome, backend=self.name)), seconds
 
     def close(self, graceful: bool = True) -> None:
         if self._owns:

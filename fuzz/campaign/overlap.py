@@ -1,0 +1,178 @@
+"""Judging and drawing at the same time: while the worker process judges one chunk of cases, the
+campaign draws the next one (Hypothesis generation is the campaign process's main cost; judging is
+the worker's), so a campaign runs at the pace of the slower of the two, not their sum.
+
+Verification model: a chunk is first *drawn*: the same Hypothesis run on the same seed, with a
+test function that applies the engine's filters (a case drawn before is rejected, one a ledger entry
+covers is skipped as known) and queues every other case in the worker instead of judging it. While
+every case of a chunk passes, Hypothesis draws the same sequence as the engine's own run would (the
+test function returned normally at the same examples), so the chunk's outcomes are counted as drawn,
+without a second Hypothesis run. A chunk with anything else (a finding, a case the oracle could not
+judge, a failed worker, the end of the budget) is run again by the engine's own Hypothesis run, which
+takes the outcomes already judged from ``Prefetch`` and judges the rest itself, shrinking included:
+that run decides, exactly as without the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pa_oracle.fuzz.run.isolation import IsolatedBackend, OutOfTime, WorkerStartError
+from pa_oracle.fuzz.run.runner import Check, OracleDisagreement, Outcome
+from pa_oracle.oracle.case import Case, CaseError
+
+CHUNK_MEMORY = 25  # how many recent cases the pace estimate averages
+_RAISED = (OracleDisagreement, CaseError)  # what collecting a case may raise that belongs to that case
+
+
+@dataclass
+class DrawnChunk:
+    """One chunk as drawn: in order, each example the engine's run would count (``("known", case)``:
+    skipped as known; ``("queued", case)``: sent to the worker)."""
+
+    index: int
+    events: list[tuple[str, Case]] = field(default_factory=list)
+    complete: bool = True  # False: drawing or queueing stopped early (the engine's own run decides)
+    error: str | None = None  # why the worker could not take a case (OutOfTime, WorkerStartError)
+
+    @property
+    def queued(self) -> list[Case]:
+        return [case for kind, case in self.events if kind == "queued"]
+
+    @property
+    def ids(self) -> set[str]:
+        return {case.case_id for _, case in self.events}
+
+
+class Prefetch:
+    """The outcomes of cases queued in ``isolated``'s worker, in the order they were queued, and a
+    cache of those collected. ``outcome`` gives the engine's judge a queued case's outcome (None for
+    a case never queued: the queue is drained first, so that the case can be judged directly)."""
+
+    def __init__(self, isolated: IsolatedBackend, check: Check) -> None:
+        self.isolated = isolated
+        self.check = check
+        self.queue: deque[str] = deque()  # case ids queued, not collected
+        self.done: dict[str, tuple[Outcome, float] | BaseException] = {}
+        self.recent: deque[float] = deque(maxlen=CHUNK_MEMORY)  # worker seconds of the latest cases collected
+
+    def will_finish_by(self, extra: int, deadline: float | None) -> bool:
+        """Whether the cases queued now plus ``extra`` more are expected to be judged by ``deadline``
+        (at the mean pace of the latest cases; False before any case was collected)."""
+        if deadline is None:
+            return True
+        if not self.recent:
+            return False
+        return _now() + (len(self.queue) + extra) * (sum(self.recent) / len(self.recent)) <= deadline
+
+    def submit(self, case: Case, deadline: float | None) -> None:
+        self.isolated.submit(case, deadline, self.check)
+        self.queue.append(case.case_id)
+
+    def _collect_one(self, deadline: float | None) -> None:
+        case_id = self.queue.popleft()
+        try:
+            self.done[case_id] = got = self.isolated.collect(deadline)
+            self.recent.append(got[1])
+        except _RAISED as exc:
+            self.done[case_id] = exc
+        except OutOfTime:
+            self.queue.clear()  # the worker was stopped: nothing queued will answer
+            raise
+        if self.isolated.pending == 0:
+            self.queue.clear()  # a hang or a death dropped the cases queued after this one
+
+    def collect_through(self, case_ids: list[str], deadline: float | None) -> None:
+        """Collect until each of ``case_ids`` is in the cache (or was dropped)."""
+        for case_id in case_ids:
+            while case_id not in self.done and case_id in self.queue:
+                self._collect_one(deadline)
+
+    def outcome(self, case: Case, deadline: float | None) -> tuple[Outcome, float] | None:
+        """(outcome, worker seconds) of ``case`` if it was queued; None if not (or dropped)."""
+        case_id = case.case_id
+        while case_id not in self.done and case_id in self.queue:
+            self._collect_one(deadline)
+        if case_id not in self.done:
+            self.drain(deadline)  # the caller judges this case itself: the worker must be idle
+            return None
+        got = self.done.pop(case_id)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def drain(self, deadline: float | None) -> None:
+        """Collect every queued case into the cache (the worker is idle afterwards)."""
+        while self.queue:
+            self._collect_one(deadline)
+
+    def discard(self, deadline: float | None) -> None:
+        """Forget every queued and cached outcome (the cases were not counted: a later run draws
+        them again); a worker that does not finish them by ``deadline`` is stopped."""
+        try:
+            self.drain(deadline)
+        except OutOfTime:
+            pass
+        self.done.clear()
+
+
+def draw_chunk(
+    index: int,
+    run: Callable[[Callable[[Case], None]], None],
+    *,
+    seen: set[str],
+    known: Callable[[Case], Any],
+    prefetch: Prefetch,
+    deadline: float | None,
+    cutoff: float | None,
+    announce: Callable[[Case], None] | None = None,
+) -> DrawnChunk:
+    """Draw chunk ``index`` with ``run`` (the engine's Hypothesis run of that chunk, given a test
+    function) and queue its cases: a case whose id is in ``seen`` (or drawn earlier in this chunk)
+    is rejected as the engine rejects it, one ``known`` covers is recorded as skipped as known.
+    Stops at ``deadline`` (what was drawn before it is the chunk, as in the engine's run); a worker
+    that cannot take a case, or anything the drawing raises, ends it with ``complete`` False."""
+    from hypothesis import reject
+    from hypothesis.errors import Unsatisfiable
+
+    chunk = DrawnChunk(index)
+    drawn = set(seen)
+
+    class Stop(BaseException):
+        pass
+
+    def test(case: Case) -> None:
+        if deadline is not None and _now() > deadline:
+            raise Stop
+        if case.case_id in drawn:
+            reject()
+        drawn.add(case.case_id)
+        if known(case):
+            chunk.events.append(("known", case))
+            reject()
+        if announce is not None:
+            announce(case)
+        try:
+            prefetch.submit(case, cutoff)
+        except (OutOfTime, WorkerStartError) as exc:
+            chunk.complete, chunk.error = False, str(exc)
+            raise Stop from None
+        chunk.events.append(("queued", case))
+
+    try:
+        run(test)
+    except Stop:
+        pass  # the deadline (the chunk holds what was drawn before it, as the engine's run would) or a failed queue
+    except Unsatisfiable:
+        pass  # every example was rejected: drawn before, or known
+    except Exception:  # noqa: BLE001 - anything else: the engine's own run meets it and decides what it means
+        chunk.complete = False
+    return chunk
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()

@@ -1,0 +1,45 @@
+"""Drawing the next chunk while the worker judges this one (``pa_oracle.fuzz.campaign.overlap``)
+must not change what a campaign draws, counts or finds: the same seed gives the same cases, the
+same counts and the same shrunk finding with the pipeline on and off."""
+
+from __future__ import annotations
+
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.ledger import load_ledger
+from pa_oracle.fuzz.draw.strategies import Limits
+
+TINY = Limits(max_batch=2, max_kv_len=12, max_qo_len=3, max_kv_heads=2, max_qo_heads=4, head_dims=(8, 16))
+PLANTED = "pa_oracle.fuzz.quality.planted"
+
+
+def _run(name: str, pipeline: bool, examples: int, **kwargs):  # type: ignore[no-untyped-def]
+    return fuzz_backend(UserKernel.from_spec(f"{PLANTED}:{name}"), examples=examples, limits=TINY, isolate=True,
+                        case_timeout=120, pipeline=pipeline, base_seed=3, **kwargs)
+
+
+def _same(a, b) -> None:  # type: ignore[no-untyped-def]
+    assert a.seen == b.seen, "the same cases, in the same order"
+    for name in ("examples", "passed", "unsupported", "skipped_known", "chunks_done", "status", "worst_ratio"):
+        assert getattr(a, name) == getattr(b, name), (name, getattr(a, name), getattr(b, name))
+    assert a.coverage.counts == b.coverage.counts
+    assert [f.case_id for f in a.findings] == [f.case_id for f in b.findings]
+
+
+def test_a_clean_campaign_draws_and_counts_the_same_with_and_without_the_pipeline() -> None:
+    sync, piped = _run("correct_attention", False, 80), _run("correct_attention", True, 80)
+    assert sync.status == "done" and sync.passed == 80
+    _same(sync, piped)
+
+
+def test_a_finding_shrinks_to_the_same_case_with_and_without_the_pipeline() -> None:
+    sync, piped = _run("top_left_causal", False, 200), _run("top_left_causal", True, 200)
+    assert sync.status == "finding" and sync.findings
+    _same(sync, piped)
+
+
+def test_skipped_as_known_counts_the_same_with_and_without_the_pipeline() -> None:
+    ledger = load_ledger()
+    sync = _run("nan_on_empty", False, 60, ledger=ledger)
+    piped = _run("nan_on_empty", True, 60, ledger=ledger)
+    _same(sync, piped)
