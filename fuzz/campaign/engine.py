@@ -13,7 +13,6 @@ so the campaign surfaces new findings. After every chunk the state (``pa_oracle.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -38,7 +37,6 @@ from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tolerance import Tolerance
 
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
-_DISCARD_SECONDS = 2.0  # after a finding or a failure: how long cases judged ahead may take to finish (then the worker stops)
 
 __all__ = ["CHUNK", "BackendResult", "campaign_settings", "fuzz_backend", "run_campaign", "save_finding"]
 
@@ -310,7 +308,7 @@ def fuzz_backend(
             checkpoint(result)
     finally:
         if prefetch is not None:  # cases judged ahead and not counted: the worker must be idle for the next backend
-            prefetch.discard(min(cutoff or deadline or math.inf, time.monotonic() + _DISCARD_SECONDS))
+            prefetch.discard(cutoff or deadline)
         if isolated is not None and workers is None:
             isolated.close()
     return result
@@ -326,7 +324,11 @@ def _count_clean_chunk(
     the outcomes stay in ``prefetch`` for the engine's own run."""
     cut = None
     try:
-        prefetch.collect_through([case.case_id for case in chunk.queued], deadline)
+        for case in chunk.queued:  # in order; the first case that is not clean ends the wait
+            prefetch.collect_through([case.case_id], deadline)
+            got = prefetch.done.get(case.case_id)
+            if not isinstance(got, tuple) or got[0].status not in ("pass", "unsupported"):
+                return False, None  # a finding, an error, a dropped case: the engine's own run judges the chunk
     except OutOfTime as exc:
         cut = str(exc)
     events = chunk.events

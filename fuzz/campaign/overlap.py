@@ -24,6 +24,7 @@ from pa_oracle.fuzz.run.runner import Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case, CaseError
 
 CHUNK_MEMORY = 25  # how many recent cases the pace estimate averages
+RESTART_SECONDS = 3.0  # at least what a new worker process costs (spawn, torch import, CUDA context)
 _RAISED = (OracleDisagreement, CaseError)  # what collecting a case may raise that belongs to that case
 
 
@@ -96,7 +97,7 @@ class Prefetch:
         while case_id not in self.done and case_id in self.queue:
             self._collect_one(deadline)
         if case_id not in self.done:
-            self.drain(deadline)  # the caller judges this case itself: the worker must be idle
+            self.idle(deadline)  # the caller judges this case itself: the worker must be idle
             return None
         got = self.done.pop(case_id)
         if isinstance(got, BaseException):
@@ -108,13 +109,27 @@ class Prefetch:
         while self.queue:
             self._collect_one(deadline)
 
+    def idle(self, deadline: float | None) -> None:
+        """Make the worker idle: collect what is queued, or, when that is expected to take longer
+        than starting a new process (say, 20 cases queued behind a finding that is about to be
+        shrunk), stop the process instead (its queued cases are then simply not judged)."""
+        if not self.queue:
+            return
+        pace = sum(self.recent) / len(self.recent) if self.recent else None
+        restart = max(RESTART_SECONDS, self.isolated.start_seconds / max(self.isolated.starts, 1))
+        if pace is not None and len(self.queue) * pace <= restart:
+            try:
+                self.drain(deadline)
+                return
+            except OutOfTime:
+                pass
+        self.isolated.worker.close(graceful=False)
+        self.queue.clear()
+
     def discard(self, deadline: float | None) -> None:
         """Forget every queued and cached outcome (the cases were not counted: a later run draws
-        them again); a worker that does not finish them by ``deadline`` is stopped."""
-        try:
-            self.drain(deadline)
-        except OutOfTime:
-            pass
+        them again), leaving the worker idle by ``deadline``."""
+        self.idle(deadline)
         self.done.clear()
 
 
