@@ -12,7 +12,8 @@ Compiled variants (0.6.18 ``flashinfer/jit/attention/modules.py`` ``get_batch_ml
 per (backend, q dtype, kv dtype, o dtype = q's, index dtype int32, ``head_dim_ckv``, ``head_dim_kpe``,
 profiler off); ``causal`` and ``sm_scale`` are plan-time arguments of that one module. The dims are
 the one pair the adapter declares, so the compile key is (q dtype, kv dtype), and
-``build_variants`` builds those modules ahead (``warmup``, a campaign's compile budget).
+``build_variants`` builds those modules ahead (``warmup``, a campaign's compile budget); the
+fp16 q + fp8 key, whose cases FlashInfer refuses, is left out of the plan.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class FlashInferMLA(Backend):
 
     def built_reason(self, key: CompileKey) -> str | None:
         if self._refused(key):
-            return "nothing compiles (fp8 MLA takes bf16 q only: its cases are refused before a plan)"
+            return "refused: fp8 MLA takes bf16 q only (no case of this key runs, so a campaign draws none)"
         return built_module(self.mla_uri(key))
 
     def build_variants(self, keys: list[CompileKey]) -> list[CompileKey] | None:
