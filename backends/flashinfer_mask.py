@@ -1,23 +1,36 @@
-"""FlashInfer paged prefill with a custom mask (``plan(packed_custom_mask=...)``), the path of
-speculative decoding's draft trees, and the same wrapper planned again without one.
+"""FlashInfer paged prefill with a custom mask (``plan(custom_mask=...)``), the path of
+speculative decoding's draft trees, the same wrapper planned again without one, and the ragged
+wrapper with a mask.
 
 FlashInfer's custom mask replaces causal (``causal`` only acts without a mask), so the adapter
 ANDs the case's causal test into the mask, as the oracle defines; the window is passed as
 ``window_left`` (FlashInfer's kernel applies it on top of the mask, ``variants.cuh``).
 
-Two ways in: ``flashinfer-prefill-mask`` passes ``custom_mask`` (the flat boolean mask, what
-serving engines pass; ``plan`` packs it with ``segment_packbits``, per request, and keeps the byte
-offsets). ``flashinfer-prefill-packed-mask`` passes ``packed_custom_mask`` as the docstring says
-to make it (``flashinfer.quantization.packbits`` of the flat mask, little-endian). Read from
-0.6.18's ``plan``: with ``packed_custom_mask`` it keeps ``mask_indptr`` in *elements*
-(``_compute_page_mask_indptr``) while the kernel adds it to the byte pointer, so a batch of more
-than one request reads other bytes: that adapter is expected to fail there (a lead to confirm on
-the GPU, not yet a confirmed finding).
+The mask layout (FlashInfer docs, ``tutorials/kv_layout.rst`` "Mask Layout"): each request's
+``[qo_len, kv_len]`` mask flattened row-major, requests concatenated (``mask_indptr[1:] =
+cumsum(qo_len * kv_len)``, in elements), optionally packed little-endian with ``packbits``.
+The kernel (``variants.cuh``, ``LogitsMask``) reads request ``b``'s bit ``q * kv_len + k`` at
+``custom_mask + mask_indptr[b]`` as a *byte* pointer, so the indptr it is given must count
+bytes of per-request byte-aligned segments: what ``plan`` makes from a boolean ``custom_mask``
+(``segment_packbits``, which returns byte offsets).
 
-``flashinfer-prefill-mask-replan`` checks plan reuse (FlashInfer PR #1028): one wrapper is first
-planned and run with a stale mask (the complement of the case's, or a random one for a case
-without a mask), then planned for the case itself; a wrapper that keeps the stale mask when the
-case switches back to causal attention fails.
+Three ways in: ``flashinfer-prefill-mask`` passes ``custom_mask`` (the flat boolean mask, what
+serving engines pass). ``flashinfer-prefill-packed-mask`` passes ``packed_custom_mask`` as the
+``plan`` docstring says to make it (``packbits`` of the whole flat mask, ``documented_packed_mask``).
+0.6.18's ``plan`` then keeps ``mask_indptr`` in *elements* (``_compute_page_mask_indptr``) and
+the kernel adds it to the byte pointer, so any request after the first reads other bytes: that
+adapter is expected to fail on batches of more than one request with a mask (open upstream:
+flashinfer PR #2201, "mask_indptr should be 8-aligned and converted"). ``flashinfer-ragged-mask``
+is the ragged wrapper with ``custom_mask``.
+
+Plan reuse (FlashInfer PR #1028; issue #860, PR #2690 for the ragged wrapper): the mask adapters
+re-plan one wrapper (``replan``) for the ``mask-replan`` check (``pa_oracle.fuzz.checks.masks``),
+which runs a layout with a mask and without. ``flashinfer-prefill-mask-replan`` does the same
+inside one oracle comparison: one wrapper is first planned and run with a stale mask (the
+complement of the case's, or a random one for a case without a mask), then planned for the case.
+Read from 0.6.18: the paged wrapper's ``plan`` clears ``_custom_mask_buf`` when no mask is given
+(outside CUDA-graph mode); the ragged wrapper's ``plan`` does not, and ``run`` picks
+``MaskMode.CUSTOM`` whenever that buffer is set: a stale mask after a switch back to causal.
 """
 
 from __future__ import annotations
@@ -27,7 +40,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from pa_oracle.backends.base import register
-from pa_oracle.backends.flashinfer import _FLASHINFER, FlashInferPrefillFA2, _workspace
+from pa_oracle.backends.flashinfer import _FLASHINFER, FlashInferPrefillFA2, FlashInferRaggedFA2, _workspace
 from pa_oracle.oracle.case import Case
 
 
@@ -45,6 +58,22 @@ def effective_masks(case: Case) -> list[np.ndarray]:
     return out
 
 
+def flat_mask(masks: list[np.ndarray]) -> np.ndarray:
+    """``custom_mask`` as the docs lay it out: each request's mask row-major, requests concatenated."""
+    return np.concatenate([np.asarray(m, dtype=bool).reshape(-1) for m in masks] or [np.zeros(0, bool)])
+
+
+def documented_packed_mask(masks: list[np.ndarray]) -> np.ndarray:
+    """``packed_custom_mask`` as the ``plan`` docstring says to make it: ``packbits`` of the whole
+    flat mask, little-endian (bit ``t`` is bit ``t % 8`` of byte ``t // 8``; no per-request padding)."""
+    return np.packbits(flat_mask(masks), bitorder="little")
+
+
+def element_mask_indptr(masks: list[np.ndarray]) -> np.ndarray:
+    """The ``mask_indptr`` 0.6.18's ``plan`` computes with ``packed_custom_mask``: ``cumsum(qo_len * kv_len)``, in elements."""
+    return np.cumsum([0, *(m.size for m in masks)]).astype(np.int32)
+
+
 @register
 class FlashInferPrefillMask(FlashInferPrefillFA2):
     name = "flashinfer-prefill-mask"
@@ -57,10 +86,9 @@ class FlashInferPrefillMask(FlashInferPrefillFA2):
     def _mask_kwargs(self, masks: list[np.ndarray] | None, device: str) -> dict[str, Any]:
         if masks is None:
             return {}
-        flat = np.concatenate([m.reshape(-1) for m in masks])
         if self.packed:
-            return {"packed_custom_mask": torch.from_numpy(np.packbits(flat, bitorder="little")).to(device)}
-        return {"custom_mask": torch.from_numpy(flat).to(device)}
+            return {"packed_custom_mask": torch.from_numpy(documented_packed_mask(masks)).to(device)}
+        return {"custom_mask": torch.from_numpy(flat_mask(masks)).to(device)}
 
     def _planned(self, wrapper: Any, case: Case, device: str, masks: list[np.ndarray] | None = None) -> Any:
         lay = case.layout
@@ -74,6 +102,11 @@ class FlashInferPrefillMask(FlashInferPrefillFA2):
             **self._common_plan_kwargs(case),
         )
         return wrapper
+
+    def replan(self, plan: tuple[Case, Any], case: Case) -> tuple[Case, Any]:
+        """Plan the same wrapper again for ``case`` (its mask, or none), as an engine does between steps."""
+        _, wrapper = plan
+        return case, self._planned(wrapper, case, self.device or "cuda")
 
     def write_layout(self, plan: Any, case: Case) -> None:
         raise NotImplementedError(f"{self.name}: the mask is planned with the layout; a new layout needs a new plan")
@@ -109,3 +142,34 @@ class FlashInferPrefillMaskReplan(FlashInferPrefillMask):
         wrapper.run(tensors.q, self._paged_kv(tensors), **self._scales(case))
         self._planned(wrapper, case, self.device or "cuda")  # the case's own plan: its mask, or causal
         return super().run(plan, tensors)
+
+
+@register
+class FlashInferRaggedMask(FlashInferRaggedFA2):
+    name = "flashinfer-ragged-mask"
+    description = "FlashInfer BatchPrefillWithRaggedKVCacheWrapper(backend='fa2') with custom_mask, re-plannable"
+    capabilities = FlashInferRaggedFA2.capabilities.replace(custom_mask=(False, True), alibi=False, empty_requests=False)
+
+    def plan(self, case: Case) -> tuple[Case, Any]:
+        import flashinfer
+
+        device = self.device or "cuda"
+        wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend=self.backend)
+        return case, self._planned(wrapper, case, device)
+
+    def replan(self, plan: tuple[Case, Any], case: Case) -> tuple[Case, Any]:
+        """Plan the same wrapper again for ``case`` (its mask, or none)."""
+        _, wrapper = plan
+        return case, self._planned(wrapper, case, self.device or "cuda")
+
+    def _planned(self, wrapper: Any, case: Case, device: str) -> Any:
+        lay = case.layout
+        kv_indptr = np.cumsum([0, *lay.kv_lens]).tolist()
+        masks = effective_masks(case) if case.custom_mask is not None else None
+        mask = {} if masks is None else {"custom_mask": torch.from_numpy(flat_mask(masks)).to(device)}
+        wrapper.plan(
+            self._index(lay.qo_indptr, device), self._index(kv_indptr, device),
+            case.heads.num_qo_heads, case.heads.num_kv_heads, case.heads.head_dim_qk,
+            causal=case.options.causal and masks is None, **mask, **self._common_plan_kwargs(case),
+        )
+        return wrapper

@@ -3,8 +3,19 @@ dims, split inside the kernels as ``BLOCK_DMODEL`` + ``BLOCK_DPE``; ``Lv = 512``
 
 The latent cache is handed over as SGLang's MLA pool does: ``k_buffer`` the flat latent
 ``[tokens, 1, 576]`` and ``v_buffer`` its first 512 dims (``k_buffer[..., :512]``, the same
-memory). Everything else is the GQA adapters' (``sglang_triton``, ``sglang_extend``) with one
-KV head and the whole qo-head group on it. No fp8 (one latent cache, one scale: not mapped yet).
+memory: ``MLATokenToKVPool.get_value_buffer``). Everything else is the GQA adapters'
+(``sglang_triton``, ``sglang_extend``) with one KV head and the whole qo-head group on it. No fp8
+(one latent cache, one scale: not mapped yet).
+
+Checked against SGLang's source (``python/sglang/srt/layers/attention/triton_ops/``):
+``decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse,
+num_kv_splits, max_kv_splits, sm_scale, k_scale, v_scale, logit_cap=, sinks=)`` takes the
+grouped path (``kv_group_num = Hq // v_buffer.shape[1]`` > 1) with the 576 = 512 + 64 split,
+reads V through ``v_buffer``'s own strides, ``Lv = v_buffer.shape[-1]`` sizes ``o`` and
+``attn_logits [B, Hq, splits, Lv]`` (contiguous: stage 1 addresses ``attn_lse`` as offset //
+Lv); ``extend_attention_fwd`` splits ``Lq`` 576 (and 288, 192) the same way, with ``kv_group_num
+= Hq // k_extend.shape[1]`` and ``Lv = v_extend.shape[-1]``. ``tests/test_sglang_mla.py`` runs
+both adapters through stand-ins that assert that convention.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from pa_oracle.fuzz.draw.strategies import Limits, cases, variant_keys
 from pa_oracle.oracle.case import Case
 
 COMPILE_SHARE = 0.3  # default compile budget: this share of --time-budget
+REFUSED = "refused"  # a ``built_reason`` starting so: the adapter refuses every case of that key before a plan
 
 
 def key_label(key: CompileKey) -> str:
@@ -154,8 +155,9 @@ def plan_variants(
     fields = backend.compile_fields
     if not fields:
         return None
-    keys = variant_keys(backend.capabilities, limits, fields)
-    free = {k: why for k in keys if (why := backend.built_reason(k)) is not None}
+    reasons = {k: backend.built_reason(k) for k in variant_keys(backend.capabilities, limits, fields)}
+    keys = [k for k, why in reasons.items() if not (why or "").startswith(REFUSED)]  # no case of them runs
+    free = {k: why for k in keys if (why := reasons[k]) is not None}
     unbuilt = [k for k in keys if k not in free]
     random.Random(f"variants:{backend.name}").shuffle(unbuilt)  # one fixed order per backend
     cost = compile_seconds or backend.compile_seconds

@@ -8,7 +8,10 @@ from typing import Callable
 
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
-from pa_oracle.fuzz.quality import planted
+from pa_oracle.fuzz.checks.registry import ALL_CHECKS
+from pa_oracle.fuzz.quality import planted, planted_families
+
+MODULES = (planted, planted_families)  # each: BUGS, PLANTED, CORRECT, optional CHECKS (kernel -> check name)
 
 
 @dataclass(frozen=True)
@@ -28,11 +31,13 @@ def run_selftest(
     *, examples: int = 200, correct_examples: int = 150, seed: int = 0, progress: Callable[[str], None] | None = None
 ) -> list[SelftestResult]:
     results = []
-    for name in planted.PLANTED + planted.CORRECT:
-        is_bug = name in planted.BUGS
-        kernel = UserKernel(getattr(planted, name), name=f"pa_oracle.fuzz.quality.planted:{name}")
+    for module, name in [(m, n) for m in MODULES for n in m.PLANTED + m.CORRECT]:
+        is_bug = name in module.BUGS
+        kernel = UserKernel(getattr(module, name), name=f"{module.__name__}:{name}")
+        check = ALL_CHECKS[getattr(module, "CHECKS", {}).get(name, "oracle")]
         # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
-        outcome = fuzz_backend(kernel, examples=examples if is_bug else correct_examples, base_seed=seed, isolate=False)
+        outcome = fuzz_backend(kernel, check=check, examples=examples if is_bug else correct_examples, base_seed=seed,
+                               isolate=False)
         message = outcome.finding.message.splitlines()[0] if outcome.finding else ""
         result = SelftestResult(name, is_bug, outcome.finding is not None, outcome.examples, message)
         results.append(result)
