@@ -36,7 +36,7 @@ from pa_oracle.backends.flashinfer import (
 from pa_oracle.oracle.case import Case
 
 _ROPE = {"rope": (True,), "rope_styles": ("neox",), "rope_partial": False, "alibi": False}
-_CONTRACT = dataclasses.replace(_FLASHINFER_CONTRACT, preconditions=(
+_PREFILL_CONTRACT = dataclasses.replace(_FLASHINFER_CONTRACT, preconditions=(
     Precondition("qo_len_above_kv_len", "prefill.cuh q_smem_inplace_apply_rotary computes a query's rope position "
                  "q_packed_idx + (kv_len - qo_len) * group in uint32: a query before the first key wraps"),
 ))
@@ -46,7 +46,6 @@ class _Rope:
     """Plans the wrapper with FlashInfer's RoPE (mixed into a FlashInfer paged adapter)."""
 
     compile_fields = (*_COMPILE_FIELDS, "rope")  # a module per pos_encoding_mode (posenc_1 in its name)
-    contract = _CONTRACT
 
     def _common_plan_kwargs(self, case: Case) -> dict[str, Any]:
         rope = case.options.rope
@@ -82,4 +81,5 @@ class FlashInferDecodeTensorCoresRope(_Rope, FlashInferDecodeTensorCores):
 class FlashInferPrefillFA2Rope(_Rope, FlashInferPrefillFA2):
     name = "flashinfer-prefill-fa2-rope"
     description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), pos_encoding_mode='ROPE_LLAMA'"
+    contract = _PREFILL_CONTRACT
     capabilities = _with_rope(FlashInferPrefillFA2.capabilities, kv_dtypes=None, fp8_scales=False, qo_len_above_kv_len=False)

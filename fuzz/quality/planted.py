@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from pa_oracle.backends._dense import Dense
 from pa_oracle.backends.sdpa import SdpaMath
 from pa_oracle.fuzz.quality import planted_rope
-from pa_oracle.fuzz.quality.planted_rope import correct_rope, rope_pairing_swapped  # noqa: F401  (selftest kernels)
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import upload
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -213,6 +212,8 @@ sinks_ignored_for_prefill = _planted_family("sinks_ignored_for_prefill")
 sink_by_kv_head = _planted_family("sink_by_kv_head")
 nope_pe_swapped = _planted_family("nope_pe_swapped", mla=True)
 mla_log2e_missing = _planted_family("mla_log2e_missing", mla=True)
+rope_pairing_swapped = planted_rope.planted_rope("rope_pairing_swapped", _paged_attention)
+correct_rope = planted_rope.planted_rope("", _paged_attention)
 correct_masked_sinks = _planted_family("")
 correct_mla = _planted_family("", mla=True)
 

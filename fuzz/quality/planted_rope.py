@@ -6,6 +6,7 @@ their dtypes as a kernel that rotates in place does, then attends with the plant
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,22 +55,19 @@ def _rotated_inputs(
     return q_out, k_out
 
 
-def _planted_rope(bug: str):  # type: ignore[no-untyped-def]
+def planted_rope(bug: str, attention: Callable[..., Any]):  # type: ignore[no-untyped-def]
+    """A user kernel taking ``rope``: rotates (``bug`` "" or a ``BUGS`` name), then ``attention``
+    (``planted._paged_attention``, passed in: ``planted`` imports this module)."""
+
     def kernel(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal, sm_scale,
                window_left, logits_soft_cap, rope: Rope | None = None) -> Any:
-        from pa_oracle.fuzz.quality.planted import _paged_attention  # planted imports this module
-
         if rope is not None:
             style = _OTHER_STYLE[rope.style] if bug == "rope_pairing_swapped" else rope.style
             q, k_cache = _rotated_inputs(q, k_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, rope, style)
-        return _paged_attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                                kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale,
-                                window_left=window_left, logits_soft_cap=logits_soft_cap)
+        return attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                         kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale,
+                         window_left=window_left, logits_soft_cap=logits_soft_cap)
 
     kernel.__name__ = kernel.__qualname__ = bug or "correct_rope"
     kernel.pa_oracle_capabilities = {"rope": (True,)}  # type: ignore[attr-defined]  # every case rotates
     return kernel
-
-
-rope_pairing_swapped = _planted_rope("rope_pairing_swapped")
-correct_rope = _planted_rope("")
