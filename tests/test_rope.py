@@ -148,3 +148,19 @@ def _layout_kwargs(case: Case) -> dict:
     return dict(qo_indptr=index(lay.qo_indptr), kv_indptr=index(lay.kv_indptr), kv_indices=index(lay.kv_indices),
                 kv_last_page_len=index(lay.kv_last_page_len), causal=case.options.causal, sm_scale=case.sm_scale,
                 window_left=-1, logits_soft_cap=0.0)
+
+
+def test_pod_splits_a_batch_into_its_prefill_and_decode_requests() -> None:
+    from pa_oracle.backends.flashinfer_pod import pod_uri, rows_of, split_requests, sub_layout
+
+    lay = Layout.from_lengths([3, 1, 0, 1], [5, 9, 2, 4], 4, page_order=[3, 0, 1, 6, 2, 5, 4, 7, 8], extra_pages=2)
+    prefill, decode = split_requests(lay)
+    assert (prefill, decode) == ([0, 2], [1, 3])
+    assert sub_layout(lay, decode) == {"qo_indptr": [0, 1, 2], "kv_indptr": [0, 3, 4], "kv_indices": [1, 6, 2, 4],
+                                       "kv_last_page_len": [1, 4]}
+    assert sub_layout(lay, prefill)["kv_indices"] == [3, 0, 5]
+    assert rows_of(lay, prefill) == [0, 1, 2] and rows_of(lay, decode) == [3, 4]
+    backend = get_backend("flashinfer-pod")
+    key = (("q_dtype", "bfloat16"), ("kv_dtype", "bfloat16"), ("head_dim_qk", 128), ("window", False))
+    assert pod_uri(key).startswith("batch_pod_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_head_dim_128_posenc_p_0")
+    assert len(backend.modules(key)) == 2 and backend.call_source(Case(lay, Heads(2, 1, 64, 64))) is None
