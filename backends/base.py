@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from pa_oracle.oracle.case import CAP_THEN_ALIBI, FP8_DTYPES, Q_DTYPES, SOFT_CAP_ALIBI_ORDERS, Case
+from pa_oracle.oracle.case import CAP_THEN_ALIBI, FP8_DTYPES, Q_DTYPES, ROPE_STYLES, SOFT_CAP_ALIBI_ORDERS, Case
 from pa_oracle.oracle.tensors import Tensors
 
 
@@ -103,6 +103,10 @@ class Capabilities:
     custom_mask: tuple[bool, ...] = (False,)  # (False, True): optional; (True,): mask cases only
     mla: tuple[bool, ...] = (False,)  # the latent layout (``Heads.mla``); (True,): MLA only
     mla_dims: tuple[tuple[int, int], ...] | None = None  # (head_dim_qk, head_dim_vo) pairs; None: any
+    # fused rotary embedding (issue 15); off by default, so no existing kernel draws it
+    rope: tuple[bool, ...] = (False,)  # (False, True): optional; (True,): rope cases only
+    rope_styles: tuple[str, ...] = ROPE_STYLES  # the pairings the kernel applies
+    rope_partial: bool = True  # rotary_dim below head_dim_qk
 
     def replace(self, **changes: Any) -> Capabilities:
         return dataclasses.replace(self, **changes)
@@ -147,6 +151,10 @@ class Capabilities:
             ("mla", heads.mla in self.mla, f"mla={heads.mla}"),
             ("mla_dims", not heads.mla or self.mla_dims is None or (heads.head_dim_qk, heads.head_dim_vo) in self.mla_dims,
              f"mla dims {heads.head_dim_qk}/{heads.head_dim_vo}"),
+            ("rope", (opts.rope is not None) in self.rope, f"rope={opts.rope is not None}"),
+            ("rope_styles", opts.rope is None or opts.rope.style in self.rope_styles, f"rope style {opts.rope and opts.rope.style}"),
+            ("rope_partial", self.rope_partial or opts.rope is None or opts.rope.dims(heads.head_dim_qk) == heads.head_dim_qk,
+             f"rotary_dim {opts.rope and opts.rope.rotary_dim} < head_dim_qk"),
         ]
         return [(name, why) for name, ok, why in checks if not ok]
 
@@ -356,6 +364,7 @@ VARIANT_FIELDS: dict[str, Callable[[Case], Any]] = {
     "window": lambda case: case.options.window_left >= 0,
     "soft_cap": lambda case: case.options.logits_soft_cap > 0,
     "sinks": lambda case: case.options.sinks is not None,
+    "rope": lambda case: case.options.rope is not None,  # FlashInfer compiles per pos_encoding_mode
 }
 
 

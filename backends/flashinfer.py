@@ -47,6 +47,12 @@ _FLASHINFER = Capabilities(
     sinks=False,
     soft_cap_alibi_order=ALIBI_THEN_CAP,
 )
+# fa2 prefill and decode dispatch head_dim 512 too (utils.cuh DISPATCH_HEAD_DIM; FA2DetermineCtaTileQ's
+# "VO >= 512" split; tests/attention/test_batch_{decode,prefill}_kernels.py run 512 on sm80+ with 16-bit KV,
+# fp8 KV above 256 only on sm100+); fa3 takes 64, 128, 256 (utils.py is_fa3_prefill_head_dim_supported).
+# Not the default draws: the strategies' head dims stop at 128 (``--only head_dims=256,512`` draws them).
+_FA2_HEAD_DIMS = (64, 128, 256, 512)
+_FP8_MAX_HEAD_DIM = 256
 # variants.cuh (DefaultAttention::LogitsTransform): logits * sm_scale + slope * (kv_idx - qo_idx), then
 # tanh(logits * soft_cap_pre_tanh_scale): ALiBi first, then the cap; LSE base 2 (math::log2e scaling)
 _FLASHINFER_CONTRACT = Contract(
@@ -62,7 +68,7 @@ def _workspace(device: str) -> torch.Tensor:
 
 
 # FlashInfer 0.6.18.post1 JIT-builds one module per (dtype_q, dtype_kv, dtype_o, dtype_idx, head dims,
-# pos encoding, sliding window on/off, soft cap on/off[, fp16 qk reduction][, fa3]): see
+# pos encoding (ALiBi here; RoPE in flashinfer_rope), sliding window on/off, soft cap on/off[, fp16 qk reduction][, fa3]): see
 # flashinfer/jit/attention/modules.py get_batch_{decode,prefill}_uri. The mask mode (causal) is a runtime
 # dispatch inside one module, and a prefill module holds both the paged and the ragged run.
 _COMPILE_FIELDS = ("q_dtype", "kv_dtype", "head_dim_qk", "alibi", "window", "soft_cap")
@@ -78,11 +84,17 @@ def module_uri(kind: str, key: CompileKey, backend: str = "fa2") -> str:
     dim = v["head_dim_qk"]
     uri = (
         f"batch_{kind}_with_kv_cache_dtype_q_{q}_dtype_kv_{kv}_dtype_o_{q}_dtype_idx_i32_head_dim_qk_{dim}_"
-        f"head_dim_vo_{dim}_posenc_{2 if v['alibi'] else 0}_use_swa_{bool(v['window'])}_use_logits_cap_{bool(v['soft_cap'])}"
+        f"head_dim_vo_{dim}_posenc_{pos_encoding(key)}_use_swa_{bool(v['window'])}_use_logits_cap_{bool(v['soft_cap'])}"
     )
     if kind == "prefill":
         uri += "_f16qk_False" + ("_sm90" if backend == "fa3" else "")
     return uri
+
+
+def pos_encoding(key: CompileKey) -> int:
+    """FlashInfer's ``PosEncodingMode`` of a key: 0 none, 1 ``ROPE_LLAMA`` (a ``rope`` key), 2 ALiBi."""
+    v = dict(key)
+    return 2 if v["alibi"] else 1 if v.get("rope") else 0
 
 
 def auto_prefill_backend(key: CompileKey) -> str:
@@ -112,7 +124,7 @@ def module_spec(uri: str, key: CompileKey) -> Any:
     v = dict(key)
     args = (
         getattr(torch, v["q_dtype"]), getattr(torch, v["kv_dtype"]), getattr(torch, v["q_dtype"]), torch.int32,
-        v["head_dim_qk"], v["head_dim_qk"], 2 if v["alibi"] else 0, bool(v["window"]), bool(v["soft_cap"]),
+        v["head_dim_qk"], v["head_dim_qk"], pos_encoding(key), bool(v["window"]), bool(v["soft_cap"]),
     )
     if uri.startswith("batch_decode"):
         return gen_batch_decode_module(*args)
@@ -168,6 +180,8 @@ class _FlashInferBackend(Backend):
         reason = super().unsupported_reason(case)
         if reason is None and not _standard_alibi(case):
             return "unsupported: FlashInfer computes its own ALiBi slopes; custom slopes cannot be passed"
+        if reason is None and case.options.is_fp8 and case.heads.head_dim_qk > _FP8_MAX_HEAD_DIM:
+            return f"unsupported: head_dim > {_FP8_MAX_HEAD_DIM} with fp8 KV (FlashInfer validates it on sm100+ only)"
         return reason
 
     def _common_plan_kwargs(self, case: Case) -> dict[str, Any]:
@@ -282,7 +296,7 @@ class _PagedWrapper(_FlashInferBackend):
 
 class _PagedDecode(_PagedWrapper):
     use_tensor_cores: ClassVar[bool]
-    capabilities = _FLASHINFER.replace(min_qo_len=1, max_qo_len=1)
+    capabilities = _FLASHINFER.replace(min_qo_len=1, max_qo_len=1, head_dims=_FA2_HEAD_DIMS)
 
     def call_source(self, case: Case) -> str | None:
         hnd = self.kv_layout == "HND"
@@ -411,6 +425,7 @@ class FlashInferPrefillFA2(_PagedPrefill):
     description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2')"
     family = "flashinfer-prefill-fa2"  # also -hnd and the cascade (two fa2 prefills merged)
     backend = "fa2"
+    capabilities = _FLASHINFER.replace(head_dims=_FA2_HEAD_DIMS)
 
 
 @register
@@ -448,7 +463,7 @@ class FlashInferRaggedFA2(_Prefill):
     description = "FlashInfer BatchPrefillWithRaggedKVCacheWrapper(backend='fa2') on K/V gathered from the pages"
     family = "flashinfer-ragged-fa2"
     backend = "fa2"
-    capabilities = _FLASHINFER.replace(kv_dtypes=None, fp8_scales=False)
+    capabilities = _FLASHINFER.replace(kv_dtypes=None, fp8_scales=False, head_dims=_FA2_HEAD_DIMS)
 
     def plan(self, case: Case) -> tuple[Case, Any]:
         import flashinfer

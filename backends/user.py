@@ -14,7 +14,9 @@ is also given custom-mask cases: FlashInfer's packed form, each request's ``[qo_
 mask flattened row-major and packed little-endian (uint8), ``mask_indptr`` (int32 [B + 1]) its
 byte offsets; None for a case without a mask. ``@declare(mla=(True,))`` asks for MLA cases:
 one latent KV head, ``v_cache`` the view ``k_cache[..., :d_ckv]``, q's first ``d_ckv`` dims
-``q_nope``, the rest ``q_pe``. ``@declare(...)`` narrows further, with ``Capabilities`` fields::
+``q_nope``, the rest ``q_pe``. A function that names ``rope`` is also given RoPE cases: ``rope`` is
+the case's ``pa_oracle.oracle.case.Rope`` (style, theta, scale, rotary_dim) or None, and the function
+rotates q and k itself by absolute position (``pa_oracle.oracle.rope``). ``@declare(...)`` narrows further, with ``Capabilities`` fields::
 
     @declare(q_dtypes=("bfloat16",), page_sizes=(16, 32), devices=("cuda",))
     def my_attention(...): ...
@@ -87,6 +89,8 @@ def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
     flags["causal"] = (False, True) if accepts("causal") else (False,)
     if "custom_mask" in params:  # named only: a **kwargs kernel keeps drawing what it drew
         flags["custom_mask"] = (False, True)
+    if "rope" in params:  # named only, likewise
+        flags["rope"] = (False, True)
     fp8 = accepts("k_scale") and accepts("v_scale")
     flags["fp8_scales"] = fp8
     caps = Capabilities(**flags)
@@ -157,6 +161,8 @@ class UserKernel(Backend):
         }
         if "custom_mask" in plan.inputs or "custom_mask" in self._params:  # a **kwargs kernel sees none unless masked
             kwargs["custom_mask"], kwargs["mask_indptr"] = plan.inputs.get("custom_mask"), plan.inputs.get("mask_indptr")
+        if "rope" in self._params or opts.rope is not None:
+            kwargs["rope"] = opts.rope
         if not self._takes_all:
             kwargs = {k: v for k, v in kwargs.items() if k in self._params}
         result = self.fn(tensors.q, tensors.k_cache, tensors.v_cache, **kwargs)
@@ -173,6 +179,8 @@ class UserKernel(Backend):
         if module in ("__main__", "builtins") or "<" in self.fn.__qualname__ or self.fn.__qualname__ != function:
             return None  # not importable by name from a standalone script
         opts = case.options
+        if opts.rope is not None:
+            return None  # the standalone repro's own reference has no RoPE
         kwargs = {name: f"index({name})" for name in _LAYOUT_KWARGS}
         kwargs.update(causal="causal", sm_scale="sm_scale", window_left="window_left", logits_soft_cap="logits_soft_cap",
                       k_scale="k_scale", v_scale="v_scale")

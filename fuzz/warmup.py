@@ -5,7 +5,8 @@ A FlashInfer backend builds its modules in one ninja run (``flashinfer.jit.build
 another adapter compiles by judging one case drawn inside each key (Triton and inductor keep what
 they compiled in ``TRITON_CACHE_DIR`` / ``TORCHINDUCTOR_CACHE_DIR``, which makes the campaign's own
 compile of that key cheap). The keys are those ``pa_oracle.fuzz.campaign.variants.plan_variants``
-chooses for ``--seed``.
+chooses for ``--seed`` and ``--only`` (pass the campaign's own: ``--only head_dims=256,512`` builds the
+wide heads, which the default draws leave out).
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ def warm_backend(backend: Backend, count: int, at: int, limits: Limits, echo=cli
 @click.option("--backend", "-b", "backend_names", multiple=True, required=True, help="Backend name (repeatable).")
 @click.option("--variants", "count", type=click.IntRange(min=1), default=4, show_default=True, help="Variants to build per backend.")
 @click.option("--seed", default=0, show_default=True, help="The campaign seed whose variants to build.")
-def warmup(backend_names: tuple[str, ...], count: int, seed: int) -> None:
+@click.option("--only", multiple=True, help="Narrow what is drawn, as for fuzz (give the campaign's own), e.g. head_dims=256,512.")
+def warmup(backend_names: tuple[str, ...], count: int, seed: int, only: tuple[str, ...]) -> None:
     """Build the kernel variants a campaign will draw from (FlashInfer: in parallel, MAX_JOBS jobs)."""
-    for backend in resolve(backend_names, ()):
+    from pa_oracle.fuzz.cli import narrow
+
+    for backend in (narrow(b, only) for b in resolve(backend_names, ())):
         why = backend.unavailable_reason()
         if why:
             click.echo(f"{backend.name}: unavailable ({why})", err=True)

@@ -19,6 +19,8 @@ Semantics (every backend adapter converts *from* these, the oracle follows them 
   adds the bias before capping, FlashInfer's order in ``variants.cuh``), then masked keys are dropped. ``sinks[h]`` adds ``exp(sinks[h])`` to the softmax denominator
   only; the returned LSE is ``log(sum_j exp(s_j))`` over the attended keys (without the sink).
 * A query row with no key to attend has output exactly 0 and LSE exactly ``-inf``.
+* ``rope`` (``Rope``, optional): q and k are rotated by their absolute positions (above) before
+  the dot product, in exact arithmetic; V is not (``pa_oracle.oracle.rope``).
 * fp8 KV: the cache stores ``round(k / k_scale)`` in the fp8 dtype; the value is
   ``stored * k_scale`` (likewise V with ``v_scale``).
 * ``custom_mask`` (``CustomMask``, optional): per request a boolean ``[qo_len, kv_len]`` matrix,
@@ -69,6 +71,9 @@ SOFT_CAP_ALIBI_ORDERS = (CAP_THEN_ALIBI, ALIBI_THEN_CAP)  # the first is the def
 SOFT_CAP_RANGE = (1e-6, 1e6)  # logits_soft_cap when on (0 is off): models use 30-50; outside this range float32
 # s / cap or cap * tanh(.) leaves the normal range and a kernel's capped logit differs from the oracle's
 PER_HEAD_LIMIT = 1e3  # |ALiBi slope| and |sink|: model slopes lie in (0, 1] and sinks within +-10
+ROPE_STYLES = ("neox", "interleaved")  # rotate halves (GPT-NeoX, Llama in HF, FlashInfer) / adjacent pairs (GPT-J)
+ROPE_THETA_RANGE = (1.0, 1e12)  # models use 1e4 (Llama 2), 5e5 (Llama 3), 1e6 (Qwen 2), 1e7
+ROPE_SCALE_RANGE = (1e-3, 1e6)  # linear position interpolation: positions are divided by it
 
 Q_DTYPES = ("float16", "bfloat16", "float32")
 KV_DTYPES = Q_DTYPES + ("float8_e4m3fn", "float8_e5m2")
@@ -299,6 +304,35 @@ class Heads:
 
 
 @dataclass(frozen=True)
+class Rope:
+    """Rotary position embedding applied to q and k inside the kernel (``pa_oracle.oracle.rope``).
+
+    A query or key at absolute position ``p`` (module docstring) has each pair ``(x_a, x_b)`` of its
+    first ``rotary_dim`` dims rotated by the angle ``(p / scale) * theta ** (-2 i / rotary_dim)``,
+    ``i`` the pair's index: ``style="neox"`` pairs dim ``i`` with ``i + rotary_dim / 2``,
+    ``"interleaved"`` pairs ``2 i`` with ``2 i + 1``. Dims from ``rotary_dim`` on are not rotated;
+    ``rotary_dim=None`` is the whole ``head_dim_qk``.
+    """
+
+    style: str = "neox"
+    theta: float = 1e4
+    scale: float = 1.0
+    rotary_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.style not in ROPE_STYLES:
+            raise CaseError(f"style must be one of {ROPE_STYLES}, got {_brief(self.style)}")
+        _real("theta", self.theta, *ROPE_THETA_RANGE)
+        _real("scale", self.scale, *ROPE_SCALE_RANGE)
+        if self.rotary_dim is not None and _int("rotary_dim", self.rotary_dim, 0, INT32_MAX) % 2:
+            raise CaseError(f"rotary_dim must be even (dims rotate in pairs), got {self.rotary_dim}")
+
+    def dims(self, head_dim: int) -> int:
+        """How many leading dims of a ``head_dim`` head rotate."""
+        return head_dim if self.rotary_dim is None else self.rotary_dim
+
+
+@dataclass(frozen=True)
 class Options:
     """Attention options; every default is the neutral value (the option is off)."""
 
@@ -313,8 +347,11 @@ class Options:
     k_scale: float = 1.0
     v_scale: float = 1.0
     soft_cap_alibi_order: str = CAP_THEN_ALIBI  # which comes first when both are on (SOFT_CAP_ALIBI_ORDERS)
+    rope: Rope | None = None  # rotary embedding of q and k (None: off, omitted from the JSON)
 
     def __post_init__(self) -> None:
+        if self.rope is not None and not isinstance(self.rope, Rope):
+            raise CaseError(f"rope: expected a Rope or null, got {type(self.rope).__name__} {_brief(self.rope)}")
         for name in ("alibi_slopes", "sinks"):
             values = getattr(self, name)
             if values is not None:
@@ -473,6 +510,12 @@ class Case:
         sha = self.tensors_sha256
         if sha is not None and not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
             raise CaseError(f"tensors_sha256: expected 64 lowercase hex digits or null, got {_brief(sha)}")
+        rope = self.options.rope
+        if rope is not None:
+            if self.heads.mla:
+                raise CaseError("options.rope: rotary embedding of the MLA latent layout is not modelled (rope is off for MLA)")
+            if rope.dims(self.heads.head_dim_qk) > self.heads.head_dim_qk:
+                raise CaseError(f"options.rope.rotary_dim={rope.rotary_dim} exceeds head_dim_qk={self.heads.head_dim_qk}")
         for name in ("alibi_slopes", "sinks"):
             values = getattr(self.options, name)
             if values is not None and len(values) != self.heads.num_qo_heads:
@@ -520,6 +563,10 @@ class Case:
             flags.append(o.soft_cap_alibi_order)
         if o.sinks:
             flags.append("sinks")
+        if o.rope is not None:
+            r = o.rope
+            partial = "" if r.rotary_dim is None else f" rotary_dim={r.rotary_dim}"
+            flags.append(f"rope={r.style} theta={r.theta:g} scale={r.scale:g}{partial}")
         if o.is_fp8:
             flags.append(f"k_scale={o.k_scale:g} v_scale={o.v_scale:g}")
         return (
@@ -549,8 +596,14 @@ class Case:
         raw = convert(data, _CaseFile, where=where, error=CaseError)
         parts: dict[str, Any] = {}
         for name, kind in (("layout", Layout), ("heads", Heads), ("options", Options)):
+            given = _given(getattr(raw, name))
             try:
-                parts[name] = kind(**_given(getattr(raw, name)))
+                if isinstance(given.get("rope"), _RopeFile):
+                    try:
+                        given["rope"] = Rope(**_given(given["rope"]))
+                    except CaseError as exc:
+                        raise CaseError(f"rope.{exc}") from None
+                parts[name] = kind(**given)
             except CaseError as exc:
                 raise CaseError(f"{where}: {name}.{exc}") from None
         try:
@@ -643,6 +696,13 @@ _Unset = msgspec.UnsetType
 UNSET = msgspec.UNSET
 
 
+class _RopeFile(msgspec.Struct, forbid_unknown_fields=True):
+    style: str | _Unset = UNSET
+    theta: _Number | _Unset = UNSET
+    scale: _Number | _Unset = UNSET
+    rotary_dim: int | None | _Unset = UNSET
+
+
 class _OptionsFile(msgspec.Struct, forbid_unknown_fields=True):
     causal: bool | _Unset = UNSET
     sm_scale: _Number | None | _Unset = UNSET
@@ -655,6 +715,7 @@ class _OptionsFile(msgspec.Struct, forbid_unknown_fields=True):
     k_scale: _Number | _Unset = UNSET
     v_scale: _Number | _Unset = UNSET
     soft_cap_alibi_order: str | _Unset = UNSET
+    rope: _RopeFile | None | _Unset = UNSET
 
 
 class _CustomMaskFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -703,11 +764,13 @@ def _case_body(case: Case) -> dict[str, Any]:
 
 
 def _options_body(options: Options) -> dict[str, Any]:
-    """The options as written: the default soft-cap/ALiBi order is left out, so the ids of cases
-    written before the option existed do not change."""
+    """The options as written: the default soft-cap/ALiBi order and rope off are left out, so the
+    ids of cases written before those options existed do not change."""
     body = dataclasses.asdict(options)
     if body["soft_cap_alibi_order"] == CAP_THEN_ALIBI:
         del body["soft_cap_alibi_order"]
+    if body["rope"] is None:
+        del body["rope"]
     return body
 
 

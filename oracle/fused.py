@@ -86,8 +86,10 @@ DEFAULT_CONFIG = FusedConfig()
 def unsupported_reason(case: Case) -> str | None:
     """Why the fused kernel does not take ``case`` (None: it does). Every option of
     ``pa_oracle.oracle.case`` is supported but ALiBi added before the soft cap (FlashInfer's order:
-    the torch engine computes it); head dims are padded to a power of two >= 16, up to 256."""
+    the torch engine computes it) and RoPE; head dims are padded to a power of two >= 16, up to 256."""
     heads = case.heads
+    if case.options.rope is not None:
+        return "RoPE (the torch engine rotates q and k first)"
     if case.options.alibi_before_soft_cap:
         return "ALiBi before the soft cap (the torch engine computes that order)"
     if max(heads.head_dim_qk, heads.head_dim_vo) > MAX_HEAD_DIM:

@@ -31,6 +31,7 @@ import torch
 from pa_oracle.oracle.buckets import Bucket, Plan, plan_buckets
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.result import LOG2_E, Reference
+from pa_oracle.oracle.rope import rotated
 from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, upload
 
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
@@ -309,6 +310,7 @@ def reference(
     engine = engine or default_engine()
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    tensors = rotated(case, tensors)  # RoPE (float64 copies of q and K); the fused kernel declines rope cases
     if case.custom_mask is not None:  # neither the buckets nor the fused kernel take masks (yet)
         if engine == "fused":
             raise ValueError("engine='fused' declines custom-mask cases; use 'auto' or 'torch'")
@@ -365,6 +367,7 @@ def plain_attention(
     second control): the same precision, rounded differently.
     """
     heads = case.heads
+    tensors = rotated(case, tensors)  # rotated in float64, then rounded to ``dtype`` as a kernel rounds them
     if case.custom_mask is not None:
         result = _masked_attention(case, tensors, dtype, control=True, reorder_ops=reorder_ops)
         return result.out, result.lse

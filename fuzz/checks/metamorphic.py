@@ -16,8 +16,8 @@ that a correct kernel may keep up to rounding.
 - ``window``: ``window_left = w`` -> every query row alone (one query, the last position) over
   exactly its visible keys, no window. Each row is its own request because a prefill's rows see
   different key ranges; bottom-right alignment puts the sliced query at the original query's
-  offset from its keys, so causal masks and ALiBi distances carry over (non-causal ALiBi does
-  not: it is dropped from such cases). Tolerance: another batch, other tiles.
+  offset from its keys, so causal masks, ALiBi distances and RoPE's relative angles carry over
+  (non-causal ALiBi and RoPE do not: they are dropped from such cases). Tolerance: another batch, other tiles.
 
 Every derived case lives in fresh or permuted pages of its own, with unreferenced slots poisoned.
 """
@@ -234,8 +234,8 @@ def _alone(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
 
 def _merge(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     lay, opts = case.layout, case.options
-    if opts.window_left >= 0 or opts.alibi_slopes is not None or opts.sinks is not None:
-        raise Unsupported("window, ALiBi and sinks depend on the absolute position or add to every part: no split")
+    if opts.window_left >= 0 or opts.alibi_slopes is not None or opts.sinks is not None or opts.rope is not None:
+        raise Unsupported("window, ALiBi, RoPE and sinks depend on the absolute position or add to every part: no split")
     rng = _rng(case, "merge")
     low = 0 if backend.capabilities.empty_requests else 1  # 0: an empty prefix, the merge's own edge case
     prefix, suffix = [], []
@@ -276,7 +276,8 @@ def windowed(case: Case) -> Case:
     if window < 0:
         window = _rng(case, "window").randint(0, max(max(case.layout.kv_lens) - 1, 0))
     alibi = opts.alibi_slopes if opts.causal else None  # see the module docstring
-    return case.replace(options=dataclasses.replace(opts, window_left=window, alibi_slopes=alibi))
+    rope = opts.rope if opts.causal else None  # RoPE, relative like ALiBi's distance: the same rule
+    return case.replace(options=dataclasses.replace(opts, window_left=window, alibi_slopes=alibi, rope=rope))
 
 
 def window_pieces(case: Case, *, keep_empty: bool) -> list[Piece]:
@@ -318,7 +319,9 @@ def _merge_capabilities(backend: Backend) -> Capabilities | str:
         return "the kernel returns no LSE: its partial states cannot be merged"
     if False not in caps.causal:
         return "the prefix is a non-causal call, which the kernel does not declare"
-    return caps.replace(window_left=False, alibi=False, sinks=False)
+    if False not in caps.rope:
+        return "RoPE rotates by absolute position: a prefix call moves its queries"
+    return caps.replace(window_left=False, alibi=False, sinks=False, rope=(False,))
 
 
 def _window_capabilities(backend: Backend) -> Capabilities | str:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pa_oracle.oracle.case import DISTRIBUTIONS, KV_DTYPES, Q_DTYPES, Case
+from pa_oracle.oracle.case import DISTRIBUTIONS, KV_DTYPES, Q_DTYPES, ROPE_STYLES, Case
 
 Feature = int | bool | str
 
@@ -35,6 +35,7 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "custom_mask": ("none", "tree", "bits"),  # how the case's custom mask is given (oracle.case.CustomMask)
     "mla": bool,  # the latent layout (Heads.mla)
     "mask_empty_row": bool,  # a custom mask leaves some query row no key (before causal and window)
+    "rope": ("none", *ROPE_STYLES),  # the case's RoPE pairing (oracle.case.Rope), "none" without RoPE
 }
 
 
@@ -74,6 +75,7 @@ def case_features(case: Case) -> dict[str, Feature]:
         "custom_mask": "none" if case.custom_mask is None else "tree" if case.custom_mask.tree_parents is not None else "bits",
         "mla": heads.mla,
         "mask_empty_row": _mask_empty_row(case),
+        "rope": "none" if opts.rope is None else opts.rope.style,
     }
 
 

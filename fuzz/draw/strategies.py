@@ -28,7 +28,7 @@ from typing import Any
 from hypothesis import strategies as st
 from pa_oracle.backends.base import VARIANT_FIELDS, Capabilities, CompileKey
 from pa_oracle.fuzz.draw import families
-from pa_oracle.oracle.case import CAP_THEN_ALIBI, DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, alibi_slopes
+from pa_oracle.oracle.case import CAP_THEN_ALIBI, DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, Rope, alibi_slopes
 
 PAGE_SIZES = (16, 1, 2, 3, 5, 8, 32, 64, 128, 256)  # shrinks toward the first
 GROUP_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
@@ -37,6 +37,8 @@ SOFT_CAPS = (30.0, 1.0, 5.0, 50.0)
 SM_SCALES = (0.5, 0.05, 1.0, 0.3)
 FP8_SCALES = (1.0, 0.75, 0.5, 0.25, 2.0)
 QO_MODES = ("decode", "speculative", "chunked_prefill", "full_prefill", "qo_above_kv", "no_queries")
+ROPE_THETAS = (1e4, 5e5, 1e6, 100.0)  # Llama 2, Llama 3, Qwen 2; a small base turns every pair fast
+ROPE_SCALES = (1.0, 8.0, 2.0, 0.5)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ def _head_dims(caps: Capabilities, limits: Limits) -> list[int]:
 
 @st.composite
 def options(
-    draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilities = Capabilities(), pinned: Mapping[str, Any] = {}
+    draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilities = Capabilities(), pinned: Mapping[str, Any] = {},
+    head_dim_qk: int = 0,
 ) -> Options:
     q_dtype = _pick(draw, pinned, "q_dtype", lambda: st.sampled_from(caps.q_dtypes))
     kv_dtype = _pick(draw, pinned, "kv_dtype", lambda: st.sampled_from(caps.accepted_kv_dtypes(q_dtype)))
@@ -170,12 +173,28 @@ def options(
     sm_scale = None
     if caps.custom_sm_scale and draw(st.booleans(), label="custom sm_scale"):
         sm_scale = draw(st.sampled_from(SM_SCALES), label="sm_scale")
+    rope = None  # drawn last and only for a kernel that declares it: every other kernel draws as before
+    if True in caps.rope:
+        optional = False in caps.rope
+        if _switch(draw, pinned, "rope", True, "rope") if optional else pinned.get("rope", True):
+            rope = _rope(draw, caps, head_dim_qk)
     return Options(
         causal=causal, sm_scale=sm_scale, window_left=window_left, logits_soft_cap=soft_cap,
         alibi_slopes=slopes, sinks=sinks, q_dtype=q_dtype, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale,
         # not drawn: the kernel's own order where it matters (the case stays the same elsewhere)
-        soft_cap_alibi_order=caps.soft_cap_alibi_order if soft_cap and slopes else CAP_THEN_ALIBI,
+        soft_cap_alibi_order=caps.soft_cap_alibi_order if soft_cap and slopes else CAP_THEN_ALIBI, rope=rope,
     )
+
+
+def _rope(draw: st.DrawFn, caps: Capabilities, head_dim_qk: int) -> Rope:
+    style = draw(st.sampled_from(caps.rope_styles), label="rope style")
+    theta = draw(st.sampled_from(ROPE_THETAS), label="rope theta")
+    scale = draw(st.sampled_from(ROPE_SCALES), label="rope scale")
+    rotary_dim = None
+    partial = [d for d in range(2, head_dim_qk, 2) if d in (head_dim_qk // 2, head_dim_qk // 4, 2) or d == head_dim_qk - 2]
+    if caps.rope_partial and partial and draw(st.booleans(), label="partial rotary"):
+        rotary_dim = draw(st.sampled_from(sorted(set(partial), reverse=True)), label="rotary_dim")
+    return Rope(style=style, theta=theta, scale=scale, rotary_dim=rotary_dim)
 
 
 @st.composite
@@ -202,7 +221,7 @@ def cases(
         pinned = dict(redirect(key) if redirect else key)
     layout = draw(layouts(caps, limits), label="layout")
     head = draw(heads(caps, limits, pinned), label="heads")
-    opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps, pinned), label="options")
+    opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps, pinned, head.head_dim_qk), label="options")
     distribution = draw(st.sampled_from(DISTRIBUTIONS), label="distribution")
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     case = Case(layout, head, opts, seed=seed, distribution=distribution)
@@ -226,6 +245,7 @@ def field_values(caps: Capabilities, limits: Limits, field: str) -> list[Any]:
         "window": [False, True] if caps.window_left else [False],
         "soft_cap": [False, True] if caps.logits_soft_cap else [False],
         "sinks": [False, True] if caps.sinks else [False],
+        "rope": sorted(caps.rope),
     }
     if field not in VARIANT_FIELDS or field not in values:
         raise ValueError(f"unknown compile-key field {field!r}; known: {sorted(values)}")

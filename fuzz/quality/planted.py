@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from pa_oracle.backends._dense import Dense
 from pa_oracle.backends.sdpa import SdpaMath
+from pa_oracle.fuzz.quality import planted_rope
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import upload
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -39,8 +40,9 @@ BUGS = {
     "sink_by_kv_head": "the sink is indexed by the kv head, not the qo head (Modular#6198)",
     "nope_pe_swapped": "MLA: q read as [q_pe | q_nope] against a [ckv | kpe] cache",
     "mla_log2e_missing": "MLA: exp2 softmax without log2(e) folded into sm_scale (flashinfer#787)",
+    **planted_rope.BUGS,  # fused RoPE (issue 15)
 }
-CORRECT = ("correct_attention", "correct_float64", "correct_split_kv", "correct_masked_sinks", "correct_mla")
+CORRECT = ("correct_attention", "correct_float64", "correct_split_kv", "correct_masked_sinks", "correct_mla", "correct_rope")
 
 
 def _paged_attention(
@@ -210,6 +212,8 @@ sinks_ignored_for_prefill = _planted_family("sinks_ignored_for_prefill")
 sink_by_kv_head = _planted_family("sink_by_kv_head")
 nope_pe_swapped = _planted_family("nope_pe_swapped", mla=True)
 mla_log2e_missing = _planted_family("mla_log2e_missing", mla=True)
+rope_pairing_swapped = planted_rope.planted_rope("rope_pairing_swapped", _paged_attention)
+correct_rope = planted_rope.planted_rope("", _paged_attention)
 correct_masked_sinks = _planted_family("")
 correct_mla = _planted_family("", mla=True)
 

@@ -91,6 +91,7 @@ def size(work: Workload) -> tuple[int, ...]:
         (
             opts.causal, opts.window_left >= 0, opts.logits_soft_cap > 0, opts.alibi_slopes is not None,
             opts.sinks is not None, opts.sm_scale is not None, opts.k_scale != 1, opts.v_scale != 1, opts.is_fp8,
+            opts.rope is not None,
         )
     )
     data = work.explicit + (case.distribution != "normal") + (case.seed != 0)
@@ -172,6 +173,7 @@ def options_off(work: Workload) -> Candidates:
         ("soft cap off", opts.logits_soft_cap > 0, {"logits_soft_cap": 0.0}),
         ("alibi off", opts.alibi_slopes is not None, {"alibi_slopes": None}),
         ("sinks off", opts.sinks is not None, {"sinks": None}),
+        ("rope off", opts.rope is not None, {"rope": None}),
         ("default sm_scale", opts.sm_scale is not None, {"sm_scale": None}),
         ("fp8 scales 1", opts.k_scale != 1 or opts.v_scale != 1, {"k_scale": 1.0, "v_scale": 1.0}),
         (f"kv dtype {opts.q_dtype} (fp8 off)", opts.is_fp8, {"kv_dtype": opts.q_dtype, "k_scale": 1.0, "v_scale": 1.0}),

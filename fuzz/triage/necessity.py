@@ -1,5 +1,5 @@
 """Which of a failing case's options the failure needs: each option that is on (causal, window, soft cap,
-ALiBi, sinks, fp8 KV) is turned off alone and the case judged again; an option whose removal makes the
+ALiBi, sinks, fp8 KV, RoPE) is turned off alone and the case judged again; an option whose removal makes the
 kernel pass is necessary. A heuristic like the others: options can also interact with the data."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ SWITCHES: dict[str, tuple[Callable[[Options], bool], Callable[[Options], Options
     "ALiBi": (lambda o: o.alibi_slopes is not None, lambda o: dataclasses.replace(o, alibi_slopes=None)),
     "sinks": (lambda o: o.sinks is not None, lambda o: dataclasses.replace(o, sinks=None)),
     "fp8 KV": (lambda o: o.is_fp8, lambda o: dataclasses.replace(o, kv_dtype=o.q_dtype, k_scale=1.0, v_scale=1.0)),
+    "RoPE": (lambda o: o.rope is not None, lambda o: dataclasses.replace(o, rope=None)),
 }
 
 
@@ -40,7 +41,7 @@ def necessary_options(case: Case, backend: Backend, check: Callable[[Case], Outc
         reason = backend.unsupported_reason(variant)
         results[name] = f"not tried ({reason})" if reason else check(variant).status
     if not results:
-        return Check("options needed", "n/a", "the case has no option on (causal, window, soft cap, ALiBi, sinks, fp8 KV)")
+        return Check("options needed", "n/a", "the case has no option on (causal, window, soft cap, ALiBi, sinks, fp8 KV, RoPE)")
     needed = [name for name, status in results.items() if status == "pass"]
     kept = [name for name, status in results.items() if status in ("fail", "crash")]
     evidence = tuple(f"{name} off: {status}" for name, status in results.items())

@@ -37,8 +37,8 @@ def naive_attention(case: Case, tensors: Tensors) -> tuple[list, list]:
                     if masks is not None and not masks[b][i][j]:
                         continue
                     page, slot = pages[j // lay.page_size], j % lay.page_size
-                    key = [x * opts.k_scale for x in k_cache[page][slot][kvh]]
-                    s = case.sm_scale * sum(a * c for a, c in zip(q[row][h], key))
+                    key = _rotated([x * opts.k_scale for x in k_cache[page][slot][kvh]], j, opts.rope)
+                    s = case.sm_scale * sum(a * c for a, c in zip(_rotated(q[row][h], p, opts.rope), key))
                     alibi_first = opts.soft_cap_alibi_order == "alibi-then-cap"
                     if opts.alibi_slopes is not None and alibi_first:
                         s -= opts.alibi_slopes[h] * abs(p - j)
@@ -58,3 +58,17 @@ def naive_attention(case: Case, tensors: Tensors) -> tuple[list, list]:
                     denom += math.exp(opts.sinks[h] - m)
                 out[row][h] = [sum(w * v[d] for w, v in zip(weights, vals)) / denom for d in range(heads.head_dim_vo)]
     return out, lse
+
+
+def _rotated(x: list, position: int, rope) -> list:  # noqa: ANN001
+    """RoPE by the case docstring: pair i of the first rotary_dim dims turned by (p / scale) * theta ** (-2 i / rotary_dim)."""
+    if rope is None:
+        return x
+    dims = len(x) if rope.rotary_dim is None else rope.rotary_dim
+    out = list(x)
+    for i in range(dims // 2):
+        a, b = (i, i + dims // 2) if rope.style == "neox" else (2 * i, 2 * i + 1)
+        angle = position / rope.scale * rope.theta ** (-2 * i / dims)
+        out[a] = x[a] * math.cos(angle) - x[b] * math.sin(angle)
+        out[b] = x[b] * math.cos(angle) + x[a] * math.sin(angle)
+    return out
