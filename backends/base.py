@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from pa_oracle.oracle.case import CAP_THEN_ALIBI, FP8_DTYPES, Q_DTYPES, SOFT_CAP_ALIBI_ORDERS, Case
+from pa_oracle.oracle.case import CAP_THEN_ALIBI, FP8_DTYPES, Q_DTYPES, SOFT_CAP_ALIBI_ORDERS, Case, storage_features
 from pa_oracle.oracle.tensors import Tensors
 
 
@@ -103,6 +103,9 @@ class Capabilities:
     custom_mask: tuple[bool, ...] = (False,)  # (False, True): optional; (True,): mask cases only
     mla: tuple[bool, ...] = (False,)  # the latent layout (``Heads.mla``); (True,): MLA only
     mla_dims: tuple[tuple[int, int], ...] | None = None  # (head_dim_qk, head_dim_vo) pairs; None: any
+    # memory layouts the adapter hands its library (``oracle.case.STORAGE_FEATURES``): "contiguous" is the
+    # default storage; "combined", "HND", "fused_qkv", "pool_offset" the ``Storage`` features it accepts
+    storages: tuple[str, ...] = ("contiguous",)
 
     def replace(self, **changes: Any) -> Capabilities:
         return dataclasses.replace(self, **changes)
@@ -147,6 +150,8 @@ class Capabilities:
             ("mla", heads.mla in self.mla, f"mla={heads.mla}"),
             ("mla_dims", not heads.mla or self.mla_dims is None or (heads.head_dim_qk, heads.head_dim_vo) in self.mla_dims,
              f"mla dims {heads.head_dim_qk}/{heads.head_dim_vo}"),
+            ("storages", set(storage_features(case.storage)) <= set(self.storages),
+             f"storage {'+'.join(storage_features(case.storage))} not in {self.storages}"),
         ]
         return [(name, why) for name, ok, why in checks if not ok]
 
