@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pa_oracle.oracle.case import DISTRIBUTIONS, KV_DTYPES, Q_DTYPES, Case
+from pa_oracle.oracle.case import DISTRIBUTIONS, KV_DTYPES, KV_LAYOUTS, KV_STORAGES, Q_DTYPES, Q_STORAGES, Case, Storage
 
 Feature = int | bool | str
 
@@ -35,6 +35,11 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "custom_mask": ("none", "tree", "bits"),  # how the case's custom mask is given (oracle.case.CustomMask)
     "mla": bool,  # the latent layout (Heads.mla)
     "mask_empty_row": bool,  # a custom mask leaves some query row no key (before causal and window)
+    # where the tensors lie in memory (oracle.case.Storage)
+    "kv_storage": KV_STORAGES,  # separate K and V, or one [pages, 2, ...] tensor
+    "kv_layout": KV_LAYOUTS,
+    "q_storage": Q_STORAGES,  # contiguous, or a view of a fused QKV buffer
+    "pool_offset": int,  # elements before the caches in their pool
 }
 
 
@@ -47,6 +52,7 @@ def case_features(case: Case) -> dict[str, Feature]:
     (True, True, 5, 0)
     """
     lay, heads, opts = case.layout, case.heads, case.options
+    storage = case.storage or Storage()
     return {
         "batch_size": lay.batch_size,
         "min_kv_len": min(lay.kv_lens),
@@ -74,6 +80,10 @@ def case_features(case: Case) -> dict[str, Feature]:
         "custom_mask": "none" if case.custom_mask is None else "tree" if case.custom_mask.tree_parents is not None else "bits",
         "mla": heads.mla,
         "mask_empty_row": _mask_empty_row(case),
+        "kv_storage": storage.kv,
+        "kv_layout": storage.kv_layout,
+        "q_storage": storage.q,
+        "pool_offset": storage.pool_offset,
     }
 
 
