@@ -267,14 +267,3 @@ class DropsLastKeyPast512(DropsLastKeyOfLongRequests):
 
 drops_last_key_past_1024 = DropsLastKeyOfLongRequests
 drops_last_key_past_512 = DropsLastKeyPast512
-
-
-# memory-layout bugs (issue 15), kept in their own module and listed here for the selftest
-from pa_oracle.fuzz.quality.planted_layouts import BUGS as _LAYOUT_BUGS, CORRECT as _LAYOUT_CORRECT  # noqa: E402
-from pa_oracle.fuzz.quality.planted_layouts import (  # noqa: E402, F401
-    correct_any_storage, correct_layout_aware, hnd_read_as_nhd, ignores_storage_offset, reads_caches_as_contiguous,
-)
-
-BUGS.update(_LAYOUT_BUGS)
-CORRECT += _LAYOUT_CORRECT
-PLANTED = tuple(BUGS)

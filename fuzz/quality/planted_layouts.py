@@ -1,6 +1,6 @@
 """Planted memory-layout bugs (issue 15): user kernels that declare every ``Storage`` and address their
 inputs wrongly, each of which the fuzzer must catch on CPU, and correct kernels given the same
-storages that it must pass. ``planted`` re-exports them into ``BUGS`` / ``CORRECT`` for the selftest.
+storages that it must pass. The selftest runs them beside ``planted``'s (``BUGS`` / ``CORRECT`` here).
 
 Each computes attention with ``planted._paged_attention`` (indexing through torch views) after
 rebuilding its inputs the way the bug reads memory:
@@ -16,9 +16,10 @@ rebuilding its inputs the way the bug reads memory:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
+from pa_oracle.fuzz.quality.planted import _paged_attention
 from pa_oracle.oracle.case import STORAGE_FEATURES
 
 
@@ -44,12 +45,6 @@ def _nhd_offsets_on_hnd(cache: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(cache, (pages, page_size, heads, dim), (cache.stride(0), heads * dim, dim, 1), cache.storage_offset())
 
 
-def _attention(q, k_cache, v_cache, **kwargs: Any):  # type: ignore[no-untyped-def]
-    from pa_oracle.fuzz.quality.planted import _paged_attention  # planted imports this module
-
-    return _paged_attention(q, k_cache, v_cache, **kwargs)
-
-
 def _standard(name: str, read: Callable[[torch.Tensor], torch.Tensor] | None):  # type: ignore[no-untyped-def]
     """A kernel of the standard signature that reads q and the caches through ``read`` (None: as given)."""
 
@@ -57,7 +52,7 @@ def _standard(name: str, read: Callable[[torch.Tensor], torch.Tensor] | None):  
                window_left, logits_soft_cap):
         if read is not None:
             q, k_cache, v_cache = read(q), read(k_cache), read(v_cache)
-        return _attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+        return _paged_attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
                           kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale, window_left=window_left,
                           logits_soft_cap=logits_soft_cap)
 
@@ -76,7 +71,7 @@ def _layout_aware(name: str, *, confused: bool):  # type: ignore[no-untyped-def]
         if kv_layout == "HND":
             convert = _nhd_offsets_on_hnd if confused else (lambda cache: cache.transpose(1, 2))
             k_cache, v_cache = convert(k_cache), convert(v_cache)
-        return _attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+        return _paged_attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
                           kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale, window_left=window_left,
                           logits_soft_cap=logits_soft_cap)
 

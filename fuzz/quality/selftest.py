@@ -8,7 +8,7 @@ from typing import Callable
 
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
-from pa_oracle.fuzz.quality import planted
+from pa_oracle.fuzz.quality import planted, planted_layouts
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,10 @@ def run_selftest(
     *, examples: int = 200, correct_examples: int = 150, seed: int = 0, progress: Callable[[str], None] | None = None
 ) -> list[SelftestResult]:
     results = []
-    for name in planted.PLANTED + planted.CORRECT:
-        is_bug = name in planted.BUGS
-        kernel = UserKernel(getattr(planted, name), name=f"pa_oracle.fuzz.quality.planted:{name}")
+    kernels = [(module, name) for module in (planted, planted_layouts) for name in (*module.BUGS, *module.CORRECT)]
+    for module, name in kernels:
+        is_bug = name in module.BUGS
+        kernel = UserKernel(getattr(module, name), name=f"{module.__name__}:{name}")
         # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
         outcome = fuzz_backend(kernel, examples=examples if is_bug else correct_examples, base_seed=seed, isolate=False)
         message = outcome.finding.message.splitlines()[0] if outcome.finding else ""
