@@ -104,7 +104,8 @@ class Capabilities:
     mla: tuple[bool, ...] = (False,)  # the latent layout (``Heads.mla``); (True,): MLA only
     mla_dims: tuple[tuple[int, int], ...] | None = None  # (head_dim_qk, head_dim_vo) pairs; None: any
     # memory layouts the adapter hands its library (``oracle.case.STORAGE_FEATURES``): "contiguous" is the
-    # default storage; "combined", "HND", "fused_qkv", "pool_offset" the ``Storage`` features it accepts
+    # default storage (always accepted; without it the strategies draw a storage for every case);
+    # "combined", "HND", "fused_qkv", "pool_offset" the ``Storage`` features it accepts
     storages: tuple[str, ...] = ("contiguous",)
 
     def replace(self, **changes: Any) -> Capabilities:
@@ -150,7 +151,8 @@ class Capabilities:
             ("mla", heads.mla in self.mla, f"mla={heads.mla}"),
             ("mla_dims", not heads.mla or self.mla_dims is None or (heads.head_dim_qk, heads.head_dim_vo) in self.mla_dims,
              f"mla dims {heads.head_dim_qk}/{heads.head_dim_vo}"),
-            ("storages", set(storage_features(case.storage)) <= set(self.storages),
+            # the default storage always runs ("contiguous" left out only keeps it from being drawn)
+            ("storages", case.storage is None or set(case.storage.features) <= set(self.storages),
              f"storage {'+'.join(storage_features(case.storage))} not in {self.storages}"),
         ]
         return [(name, why) for name, ok, why in checks if not ok]

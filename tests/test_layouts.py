@@ -324,3 +324,13 @@ def test_adapters_hand_the_library_its_own_form_without_a_copy(name: str, storag
     assert out.out.shape == (layout.total_q, 4, 64) and torch.isfinite(out.out).all()
     outcome = check_case(backend, case)  # the whole judge: the oracle, the tolerance model, the fingerprints
     assert outcome.status == "pass", outcome.message
+
+
+def test_triage_says_when_a_failure_needs_its_storage() -> None:
+    from functools import partial
+
+    from pa_oracle.fuzz.triage.necessity import necessary_options
+
+    kernel = UserKernel(planted_layouts.hnd_read_as_nhd)
+    needed = necessary_options(_case(Storage(kv_layout="HND"), causal=True), kernel, partial(check_case, kernel))
+    assert needed.result == "pattern" and "storage HND" in needed.finding, needed
