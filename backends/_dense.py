@@ -1,7 +1,9 @@
 """Paged KV -> padded dense tensors and position masks, shared by the dense torch adapters.
 
 These adapters read the pages themselves (the kernels they call are not paged), so this module
-is their "kernel side" conversion, written independently of ``pa_oracle.oracle.reference``.
+is their "kernel side" conversion, written independently of ``pa_oracle.oracle.reference``. It
+indexes the caches by (page, slot) through their views, so any ``Storage`` (combined K/V, HND
+pages, a pool offset, q inside a fused QKV buffer) is read where it lies, never copied whole.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class _Gather:
     query_column: torch.Tensor  # [total_q]
     key_batch: torch.Tensor  # [total_kv]
     key_column: torch.Tensor  # [total_kv]
-    key_slot: torch.Tensor  # [total_kv] flat pool slot (page * page_size + slot)
+    key_page: torch.Tensor  # [total_kv] physical page
+    key_in_page: torch.Tensor  # [total_kv] slot within it
     qo_lens: torch.Tensor  # [B]
     kv_lens: torch.Tensor  # [B]
 
@@ -53,8 +56,8 @@ def _gather(case: Case, device: torch.device) -> _Gather:
     query_column = np.arange(len(query_batch), dtype=np.int64) - np.repeat(np.cumsum(qo_lens) - qo_lens, qo_lens)
     key_column = np.arange(len(key_batch), dtype=np.int64) - np.repeat(np.cumsum(kv_lens) - kv_lens, kv_lens)
     page_entry = np.asarray(lay.kv_indptr[:-1], dtype=np.int64)[key_batch] + key_column // lay.page_size
-    key_slot = np.asarray(lay.kv_indices, dtype=np.int64)[page_entry] * lay.page_size + key_column % lay.page_size
-    host = [query_batch, query_column, key_batch, key_column, key_slot, qo_lens, kv_lens]
+    key_page = np.asarray(lay.kv_indices, dtype=np.int64)[page_entry]
+    host = [query_batch, query_column, key_batch, key_column, key_page, key_column % lay.page_size, qo_lens, kv_lens]
     flat = upload(torch.from_numpy(np.concatenate(host)), device)
     gather = _Gather(*flat.split([len(x) for x in host]))
     _last_gather = (lay, device, gather)
@@ -72,8 +75,8 @@ def to_dense(case: Case, tensors: Tensors) -> Dense:
     k = tensors.k_cache.new_zeros(batch, max_kv, hkv, case.heads.head_dim_qk)
     v = tensors.v_cache.new_zeros(batch, max_kv, hkv, case.heads.head_dim_vo)
     q[g.query_batch, g.query_column] = tensors.q[: lay.total_q]
-    k[g.key_batch, g.key_column] = tensors.k_cache.flatten(0, 1)[g.key_slot]
-    v[g.key_batch, g.key_column] = tensors.v_cache.flatten(0, 1)[g.key_slot]
+    k[g.key_batch, g.key_column] = tensors.k_cache[g.key_page, g.key_in_page]
+    v[g.key_batch, g.key_column] = tensors.v_cache[g.key_page, g.key_in_page]
     qo, kv = g.qo_lens, g.kv_lens
     i = torch.arange(max_q, device=device)
     j = torch.arange(max_kv, device=device)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from pa_oracle.oracle.case import CAP_THEN_ALIBI, FP8_DTYPES, Q_DTYPES, ROPE_STYLES, SOFT_CAP_ALIBI_ORDERS, Case
+from pa_oracle.oracle.case import CAP_THEN_ALIBI, FP8_DTYPES, Q_DTYPES, ROPE_STYLES, SOFT_CAP_ALIBI_ORDERS, Case, storage_features
 from pa_oracle.oracle.tensors import Tensors
 
 
@@ -107,6 +107,10 @@ class Capabilities:
     rope: tuple[bool, ...] = (False,)  # (False, True): optional; (True,): rope cases only
     rope_styles: tuple[str, ...] = ROPE_STYLES  # the pairings the kernel applies
     rope_partial: bool = True  # rotary_dim below head_dim_qk
+    # memory layouts the adapter hands its library (``oracle.case.STORAGE_FEATURES``): "contiguous" is the
+    # default storage (always accepted; without it the strategies draw a storage for every case);
+    # "combined", "HND", "fused_qkv", "pool_offset" the ``Storage`` features it accepts
+    storages: tuple[str, ...] = ("contiguous",)
 
     def replace(self, **changes: Any) -> Capabilities:
         return dataclasses.replace(self, **changes)
@@ -155,6 +159,9 @@ class Capabilities:
             ("rope_styles", opts.rope is None or opts.rope.style in self.rope_styles, f"rope style {opts.rope and opts.rope.style}"),
             ("rope_partial", self.rope_partial or opts.rope is None or opts.rope.dims(heads.head_dim_qk) == heads.head_dim_qk,
              f"rotary_dim {opts.rope and opts.rope.rotary_dim} < head_dim_qk"),
+            # the default storage always runs ("contiguous" left out only keeps it from being drawn)
+            ("storages", case.storage is None or set(case.storage.features) <= set(self.storages),
+             f"storage {'+'.join(storage_features(case.storage))} not in {self.storages}"),
         ]
         return [(name, why) for name, ok, why in checks if not ok]
 

@@ -15,6 +15,14 @@ flash-attn reports LSE ``+inf`` for a row with no key (consumers such as vLLM's 
 ``-inf``); it is mapped to ``-inf`` here, so a finite sentinel or a NaN still fails. Paged KV needs
 ``page_size % 256 == 0`` (flash-attn 2's ``TORCH_CHECK``); ``with_kvcache`` takes one ``seqlen_q``
 for the whole batch.
+
+Memory layouts (``Storage``): ``flash-attn-kvcache-paged`` declares every one. ``flash_attn_with_kvcache``
+asserts only ``k_cache.stride(-1) == 1`` (and q's, through ``maybe_contiguous``); ``mha_fwd_kvcache``
+(flash_api.cpp) checks the shapes and takes the page, row and head strides from the tensors
+(``k_batch_stride`` = ``kcache.stride(0)`` per block of the block table, ``k_row_stride``,
+``k_head_stride``). So the caches are handed as the NHD-indexed views they are (the K and V halves of a
+combined tensor, HND memory as a strided NHD view, a pool offset) and q as the strided view of its
+fused QKV buffer, reshaped to ``[B, seqlen_q, H, D]`` without a copy.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from pa_oracle.backends.base import (
     capture_cuda_graph,
     register,
 )
-from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.case import STORAGE_FEATURES, Case
 from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 _FLASH_ATTN = Capabilities(
@@ -268,7 +276,7 @@ _KVCACHE = _FLASH_ATTN.replace(uniform_qo_len=True)
 class FlashAttnKvCachePaged(_KvCache):
     name = "flash-attn-kvcache-paged"
     description = "flash_attn_with_kvcache with block_table + cache_seqlens"
-    capabilities = _KVCACHE.replace(page_size_multiple=256)
+    capabilities = _KVCACHE.replace(page_size_multiple=256, storages=STORAGE_FEATURES)
     paged = True
 
     def write_layout(self, plan: dict[str, Any], case: Case) -> None:

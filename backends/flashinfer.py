@@ -11,6 +11,17 @@ FlashInfer's own convention (the oracle's). Sinks are not declared: their scalin
 The paged wrappers also run in CUDA-graph mode (``capture_graph``: ``use_cuda_graph=True`` with
 fixed-size index buffers) and let the stale-plan check rewrite the layout buffers their run reads
 (``write_layout``).
+
+Memory layouts (``Storage``): decode (both paths) and the paged fa2/fa3 prefill declare every one.
+The wrapper is built with the case's ``kv_layout`` ("NHD" or "HND": ``BatchDecodeWithPagedKVCacheWrapper
+(workspace, kv_layout)``); ``run`` gets a combined storage's one ``[pages, 2, ...]`` tensor as its
+``paged_kv_cache`` (``_unpack_paged_kv_cache`` unbinds dim 1: documented), else the ``(k, v)`` tuple of
+(possibly strided) views, and q as it lies (a strided view of a fused QKV buffer). 0.6.18's
+``batch_decode.cu`` / ``batch_prefill.cu`` / ``batch_prefill_sm90.cu`` read the caches' page, slot and
+head strides and q's row and head strides from the tensors (``paged_kv_t`` with custom strides; the
+CUDA-core decode needs K and V of equal strides, which every storage gives); the last dim is contiguous
+in every storage and every offset is 16-byte aligned. The ``-hnd`` adapters keep their own HND copy
+(no storage drawn).
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from pa_oracle.backends.base import (
     capture_cuda_graph,
     register,
 )
-from pa_oracle.oracle.case import ALIBI_THEN_CAP, FP8_DTYPES, Case
+from pa_oracle.oracle.case import ALIBI_THEN_CAP, FP8_DTYPES, STORAGE_FEATURES, Case
 from pa_oracle.oracle.tensors import Tensors, token_addresses
 
 LN_2 = math.log(2.0)
@@ -215,13 +226,22 @@ class _FlashInferBackend(Backend):
     def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
         """Run a planned paged wrapper (decode and paged prefill share this)."""
         case, wrapper = plan
-        out, lse = wrapper.run(tensors.q, self._paged_kv(tensors), return_lse=True, **self._scales(case))
+        out, lse = wrapper.run(tensors.q, self._paged_kv(tensors, self._layout(case)), return_lse=True, **self._scales(case))
         return self._finish(case, out, lse)
 
-    def _paged_kv(self, tensors: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.kv_layout == "HND":
-            return tensors.k_cache.transpose(1, 2).contiguous(), tensors.v_cache.transpose(1, 2).contiguous()
-        return tensors.k_cache, tensors.v_cache
+    def _layout(self, case: Case) -> str:
+        """The ``kv_layout`` the wrapper is built with: the case's storage's, else the adapter's."""
+        return case.storage.kv_layout if case.storage is not None else self.kv_layout
+
+    def _paged_kv(self, tensors: Tensors, kv_layout: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``paged_kv_cache`` as the library takes it in ``kv_layout`` (default: the adapter's): the
+        tensors as they lie (``Tensors.paged_kv``), or, where they are stored otherwise (the ``-hnd``
+        adapters on NHD tensors), a copy in that layout."""
+        kv_layout = kv_layout or self.kv_layout
+        kv = tensors.paged_kv(kv_layout)
+        if kv_layout != tensors.kv_layout:
+            return tuple(x.contiguous() for x in kv)  # type: ignore[return-value]
+        return kv
 
     def merge_states(
         self, out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
@@ -272,19 +292,25 @@ class _PagedWrapper(_FlashInferBackend):
 
     def _graph_call(self, case: Case, tensors: Tensors, wrapper: Any) -> GraphCall:
         """Capture ``wrapper.run`` (planned with ``use_cuda_graph=True``) over static buffers."""
+        layout = self._layout(case)
         q = tensors.q.clone()
-        k, v = (x.clone() for x in self._paged_kv(tensors))
+        kv = self._paged_kv(tensors, layout)
+        static = kv.clone() if isinstance(kv, torch.Tensor) else tuple(x.clone() for x in kv)
         out = torch.empty(*q.shape[:2], case.heads.head_dim_vo, dtype=q.dtype, device=q.device)
         lse = torch.empty(*q.shape[:2], dtype=torch.float32, device=q.device)
         scales = self._scales(case)
 
         def load(new: Tensors) -> None:
             q.copy_(new.q)
-            for target, source in zip((k, v), self._paged_kv(new)):
-                target.copy_(source)
+            source = self._paged_kv(new, layout)
+            if isinstance(static, torch.Tensor):
+                static.copy_(source)
+                return
+            for target, part in zip(static, source):
+                target.copy_(part)
 
         def launch() -> RawOutput:
-            wrapper.run(q, (k, v), out=out, lse=lse, return_lse=True, **scales)
+            wrapper.run(q, static, out=out, lse=lse, return_lse=True, **scales)
             return out, lse
 
         replay, outputs = capture_cuda_graph(launch)
@@ -326,7 +352,7 @@ out, lse_base2 = wrapper.run(q, {caches}, return_lse=True, **({{"k_scale": k_sca
 
         device = self.device or "cuda"
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            _workspace(device), self.kv_layout, use_tensor_cores=self.use_tensor_cores
+            _workspace(device), self._layout(case), use_tensor_cores=self.use_tensor_cores
         )
         return case, self._planned(wrapper, case, device)
 
@@ -345,7 +371,7 @@ out, lse_base2 = wrapper.run(q, {caches}, return_lse=True, **({{"k_scale": k_sca
         device = str(tensors.q.device)
         buffers = self._graph_buffers(case, device)
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), self.kv_layout, use_cuda_graph=True,
+            torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), self._layout(case), use_cuda_graph=True,
             use_tensor_cores=self.use_tensor_cores, paged_kv_indptr_buffer=buffers["kv_indptr"],
             paged_kv_indices_buffer=buffers["kv_indices"], paged_kv_last_page_len_buffer=buffers["kv_last_page_len"],
         )
@@ -358,6 +384,7 @@ class FlashInferDecode(_PagedDecode):
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper, CUDA-core path"
     family = "flashinfer-decode-cuda-core"  # also -hnd: the same kernel on HND pages
     use_tensor_cores = False
+    capabilities = _PagedDecode.capabilities.replace(storages=STORAGE_FEATURES)
 
 
 @register
@@ -366,6 +393,7 @@ class FlashInferDecodeTensorCores(_PagedDecode):
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)"
     family = "flashinfer-decode-tensor-core"
     use_tensor_cores = True
+    capabilities = _PagedDecode.capabilities.replace(storages=STORAGE_FEATURES)
     compile_seconds = 60.0
 
 
@@ -392,7 +420,7 @@ class _PagedPrefill(_Prefill, _PagedWrapper):
         import flashinfer
 
         device = self.device or "cuda"
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), self.kv_layout, backend=self.backend)
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), self._layout(case), backend=self.backend)
         return case, self._planned(wrapper, case, device)
 
     def _planned(self, wrapper: Any, case: Case, device: str) -> Any:
@@ -411,7 +439,7 @@ class _PagedPrefill(_Prefill, _PagedWrapper):
         device = str(tensors.q.device)
         buffers = self._graph_buffers(case, device)
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), self.kv_layout, use_cuda_graph=True,
+            torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), self._layout(case), use_cuda_graph=True,
             qo_indptr_buf=buffers["qo_indptr"], paged_kv_indptr_buf=buffers["kv_indptr"],
             paged_kv_indices_buf=buffers["kv_indices"], paged_kv_last_page_len_buf=buffers["kv_last_page_len"],
             backend=self.backend,
@@ -425,7 +453,7 @@ class FlashInferPrefillFA2(_PagedPrefill):
     description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2')"
     family = "flashinfer-prefill-fa2"  # also -hnd and the cascade (two fa2 prefills merged)
     backend = "fa2"
-    capabilities = _FLASHINFER.replace(head_dims=_FA2_HEAD_DIMS)
+    capabilities = _FLASHINFER.replace(head_dims=_FA2_HEAD_DIMS, storages=STORAGE_FEATURES)
 
 
 @register
@@ -433,6 +461,7 @@ class FlashInferDecodeHND(FlashInferDecode):
     name = "flashinfer-decode-hnd"
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper, CUDA-core path, HND pages"
     kv_layout = "HND"
+    capabilities = _PagedDecode.capabilities  # its own HND copy of the pages: no storage drawn
 
 
 @register
@@ -440,6 +469,7 @@ class FlashInferPrefillFA2HND(FlashInferPrefillFA2):
     name = "flashinfer-prefill-fa2-hnd"
     description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), HND pages"
     kv_layout = "HND"
+    capabilities = _FLASHINFER.replace(head_dims=_FA2_HEAD_DIMS)  # its own HND copy of the pages: no storage drawn
 
 
 @register
@@ -449,6 +479,7 @@ class FlashInferPrefillFA3(_PagedPrefill):
     family = "flashinfer-prefill-fa3"
     backend = "fa3"
     compile_seconds = 220.0
+    capabilities = _FLASHINFER.replace(storages=STORAGE_FEATURES)
 
     def unavailable_reason(self) -> str | None:
         reason = super().unavailable_reason()

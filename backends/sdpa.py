@@ -5,6 +5,8 @@ path, any device), ``sdpa-flash`` (CPU's fused ATen flash kernel; CUDA's flash k
 mask, so it cannot run a ragged batch) and ``sdpa-efficient`` (CUDA's memory-efficient kernel). The adapter pages K/V into dense tensors,
 expresses causal (bottom-right), window and ALiBi as one boolean or float mask, and GQA through
 ``enable_gqa``. SDPA has no soft cap, no sinks, no LSE and needs the K/V dtype of the query.
+``sdpa-efficient`` declares every ``Storage``: the adapter's own gather (``_dense``) reads the pages
+through their views, whatever the memory layout (what it tests is that gather, not SDPA's strides).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from pa_oracle.backends._dense import Dense, alibi_bias, from_dense, keep_mask, to_dense
 from pa_oracle.backends.base import Backend, Capabilities, GraphCall, KernelOutput, capture_cuda_graph, register
-from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.case import STORAGE_FEATURES, Case
 from pa_oracle.oracle.tensors import Tensors
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -86,5 +88,5 @@ class SdpaEfficient(_Sdpa):
     description = "torch SDPA, memory-efficient attention backend (CUDA)"
     kernel = SDPBackend.EFFICIENT_ATTENTION
     native_gqa = False  # "No available kernel" with enable_gqa=True (seen on the H200, torch 2.11)
-    capabilities = _SDPA.replace(devices=("cuda",))
+    capabilities = _SDPA.replace(devices=("cuda",), storages=STORAGE_FEATURES)
     cuda_graphs = True

@@ -20,6 +20,15 @@ rotates q and k itself by absolute position (``pa_oracle.oracle.rope``). ``@decl
 
     @declare(q_dtypes=("bfloat16",), page_sizes=(16, 32), devices=("cuda",))
     def my_attention(...): ...
+
+Memory layouts: ``@declare(storages=STORAGE_FEATURES)`` (``oracle.case``; or some of them) asks for
+cases whose tensors lie in another ``Storage``: q may then be a strided view into a fused QKV buffer
+and the caches strided views (the halves of one ``[pages, 2, ...]`` tensor, HND memory, an offset into a
+larger pool), still indexed ``[num_pages, page_size, Hkv, D]``: a kernel that indexes through the
+strides reads them right, one that assumes contiguous memory does not. A function that names
+``kv_layout`` gets the caches in the stored page layout instead (``[num_pages, Hkv, page_size, D]`` when
+it is ``"HND"``) and the layout's name; one that names ``paged_kv_cache`` also gets the single
+``[num_pages, 2, ...]`` tensor of a combined storage in that layout (None otherwise).
 """
 
 from __future__ import annotations
@@ -163,9 +172,16 @@ class UserKernel(Backend):
             kwargs["custom_mask"], kwargs["mask_indptr"] = plan.inputs.get("custom_mask"), plan.inputs.get("mask_indptr")
         if "rope" in self._params or opts.rope is not None:
             kwargs["rope"] = opts.rope
+        k_cache, v_cache = tensors.k_cache, tensors.v_cache
+        if "kv_layout" in self._params:  # named only: a **kwargs kernel keeps its NHD caches
+            kwargs["kv_layout"] = tensors.kv_layout
+            stored = tensors.paged_kv(tensors.kv_layout)
+            k_cache, v_cache = (stored[:, 0], stored[:, 1]) if isinstance(stored, torch.Tensor) else stored
+        if "paged_kv_cache" in self._params:
+            kwargs["paged_kv_cache"] = tensors.kv_cache if "kv_layout" in self._params or tensors.kv_layout == "NHD" else None
         if not self._takes_all:
             kwargs = {k: v for k, v in kwargs.items() if k in self._params}
-        result = self.fn(tensors.q, tensors.k_cache, tensors.v_cache, **kwargs)
+        result = self.fn(tensors.q, k_cache, v_cache, **kwargs)
         if isinstance(result, torch.Tensor):
             return KernelOutput(result, None)
         if isinstance(result, (tuple, list)) and len(result) == 2:
@@ -184,6 +200,10 @@ class UserKernel(Backend):
         kwargs = {name: f"index({name})" for name in _LAYOUT_KWARGS}
         kwargs.update(causal="causal", sm_scale="sm_scale", window_left="window_left", logits_soft_cap="logits_soft_cap",
                       k_scale="k_scale", v_scale="v_scale")
+        if "kv_layout" in self._params:  # the repro's tensors are in the default storage
+            kwargs["kv_layout"] = repr("NHD")
+        if "paged_kv_cache" in self._params:
+            kwargs["paged_kv_cache"] = "None"
         for name, values in (("alibi_slopes", opts.alibi_slopes), ("sinks", opts.sinks)):
             kwargs[name] = "None" if values is None else f"torch.tensor({name}, dtype=torch.float32, device=device)"
         if not self._takes_all:

@@ -35,6 +35,9 @@ Semantics (every backend adapter converts *from* these, the oracle follows them 
   dims and V is a view of its first ``head_dim_vo`` (``d_ckv``) dims (``v_cache`` is
   ``k_cache[..., :head_dim_vo]``). q's first ``d_ckv`` dims are ``q_nope`` (absorbed), the rest
   ``q_pe``. The attention math is MQA's: ``s = sm_scale * (q_nope.ckv + q_pe.kpe)``.
+* ``storage`` (``Storage``, optional): where the tensors lie in memory (combined K/V, HND pages, q a
+  view of a fused QKV buffer, caches at an offset in a larger pool). It changes addresses only, never
+  a value or the meaning above: indexing is always as if NHD.
 """
 
 from __future__ import annotations
@@ -477,6 +480,61 @@ def flashinfer_packed_mask(masks: list[np.ndarray]) -> tuple[np.ndarray, np.ndar
     return (np.concatenate(packed) if packed else np.zeros(0, np.uint8)).astype(np.uint8), indptr
 
 
+KV_STORAGES = ("separate", "combined")
+KV_LAYOUTS = ("NHD", "HND")
+Q_STORAGES = ("contiguous", "fused_qkv")
+STORAGE_FEATURES = ("contiguous", "combined", "HND", "fused_qkv", "pool_offset")  # "contiguous": the default storage
+POOL_OFFSET_MULTIPLE, POOL_OFFSET_LIMIT = 64, 1 << 20  # 64 elements: every row stays 16-byte aligned (vector loads)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How the case's tensors lie in memory; the values never depend on it (``pa_oracle.oracle.tensors``).
+
+    * ``kv``: ``"separate"`` K and V tensors, or ``"combined"``: one ``[num_pages, 2, ...]`` tensor, K at
+      ``[:, 0]`` and V at ``[:, 1]`` (vLLM's and FlashInfer's single ``paged_kv_cache``; needs
+      ``head_dim_qk == head_dim_vo``).
+    * ``kv_layout``: ``"NHD"`` pages ``[page_size, heads, dim]`` or ``"HND"`` ``[heads, page_size, dim]``.
+    * ``q``: ``"contiguous"``, or ``"fused_qkv"``: q is a strided view of the first ``Hq * Dqk`` columns of a
+      ``[total_q, Hq * Dqk + Hkv * (Dqk + Dvo)]`` projection buffer (MLA: ``(Hq + 1) * Dqk``) whose other
+      columns are poison.
+    * ``pool_offset``: the caches start this many elements into a larger buffer (a multiple of
+      ``POOL_OFFSET_MULTIPLE``); the elements before and after them are poison.
+
+    The default (separate NHD caches, contiguous q, offset 0) is no storage at all: ``Case.storage``
+    None, left out of the JSON. An MLA case keeps its latent layout (V a view of the one K head):
+    only ``q`` and ``pool_offset`` apply to it.
+    """
+
+    kv: str = "separate"
+    kv_layout: str = "NHD"
+    q: str = "contiguous"
+    pool_offset: int = 0
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("kv", KV_STORAGES), ("kv_layout", KV_LAYOUTS), ("q", Q_STORAGES)):
+            if getattr(self, name) not in allowed:
+                raise CaseError(f"storage.{name} must be one of {allowed}, got {_brief(getattr(self, name))}")
+        offset = _int("storage.pool_offset", self.pool_offset, 0, POOL_OFFSET_LIMIT, "the poison around the caches is allocated")
+        if offset % POOL_OFFSET_MULTIPLE:
+            raise CaseError(f"storage.pool_offset must be a multiple of {POOL_OFFSET_MULTIPLE} (16-byte aligned rows), got {offset}")
+        object.__setattr__(self, "pool_offset", offset)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The ``STORAGE_FEATURES`` it uses besides the default (``Capabilities.storages`` names them)."""
+        used = (self.kv == "combined", self.kv_layout == "HND", self.q == "fused_qkv", self.pool_offset > 0)
+        return tuple(name for name, on in zip(STORAGE_FEATURES[1:], used) if on)
+
+    def label(self) -> str:
+        return "+".join(self.features) + (f"={self.pool_offset}" if self.pool_offset else "")
+
+
+def storage_features(storage: Storage | None) -> tuple[str, ...]:
+    """The storage features of a case: ``("contiguous",)`` for the default storage."""
+    return storage.features if storage is not None else ("contiguous",)
+
+
 @dataclass(frozen=True)
 class Case:
     """A complete paged-attention call: layout, heads, options and how to make its tensors.
@@ -494,8 +552,10 @@ class Case:
     tensors_sha256: str | None = None  # the sidecar's content (``pa_oracle.oracle.tensors.tensors_digest``)
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     custom_mask: CustomMask | None = None
+    storage: Storage | None = None  # how the tensors lie in memory (``Storage``); None: the default
 
     def __post_init__(self) -> None:
+        self._check_storage()
         if self.custom_mask is not None:
             if not isinstance(self.custom_mask, CustomMask):
                 raise CaseError(f"custom_mask: expected a CustomMask, got {type(self.custom_mask).__name__}")
@@ -522,6 +582,22 @@ class Case:
                 raise CaseError(
                     f"options.{name} has {len(values)} entries, expected num_qo_heads={self.heads.num_qo_heads}"
                 )
+
+    def _check_storage(self) -> None:
+        storage = self.storage
+        if storage is None:
+            return
+        if not isinstance(storage, Storage):
+            raise CaseError(f"storage: expected a Storage, got {type(storage).__name__}")
+        if storage == Storage():
+            object.__setattr__(self, "storage", None)  # the default storage is no storage: one case, one id
+            return
+        if self.heads.mla and (storage.kv != "separate" or storage.kv_layout != "NHD"):
+            raise CaseError("storage: an MLA case keeps its latent layout (kv 'separate', kv_layout 'NHD'); only q and pool_offset apply")
+        if storage.kv == "combined" and self.heads.head_dim_qk != self.heads.head_dim_vo:
+            raise CaseError(
+                f"storage.kv 'combined' holds K and V in one tensor: needs head_dim_qk == head_dim_vo, got {self.heads.head_dim_qk} and {self.heads.head_dim_vo}"
+            )
 
     def masks(self) -> list[np.ndarray] | None:
         """Per request the custom ``[qo_len, kv_len]`` mask, or None without one."""
@@ -569,6 +645,8 @@ class Case:
             flags.append(f"rope={r.style} theta={r.theta:g} scale={r.scale:g}{partial}")
         if o.is_fp8:
             flags.append(f"k_scale={o.k_scale:g} v_scale={o.v_scale:g}")
+        if self.storage is not None:
+            flags.append(f"storage={self.storage.label()}")
         return (
             f"B={lay.batch_size} qo_lens={list(lay.qo_lens)} kv_lens={list(lay.kv_lens)} page={lay.page_size} "
             f"heads={h.num_qo_heads}/{h.num_kv_heads} dims={h.head_dim_qk}/{h.head_dim_vo} "
@@ -610,6 +688,8 @@ class Case:
             top = {k: v for k, v in _given(raw).items() if k in ("seed", "distribution", "tensors_file", "tensors_sha256", "meta")}
             if raw.custom_mask is not UNSET and raw.custom_mask is not None:
                 top["custom_mask"] = CustomMask(**_given(raw.custom_mask))
+            if raw.storage is not UNSET and raw.storage is not None:
+                top["storage"] = Storage(**_given(raw.storage))
             case = cls(**parts, **top)
         except CaseError as exc:
             raise CaseError(f"{where}: {exc}") from None
@@ -723,6 +803,13 @@ class _CustomMaskFile(msgspec.Struct, forbid_unknown_fields=True):
     bits: str | _Unset = UNSET
 
 
+class _StorageFile(msgspec.Struct, forbid_unknown_fields=True):
+    kv: str | _Unset = UNSET
+    kv_layout: str | _Unset = UNSET
+    q: str | _Unset = UNSET
+    pool_offset: int | _Unset = UNSET
+
+
 class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
     schema_version: int
     layout: _LayoutFile
@@ -735,6 +822,7 @@ class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
     meta: dict[str, Any] | _Unset = UNSET
     case_id: str | _Unset = UNSET
     custom_mask: _CustomMaskFile | None | _Unset = UNSET
+    storage: _StorageFile | None | _Unset = UNSET
 
 
 def _given(struct: msgspec.Struct | _Unset) -> dict[str, Any]:
@@ -760,6 +848,8 @@ def _case_body(case: Case) -> dict[str, Any]:
     } | ({"tensors_sha256": case.tensors_sha256} if case.tensors_sha256 is not None else {})
     if case.custom_mask is not None:
         body["custom_mask"] = case.custom_mask.as_json()
+    if case.storage is not None:  # the default storage is left out: ids of cases written before it stay
+        body["storage"] = dataclasses.asdict(case.storage)
     return body
 
 

@@ -3,7 +3,9 @@ distribution, or read from an npz sidecar (never unpickled).
 
 Values depend on the *logical* token (request, position), not on where its page sits, so page
 relabeling changes nothing but addresses. Every slot the layout does not reference is poison
-(NaN), so a kernel that reads outside its pages shows it.
+(NaN), so a kernel that reads outside its pages shows it. A case's ``Storage`` moves the same
+values into other memory (``in_storage``): combined K/V, HND pages, q inside a fused QKV buffer,
+caches at an offset in a pool whose other elements are poison.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import json
 import zipfile
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
-from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.case import POOL_OFFSET_MULTIPLE, Case, CaseError, Storage
 
 POISON = float("nan")  # every unreferenced slot of the pool
 BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> int dtype
@@ -30,17 +32,62 @@ def torch_dtype(name: str) -> torch.dtype:
 
 @dataclass
 class Tensors:
-    """The inputs of one call: ``q`` [total_q, Hq, Dqk], caches [num_pages, page_size, Hkv, D] (NHD)."""
+    """The inputs of one call: ``q`` [total_q, Hq, Dqk], caches [num_pages, page_size, Hkv, D] (NHD).
+
+    Under a ``Storage`` these are views (possibly strided) into the memory the storage describes, still
+    indexed as NHD: the oracle reads through them, and ``paged_kv`` gives a library its own form.
+    ``pool`` is the one buffer holding both caches (with the poison around them), ``kv_cache`` the
+    single ``[num_pages, 2, ...]`` tensor of a combined storage (in ``storage.kv_layout`` order) and
+    ``q_buffer`` the fused QKV buffer q is a view of; each None when the storage has none.
+    """
 
     q: torch.Tensor
     k_cache: torch.Tensor
     v_cache: torch.Tensor
+    storage: Storage | None = None
+    pool: torch.Tensor | None = None
+    kv_cache: torch.Tensor | None = None
+    q_buffer: torch.Tensor | None = None
 
     def to(self, device: str | torch.device) -> Tensors:
+        if self.pool is not None or self.q_buffer is not None:
+            return self._moved(device)
         k_cache = self.k_cache.to(device)
         if self.v_is_latent_view():  # MLA: V stays a view of the latent cache
             return Tensors(self.q.to(device), k_cache, k_cache[..., : self.v_cache.shape[-1]])
         return Tensors(self.q.to(device), k_cache, self.v_cache.to(device))
+
+    def _moved(self, device: str | torch.device) -> Tensors:
+        """On ``device`` with the same storage: the buffers are copied, the views rebuilt over them."""
+        moved = replace(self)
+        for base, views in (("pool", ("k_cache", "v_cache", "kv_cache")), ("q_buffer", ("q",))):
+            old = getattr(self, base)
+            if old is None:
+                continue
+            new = old.to(device)
+            setattr(moved, base, new)
+            for name in views:
+                view = getattr(self, name)
+                if view is not None:
+                    setattr(moved, name, _rebased(view, old, new))
+        if self.q_buffer is None:
+            moved.q = self.q.to(device)
+        return moved
+
+    @property
+    def kv_layout(self) -> str:
+        """The page layout the caches are stored in ("NHD" or "HND")."""
+        return self.storage.kv_layout if self.storage is not None else "NHD"
+
+    def paged_kv(self, kv_layout: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """K and V as a library reading ``kv_layout`` pages takes them, without a copy: the single
+        ``[num_pages, 2, ...]`` tensor when stored combined in that layout, else ``(k, v)`` views in
+        that layout's axis order (strided where the storage differs)."""
+        if self.kv_cache is not None and kv_layout == self.kv_layout:
+            return self.kv_cache
+        if kv_layout == "HND":
+            return self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2)
+        return self.k_cache, self.v_cache
 
     def v_is_latent_view(self) -> bool:
         """True when ``v_cache`` is ``k_cache[..., :d]`` (the MLA layout), the same memory."""
@@ -51,13 +98,29 @@ class Tensors:
         )
 
     def as_dict(self) -> dict[str, torch.Tensor]:
+        """The logical tensors (what a sidecar holds)."""
         return {"q": self.q, "k_cache": self.k_cache, "v_cache": self.v_cache}
+
+    def memory(self) -> dict[str, torch.Tensor]:
+        """Every element a kernel is handed, by name: the whole fused QKV buffer and the whole pool
+        (poison, the offset region and both halves of a combined tensor included) under a storage."""
+        memory = {"q": self.q} if self.q_buffer is None else {"q_buffer": self.q_buffer}
+        if self.pool is None:
+            return memory | {"k_cache": self.k_cache, "v_cache": self.v_cache}
+        return memory | {"kv_pool": self.pool}
 
     def fingerprint(self, extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, tuple[int, int]]:
         """Checksums of the raw bits, to check that a kernel left its inputs alone (NaN-safe;
         computed where the tensors are, so a many-GiB pool is not copied to the host). ``extra``
-        adds the other tensors the kernel is given (index tensors, block tables), by name."""
-        return {name: _checksum(t) for name, t in {**self.as_dict(), **(extra or {})}.items()}
+        adds the other tensors the kernel is given (index tensors, block tables), by name. Under a
+        storage it covers the whole buffers (``memory``), so a write outside the views shows too."""
+        return {name: _checksum(t) for name, t in {**self.memory(), **(extra or {})}.items()}
+
+
+def _rebased(view: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``view`` of buffer ``old`` as the same view of ``new`` (a copy of ``old``, maybe elsewhere)."""
+    offset = new.storage_offset() + view.storage_offset() - old.storage_offset()
+    return new.as_strided(view.shape, view.stride(), offset)
 
 
 def raw_bits(t: torch.Tensor) -> torch.Tensor:
@@ -103,9 +166,15 @@ def _master(gen: torch.Generator, shape: tuple[int, ...], distribution: str, rol
 
 
 def make_tensors(case: Case, device: str | torch.device = "cpu") -> Tensors:
-    """The case's tensors on ``device``: from its npz sidecar, or generated from its seed."""
+    """The case's tensors on ``device``: from its npz sidecar, or generated from its seed, in the
+    case's ``storage`` (the same values whatever the storage)."""
     if case.tensors_file is not None:
-        return load_tensors(case, case.tensors_file).to(device)
+        return in_storage(case, load_tensors(case, case.tensors_file).to(device))
+    return in_storage(case, _generated(case, device))
+
+
+def _generated(case: Case, device: str | torch.device) -> Tensors:
+    """The tensors of ``case``'s seed in the default storage (contiguous q, separate NHD caches)."""
     layout, heads, opts = case.layout, case.heads, case.options
     gen = torch.Generator().manual_seed(case.seed)
     q_dtype, kv_dtype = torch_dtype(opts.q_dtype), torch_dtype(opts.kv_dtype)
@@ -133,6 +202,50 @@ def _pool(
     ).to(kv_dtype)
     pool[pages, slots] = (values / scale).to(torch.float32).to(kv_dtype).to(device)
     return pool
+
+
+def in_storage(case: Case, tensors: Tensors) -> Tensors:
+    """``tensors`` (default storage) moved into ``case.storage``: one poisoned buffer holding the
+    caches at ``pool_offset`` (then as many poison elements after them), combined or K then V (V
+    aligned to ``POOL_OFFSET_MULTIPLE`` elements), NHD or HND; q copied into a poisoned fused QKV
+    buffer. Every element is copied bit for bit (poison slots included); the returned views index
+    as NHD."""
+    storage = case.storage
+    if storage is None:
+        return tensors
+    k, v = tensors.k_cache, tensors.v_cache
+    q_buffer, q = None, tensors.q
+    if storage.q == "fused_qkv":
+        heads = case.heads
+        width = (heads.num_qo_heads + 1) * heads.head_dim_qk if heads.mla else (
+            heads.num_qo_heads * heads.head_dim_qk + heads.num_kv_heads * (heads.head_dim_qk + heads.head_dim_vo))
+        q_buffer = _poison((q.shape[0], width), q.dtype, q.device)
+        q = q_buffer[:, : q.shape[1] * q.shape[2]].view(q.shape)
+        q.copy_(tensors.q)
+    hnd = storage.kv_layout == "HND"
+    start, kv_cache = storage.pool_offset, None
+    if tensors.v_is_latent_view():  # MLA: one latent cache, V its first dims (separate NHD only)
+        pool = _poison((start + k.numel() + storage.pool_offset,), k.dtype, k.device)
+        stored_k = pool[start : start + k.numel()].view(k.shape)
+        stored_k.copy_(k)
+        return Tensors(q, stored_k, stored_k[..., : v.shape[-1]], storage, pool, None, q_buffer)
+    pages = (k.shape[0], k.shape[2], k.shape[1]) if hnd else k.shape[:3]  # [P, H, page] or [P, page, H]
+    if storage.kv == "combined":
+        pool = _poison((start + 2 * k.numel() + storage.pool_offset,), k.dtype, k.device)
+        kv_cache = pool[start : start + 2 * k.numel()].view(pages[0], 2, *pages[1:], k.shape[3])
+        halves = kv_cache[:, 0], kv_cache[:, 1]
+    else:
+        v_start = -(-(start + k.numel()) // POOL_OFFSET_MULTIPLE) * POOL_OFFSET_MULTIPLE
+        pool = _poison((v_start + v.numel() + storage.pool_offset,), k.dtype, k.device)
+        halves = pool[start : start + k.numel()].view(*pages, k.shape[3]), pool[v_start : v_start + v.numel()].view(*pages, v.shape[3])
+    views = tuple(h.transpose(1, 2) if hnd else h for h in halves)  # NHD-indexed
+    for view, values in zip(views, (k, v)):
+        view.copy_(values)
+    return Tensors(q, views[0], views[1], storage, pool, kv_cache, q_buffer)
+
+
+def _poison(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.full(shape, POISON, device=device).to(dtype)
 
 
 def upload(host: torch.Tensor, device: str | torch.device) -> torch.Tensor:

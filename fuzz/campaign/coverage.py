@@ -4,6 +4,7 @@ Coverage of a dimension = distinct declared values among the cases the kernel ac
 (passed or failed; not unsupported, not skipped as known) / values its ``Capabilities`` (narrowed
 by ``--only``, within the ``Limits``) let the strategies draw. The overall figure adds up the
 dimensions. A count says how many cases exercised a value, so a value drawn once shows as such.
+A case's storage label joins its features (``combined+HND``); each declared feature it names is covered.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pa_oracle.backends.base import Capabilities
 from pa_oracle.fuzz.draw.features import Feature, case_features
 from pa_oracle.fuzz.draw.strategies import GROUP_SIZES, Limits
 from pa_oracle.fuzz.draw.strategies import _page_sizes as page_sizes  # what the strategy draws, one place
-from pa_oracle.oracle.case import FP8_DTYPES, Case
+from pa_oracle.oracle.case import FP8_DTYPES, Case, storage_features
 
 # dimension -> short column title of the text table
 DIMENSIONS: dict[str, str] = {
@@ -33,6 +34,7 @@ DIMENSIONS: dict[str, str] = {
     "sinks": "sinks",
     "custom_scale": "scale",
     "fp8_scales": "fp8scale",
+    "storage": "storage",
 }
 BATCH_BUCKETS: tuple[tuple[int, int | None], ...] = ((1, 1), (2, 3), (4, 7), (8, 15), (16, None))
 
@@ -55,8 +57,9 @@ def _label(value: Feature) -> str:
 def exercised(case: Case) -> dict[str, str]:
     """The value label of every dimension for ``case``."""
     features = case_features(case)
-    labels = {name: _label(features[name]) for name in DIMENSIONS}
+    labels = {name: _label(features[name]) for name in DIMENSIONS if name != "storage"}
     labels["batch_size"] = batch_bucket(case.layout.batch_size)
+    labels["storage"] = "+".join(storage_features(case.storage))
     return labels
 
 
@@ -87,6 +90,7 @@ def declared(caps: Capabilities, limits: Limits = Limits()) -> dict[str, list[st
         "sinks": switch(caps.sinks),
         "custom_scale": switch(caps.custom_sm_scale),
         "fp8_scales": switch(caps.fp8_scales and any(d in FP8_DTYPES for d in kv_dtypes)),
+        "storage": list(caps.storages),
     }
 
 
@@ -109,7 +113,10 @@ class Coverage:
                 mine[value] = mine.get(value, 0) + n
 
     def covered(self, name: str, values: list[str]) -> list[str]:
-        return [v for v in values if self.counts.get(name, {}).get(v)]
+        counts = self.counts.get(name, {})
+        if name == "storage":  # a label names each feature of the case's storage
+            return [v for v in values if any(n and v in label.split("+") for label, n in counts.items())]
+        return [v for v in values if counts.get(v)]
 
     def fraction(self, wanted: dict[str, list[str]]) -> float:
         total = sum(len(values) for values in wanted.values())

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pa_oracle.oracle.case import DISTRIBUTIONS, KV_DTYPES, Q_DTYPES, ROPE_STYLES, Case
+from pa_oracle.oracle.case import DISTRIBUTIONS, KV_DTYPES, KV_LAYOUTS, KV_STORAGES, Q_DTYPES, Q_STORAGES, ROPE_STYLES, Case, Storage
 
 Feature = int | bool | str
 
@@ -36,6 +36,11 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "mla": bool,  # the latent layout (Heads.mla)
     "mask_empty_row": bool,  # a custom mask leaves some query row no key (before causal and window)
     "rope": ("none", *ROPE_STYLES),  # the case's RoPE pairing (oracle.case.Rope), "none" without RoPE
+    # where the tensors lie in memory (oracle.case.Storage)
+    "kv_storage": KV_STORAGES,  # separate K and V, or one [pages, 2, ...] tensor
+    "kv_layout": KV_LAYOUTS,
+    "q_storage": Q_STORAGES,  # contiguous, or a view of a fused QKV buffer
+    "pool_offset": int,  # elements before the caches in their pool
 }
 
 
@@ -48,6 +53,7 @@ def case_features(case: Case) -> dict[str, Feature]:
     (True, True, 5, 0)
     """
     lay, heads, opts = case.layout, case.heads, case.options
+    storage = case.storage or Storage()
     return {
         "batch_size": lay.batch_size,
         "min_kv_len": min(lay.kv_lens),
@@ -76,6 +82,10 @@ def case_features(case: Case) -> dict[str, Feature]:
         "mla": heads.mla,
         "mask_empty_row": _mask_empty_row(case),
         "rope": "none" if opts.rope is None else opts.rope.style,
+        "kv_storage": storage.kv,
+        "kv_layout": storage.kv_layout,
+        "q_storage": storage.q,
+        "pool_offset": storage.pool_offset,
     }
 
 

@@ -8,7 +8,7 @@ options off.
 Edges drawn on purpose: kv_len in {0, 1, page-1, page, page+1, 2 pages, many pages}; qo_len 1
 (decode), 2-8 (speculative), chunked prefill, full prefill, qo_len > kv_len; mixed batches;
 random page permutations with unused pool pages; page sizes 1..256; GQA groups 1..32 including
-5, 6, 7; every option; five data distributions.
+5, 6, 7; every option; five data distributions; the memory layouts the kernel declares (``storages``).
 
 Variant-aware drawing: ``cases(..., variants=KEYS)`` draws a compile key from ``KEYS`` first (each a
 ``pa_oracle.backends.base.CompileKey``: field values that select a compiled kernel variant), then
@@ -27,7 +27,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 from pa_oracle.backends.base import VARIANT_FIELDS, Capabilities, CompileKey
-from pa_oracle.fuzz.draw import families
+from pa_oracle.fuzz.draw import families, storages
 from pa_oracle.oracle.case import CAP_THEN_ALIBI, DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, Rope, alibi_slopes
 
 PAGE_SIZES = (16, 1, 2, 3, 5, 8, 32, 64, 128, 256)  # shrinks toward the first
@@ -227,6 +227,8 @@ def cases(
     case = Case(layout, head, opts, seed=seed, distribution=distribution)
     if caps.custom_mask != (False,) or caps.mla != (False,):  # off by default: existing kernels draw as before
         case = draw(families.extend(case, caps, max_prefix=limits.max_kv_len), label="families")
+    if storages.wants_storage(caps):  # off by default: a kernel declaring only "contiguous" draws as before
+        case = draw(storages.storage(case, caps), label="storage")
     return case
 
 

@@ -9,9 +9,9 @@ from typing import Callable
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
-from pa_oracle.fuzz.quality import planted, planted_families
+from pa_oracle.fuzz.quality import planted, planted_families, planted_layouts
 
-MODULES = (planted, planted_families)  # each: BUGS, PLANTED, CORRECT, optional CHECKS (kernel -> check name)
+MODULES = (planted, planted_families, planted_layouts)  # each: BUGS, PLANTED, CORRECT, optional CHECKS (kernel -> check name)
 
 
 @dataclass(frozen=True)

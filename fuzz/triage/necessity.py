@@ -1,6 +1,7 @@
 """Which of a failing case's options the failure needs: each option that is on (causal, window, soft cap,
-ALiBi, sinks, fp8 KV, RoPE) is turned off alone and the case judged again; an option whose removal makes the
-kernel pass is necessary. A heuristic like the others: options can also interact with the data."""
+ALiBi, sinks, fp8 KV, RoPE, and a non-default memory layout: the case's ``storage``) is turned off alone
+and the case judged again; an option whose removal makes the kernel pass is necessary. A heuristic like
+the others: options can also interact with the data."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def necessary_options(case: Case, backend: Backend, check: Callable[[Case], Outc
             continue
         reason = backend.unsupported_reason(variant)
         results[name] = f"not tried ({reason})" if reason else check(variant).status
+    if case.storage is not None:  # the same values in the default memory layout
+        results[f"storage {case.storage.label()}"] = check(case.replace(storage=None)).status
     if not results:
         return Check("options needed", "n/a", "the case has no option on (causal, window, soft cap, ALiBi, sinks, fp8 KV, RoPE)")
     needed = [name for name, status in results.items() if status == "pass"]

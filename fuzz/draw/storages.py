@@ -1,0 +1,56 @@
+"""The memory layout of a drawn case (``oracle.case.Storage``), within what the kernel declares.
+
+Verification model: ``storage(case, caps)`` gives ``case`` a storage built only from the features
+``caps.storages`` names (``oracle.case.STORAGE_FEATURES``) that apply to it (no combined K/V when the
+head dims differ; MLA keeps its latent layout: only ``fused_qkv`` and ``pool_offset``). It is drawn
+only for a kernel that declares a feature besides "contiguous" (``wants_storage``), so every other
+kernel's choice sequence, and so its cases, are what they were. With "contiguous" declared the
+default storage stays possible (and is what shrinking goes to); without it, every case has one.
+
+EXTENDING: a new storage feature is one more field of ``Storage``, a name in ``STORAGE_FEATURES``,
+one labelled ``draw`` here and the copy in ``oracle.tensors.in_storage``.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.oracle.case import POOL_OFFSET_MULTIPLE, Case, Storage
+
+# elements before the caches in their pool: 64, 448, 4096. Written as multiples of numbers the package
+# already holds: Hypothesis draws integers near the literals of every local module it has loaded
+# (``hypothesis.internal.constants_ast``), so a new literal would change every kernel's draws.
+POOL_OFFSETS = tuple(POOL_OFFSET_MULTIPLE * k for k in (1, 7, POOL_OFFSET_MULTIPLE))
+
+
+def wants_storage(caps: Capabilities) -> bool:
+    """True if ``caps`` declares a storage besides the default (only then is one drawn)."""
+    return any(name != "contiguous" for name in caps.storages)
+
+
+def applicable(case: Case, caps: Capabilities) -> list[str]:
+    """The declared storage features ``case`` can have."""
+    features = [name for name in caps.storages if name != "contiguous"]
+    if case.heads.mla:
+        features = [name for name in features if name in ("fused_qkv", "pool_offset")]
+    if case.heads.head_dim_qk != case.heads.head_dim_vo:
+        features = [name for name in features if name != "combined"]
+    return features
+
+
+@st.composite
+def storage(draw: st.DrawFn, case: Case, caps: Capabilities) -> Case:
+    """``case`` with a storage drawn from ``caps.storages`` (module docstring)."""
+    features = applicable(case, caps)
+    if not features or ("contiguous" in caps.storages and not draw(st.booleans(), label="storage")):
+        return case
+    chosen = {name: draw(st.booleans(), label=name) for name in features}
+    if not any(chosen.values()):  # the default storage is not declared: one feature at least
+        chosen[draw(st.sampled_from(features), label="storage feature")] = True
+    offset = draw(st.sampled_from(POOL_OFFSETS), label="pool_offset") if chosen.get("pool_offset") else 0
+    return case.replace(storage=Storage(
+        kv="combined" if chosen.get("combined") else "separate",
+        kv_layout="HND" if chosen.get("HND") else "NHD",
+        q="fused_qkv" if chosen.get("fused_qkv") else "contiguous",
+        pool_offset=offset,
+    ))
