@@ -79,8 +79,8 @@ def _checksum_parts(t: torch.Tensor, chunk: int = 1 << 24) -> list[torch.Tensor]
     bits = raw_bits(t).flatten()
     parts = []
     for start in range(0, bits.numel(), chunk):
-        part = bits[start : start + chunk].to(torch.int64)
-        parts += [part.sum(), (part * _weights(start, part.numel(), part.device)).sum()]
+        part = bits[start : start + chunk]  # summed in int64, as the widened values (no int64 copy)
+        parts += [part.sum(dtype=torch.int64), (part * _weights(start, part.numel(), part.device)).sum()]
     return parts
 
 
