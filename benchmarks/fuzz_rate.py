@@ -13,7 +13,8 @@ one more pass per table: the time of each stage of a judged case (the functions 
 calls), and, in a pass of its own, the torch operators each stage dispatches and how many of them
 wait on the device (a host read: ``.item()``, a boolean-mask index, a copy to the host), and how
 many are not views (on a GPU, about the kernel launches): each operator costs the host ~5-20 us
-and each wait a stream sync, so these counts transfer from the CPU to the GPU.
+and each wait a stream sync, so these counts transfer from the CPU to the GPU (the kernel's own
+are not counted: it runs outside the counting mode, which a compiled kernel cannot run under).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors, make_tensors
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 # what check_case calls, by stage: (owner, attribute); an attribute the code no longer has is skipped
 STAGES = {
@@ -175,13 +176,18 @@ def _counting_tolist(stage: _Stage) -> Iterator[None]:
 
 @contextmanager
 def _staged(backend: Backend, stage: _Stage, device: str) -> Iterator[None]:
-    """Route the stages' functions (and the backend's plan and run, as ``kernel``) through ``stage``."""
+    """Route the stages' functions (and the backend's plan and run, as ``kernel``) through ``stage``.
+    The kernel runs outside any dispatch mode: a compiled kernel (flex) cannot run under one, and
+    its operators are the library's, not the judge's."""
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             stage.enter(name, device)
             try:
-                return fn(*args, **kwargs)
+                if name != "kernel":
+                    return fn(*args, **kwargs)
+                with _disable_current_modes():
+                    return fn(*args, **kwargs)
             finally:
                 stage.leave(device)
 
