@@ -8,7 +8,13 @@ compiles per variant, inside the variants a campaign with ``--compile-budget`` w
 prebuilt/cached ones and as many more as the budget pays for, default 0: at least one), runs each
 once to warm (compile) the kernel variants, then times a second pass of ``check_case``: the whole judge
 (tensors, kernel, float64 oracle, two controls, comparison) and, separately, the kernel call
-alone on the same cases. Prints cases/s and the kernel's share of the time.
+alone on the same cases. Prints cases/s and the kernel's share of the time. ``--stages`` adds
+one more pass per table: the time of each stage of a judged case (the functions ``check_case``
+calls), and, in a pass of its own, the torch operators each stage dispatches and how many of them
+wait on the device (a host read: ``.item()``, a boolean-mask index, a copy to the host), and how
+many are not views (on a GPU, about the kernel launches): each operator costs the host ~5-20 us
+and each wait a stream sync, so these counts transfer from the CPU to the GPU (the kernel's own
+are not counted: it runs outside the counting mode, which a compiled kernel cannot run under).
 """
 
 from __future__ import annotations
@@ -17,17 +23,38 @@ import argparse
 import cProfile
 import pstats
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 from hypothesis import HealthCheck, given, seed, settings
 from pa_oracle.backends import get_backend
+from pa_oracle.fuzz.run import runner
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.campaign.variants import plan_variants
 from pa_oracle.fuzz.cli import narrow
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.tensors import make_tensors
+from pa_oracle.oracle.tensors import Tensors, make_tensors
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+# what check_case calls, by stage: (owner, attribute); an attribute the code no longer has is skipped
+STAGES = {
+    "tensors": [(runner, "make_tensors")],
+    "plan": [(runner, "shared_plan")],
+    "fingerprint": [(Tensors, "fingerprint")],
+    "reference": [(runner, "reference")],
+    "controls": [(runner, "plain_attention"), (runner, "plain_controls")],
+    "compare": [(runner, "compare")],
+}
+# operators that make the host wait for the device: a scalar read, a data-dependent shape
+_WAITS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::item")
+# operators that touch no data (besides the views): on a GPU they launch nothing
+_NO_LAUNCH = ("aten::lift_fresh", "aten::detach", "aten::alias", "aten::scalar_tensor", "aten::empty", "aten::new_empty",
+              "aten::_local_scalar_dense")
 
 
 def draw_cases(backend: Backend, count: int, base_seed: int, compile_budget: float | None = 0.0) -> list[Case]:
@@ -79,6 +106,135 @@ def measure(backend: Backend, drawn: list[Case], profile: int = 0) -> tuple[floa
     return judge, time.perf_counter() - start, len(supported)
 
 
+class _Stage:
+    """Time and operators of the stage now running (``kernel``: the backend's own plan and run;
+    ``rest``: check_case's own work); nested stages count once, in the innermost."""
+
+    def __init__(self) -> None:
+        self.stack = ["rest"]
+        self.seconds: Counter[str] = Counter()
+        self.ops: Counter[str] = Counter()
+        self.launches: Counter[str] = Counter()
+        self.waits: Counter[str] = Counter()
+        self.started = time.perf_counter()
+
+    def enter(self, name: str, device: str) -> None:
+        self._flush(device)
+        self.stack.append(name)
+
+    def leave(self, device: str) -> None:
+        self._flush(device)
+        self.stack.pop()
+
+    def _flush(self, device: str) -> None:
+        sync(device)
+        now = time.perf_counter()
+        self.seconds[self.stack[-1]] += now - self.started
+        self.started = now
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self, stage: _Stage) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name, where = f"aten::{func.__name__.split('.')[0]}", self.stage.stack[-1]
+        self.stage.ops[where] += 1
+        if not func.is_view and name not in _NO_LAUNCH:
+            self.stage.launches[where] += 1
+        if name in _WAITS or _copies_to_host(name, args, kwargs or {}):
+            self.stage.waits[where] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _copies_to_host(name: str, args: Any, kwargs: dict) -> bool:
+    """A copy from a CUDA tensor into host memory (``.cpu()``, ``.to("cpu")``, ``copy_``)."""
+    on_cuda = lambda t: isinstance(t, torch.Tensor) and t.device.type == "cuda"  # noqa: E731
+    if name == "aten::_to_copy":
+        return on_cuda(args[0]) and torch.device(kwargs.get("device") or args[0].device).type == "cpu"
+    return name == "aten::copy_" and not on_cuda(args[0]) and on_cuda(args[1])
+
+
+@contextmanager
+def _counting_tolist(stage: _Stage) -> Iterator[None]:
+    """Count ``Tensor.tolist`` of a host tensor as a wait too (on CUDA it would be one: its copy to
+    the host is counted there); it reads the data without dispatching an operator."""
+    original = torch.Tensor.tolist
+
+    def tolist(self: torch.Tensor) -> Any:
+        if self.device.type != "cuda":
+            stage.waits[stage.stack[-1]] += 1
+        return original(self)
+
+    torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.tolist = original  # type: ignore[method-assign]
+
+
+@contextmanager
+def _staged(backend: Backend, stage: _Stage, device: str) -> Iterator[None]:
+    """Route the stages' functions (and the backend's plan and run, as ``kernel``) through ``stage``.
+    The kernel runs outside any dispatch mode: a compiled kernel (flex) cannot run under one, and
+    its operators are the library's, not the judge's."""
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            stage.enter(name, device)
+            try:
+                if name != "kernel":
+                    return fn(*args, **kwargs)
+                with _disable_current_modes():
+                    return fn(*args, **kwargs)
+            finally:
+                stage.leave(device)
+
+        return timed
+
+    saved: list[tuple[Any, str, Any]] = []
+    targets = [(name, owner, attr) for name, found in STAGES.items() for owner, attr in found]
+    targets += [("kernel", backend, "plan"), ("kernel", backend, "run")]
+    for name, owner, attr in targets:
+        if attr in vars(owner) or owner is backend:
+            saved.append((owner, attr, vars(owner).get(attr)))
+            setattr(owner, attr, wrap(name, getattr(owner, attr)))
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            if original is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+
+
+def stages(backend: Backend, drawn: list[Case]) -> str:
+    """A table of each stage's ms, torch operators and device waits per judged case (warm kernels)."""
+    device = backend.device or "cpu"
+    supported = [case for case in drawn if backend.unsupported_reason(case) is None]
+    timing, counting = _Stage(), _Stage()
+    with _staged(backend, timing, device):
+        timing.started = time.perf_counter()
+        for case in supported:
+            check_case(backend, case)
+        timing.leave(device)
+    with _staged(backend, counting, device), _CountOps(counting), _counting_tolist(counting):
+        for case in supported:
+            check_case(backend, case)
+    n = max(len(supported), 1)
+    names = [*STAGES, "kernel", "rest"]
+    lines = [f"  {'stage':<12} {'ms/case':>8} {'ops/case':>9} {'not views':>9} {'waits/case':>10}"]
+    for name in [*names, "total"]:
+        pick = (lambda c: sum(c.values())) if name == "total" else (lambda c: c[name])
+        lines.append(
+            f"  {name:<12} {pick(timing.seconds) / n * 1e3:8.2f} {pick(counting.ops) / n:9.1f} "
+            f"{pick(counting.launches) / n:9.1f} {pick(counting.waits) / n:10.1f}"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-b", "--backend", action="append", required=True)
@@ -88,6 +244,7 @@ def main() -> None:
     parser.add_argument("--compile-budget", type=float, default=0.0,
                         help="seconds of compiles the drawn variants may cost (default 0: the built ones, at least one); -1: no restriction")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions of the judge pass")
+    parser.add_argument("--stages", action="store_true", help="print ms, torch operators and device waits per case, by stage")
     args = parser.parse_args()
     for name in args.backend:
         backend = narrow(get_backend(name), tuple(args.only))
@@ -95,13 +252,16 @@ def main() -> None:
             print(f"{name}: unavailable ({backend.unavailable_reason()})")
             continue
         budget = None if args.compile_budget < 0 else args.compile_budget
-        judge, kernel, judged = measure(backend, draw_cases(backend, args.examples, args.seed, budget), args.profile)
+        drawn = draw_cases(backend, args.examples, args.seed, budget)
+        judge, kernel, judged = measure(backend, drawn, args.profile)
         print(
             f"{name} on {backend.device}: {judged} cases, {judged / judge:.1f} cases/s warm "
             f"({judge / judged * 1e3:.1f} ms a case); kernel calls alone {kernel / judged * 1e3:.2f} ms a case "
             f"-> the kernel is {kernel / judge:.1%} of the time, the oracle and checks the rest",
             flush=True,
         )
+        if args.stages:
+            print(stages(backend, drawn), flush=True)
 
 
 if __name__ == "__main__":

@@ -182,9 +182,12 @@ class _Inputs(NamedTuple):
     columns: torch.Tensor  # ``arange(plan.max_kv)`` on the device
 
 
-def _inputs(case: Case, tensors: Tensors, dtype: torch.dtype, q_scale: float) -> _Inputs:
-    """What every bucket loop reads, in ``dtype`` on the tensors' device; q is scaled by ``q_scale``."""
-    plan = plan_buckets(case, tensors.q.device)
+def _inputs(case: Case, tensors: Tensors, dtype: torch.dtype, q_scale: float, plan: Plan | None = None) -> _Inputs:
+    """What every bucket loop reads, in ``dtype`` on the tensors' device; q is scaled by ``q_scale``.
+    ``plan``: the case's ``plan_buckets`` on that device, if the caller already has it."""
+    if plan is None:
+        plan = plan_buckets(case, tensors.q.device)
+    assert plan.slots.device == tensors.q.device, "a plan made for another device"
     keys, values = _heads_first_kv(case, tensors, dtype, plan.slots)
     q = _padded_q(tensors, dtype, q_scale)
     alibi = _per_head(case, case.options.alibi_slopes, q)
@@ -280,6 +283,7 @@ def reference(
     chunk_size: int | None = None,
     logit_noise: bool = False,
     engine: str | None = None,
+    plan: Plan | None = None,
 ) -> Reference:
     """Float64 ``(out [total_q, Hq, Dvo], lse [total_q, Hq])`` on the tensors' device.
 
@@ -289,6 +293,8 @@ def reference(
     takes the fused kernel where it applies, no ``chunk_size`` is given and the case has at least
     ``FUSED_MIN_FLOPS`` of work, else this code. The
     result's ``engine`` says which ran; the fuzz runner re-judges every failure with ``"torch"``.
+    ``plan``: the case's bucket plan (``shared_plan``), when the caller computes more than one
+    oracle quantity of the same case.
     The fused kernel declines custom-mask and MLA cases (``auto`` runs this code on them,
     ``fused`` raises): a masked case is computed one request at a time (``_masked_attention``).
 
@@ -328,7 +334,7 @@ def reference(
             raise ValueError("engine='fused' declines MLA cases; use 'auto' or 'torch'")
         raise ValueError("engine='fused' needs CUDA tensors, Triton, no chunk_size and a case it takes (pa_oracle.oracle.fused)")
     dtype, device, heads = torch.float64, tensors.q.device, case.heads
-    plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, case.sm_scale)
+    plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, case.sm_scale, plan)
     out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
     lse = q.new_full(out.shape[:2], float("-inf"))
     noise = torch.zeros_like(out) if logit_noise else None
@@ -356,6 +362,13 @@ def reference(
     return Reference(out, lse * LOG2_E if lse_base == "2" else lse, noise)
 
 
+def shared_plan(case: Case, tensors: Tensors) -> Plan | None:
+    """The bucket plan that ``reference`` and ``plain_controls`` of ``case`` on ``tensors`` would
+    each build (host work and one copy to the device), to build once and pass to both; None for a
+    custom-mask case, computed one request at a time without one."""
+    return None if case.custom_mask is not None else plan_buckets(case, tensors.q.device)
+
+
 def plain_attention(
     case: Case, tensors: Tensors, dtype: torch.dtype, *, reorder_ops: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,31 +379,45 @@ def plain_attention(
     ``reorder_ops`` scales q before the dot product instead of the logits after it (flash-attn's
     second control): the same precision, rounded differently.
     """
+    return plain_controls(case, tensors, dtype, reorders=(reorder_ops,))[0]
+
+
+def plain_controls(
+    case: Case, tensors: Tensors, dtype: torch.dtype, *, reorders: tuple[bool, ...] = (False, True), plan: Plan | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``plain_attention`` with each ``reorder_ops`` of ``reorders`` (the tolerance model's two
+    controls), bit for bit, computed together: one plan (or ``plan``), one gather of K and V in
+    ``dtype``, and per bucket one gather of its keys and values for all of them."""
     heads = case.heads
     tensors = rotated(case, tensors)  # rotated in float64, then rounded to ``dtype`` as a kernel rounds them
     if case.custom_mask is not None:
-        result = _masked_attention(case, tensors, dtype, control=True, reorder_ops=reorder_ops)
-        return result.out, result.lse
-    plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, case.sm_scale if reorder_ops else 1.0)
-    logit_scale = 1.0 if reorder_ops else case.sm_scale
-    out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
-    lse = q.new_full(out.shape[:2], float("-inf"))
+        results = [_masked_attention(case, tensors, dtype, control=True, reorder_ops=r) for r in reorders]
+        return [(result.out, result.lse) for result in results]
+    plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, 1.0, plan)
+    # (q, logit scale) of each control: reorder_ops scales q (in ``dtype``, as ``_padded_q`` would), else the logits
+    scaled_q = q.mul(case.sm_scale) if any(reorders) and case.sm_scale != 1.0 else q
+    variants = [(scaled_q, 1.0) if r else (q, case.sm_scale) for r in reorders]
+    results = []
+    for _ in variants:
+        out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
+        results.append((out, q.new_full(out.shape[:2], float("-inf"))))
     for bucket in plan.buckets:
         cols = slice(bucket.first_key, bucket.max_kv)  # earlier keys are outside every window
-        s = _logits(case, bucket, _bucket_inputs(case, bucket, q), _kv_of(keys, bucket, cols), cols, logit_scale, alibi, columns)
-        n_keys = s.shape[-1]
-        if sink is not None:
-            s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
-        empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
-        bucket_lse = torch.logsumexp(s[..., :n_keys], dim=-1)
-        p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1).to(dtype)
-        v = _kv_of(values, bucket, cols)
+        k, v = _kv_of(keys, bucket, cols), _kv_of(values, bucket, cols)
         if v.element_size() < 4:  # CPU BLAS multiplies 16-bit floats 4-8x faster with v laid out [D, kv]
             v = v.transpose(-1, -2).contiguous().transpose(-1, -2)
-        bucket_out = _weigh(p[..., :n_keys], v)
-        _put_rows(out, bucket, torch.where(empty[..., None], 0.0, bucket_out))
-        _put_rows(lse, bucket, torch.where(empty, float("-inf"), bucket_lse))
-    return out, lse
+        for (variant_q, logit_scale), (out, lse) in zip(variants, results):
+            s = _logits(case, bucket, _bucket_inputs(case, bucket, variant_q), k, cols, logit_scale, alibi, columns)
+            n_keys = s.shape[-1]
+            if sink is not None:
+                s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
+            empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
+            bucket_lse = torch.logsumexp(s[..., :n_keys], dim=-1)
+            p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1).to(dtype)
+            bucket_out = _weigh(p[..., :n_keys], v)
+            _put_rows(out, bucket, torch.where(empty[..., None], 0.0, bucket_out))
+            _put_rows(lse, bucket, torch.where(empty, float("-inf"), bucket_lse))
+    return results
 
 
 def _allowed(case: Case, mask: np.ndarray, b: int, device: torch.device) -> torch.Tensor:
@@ -493,4 +520,4 @@ def merge_states(
     state = _merge(_State(lse_a, out_a, None, None), _State(lse_b, out_b, None, None))
     return state.out, state.lse
 
-__all__ = ["ENGINES", "FUSED_MIN_FLOPS", "Reference", "attended_flops", "default_engine", "half_ulp", "reference", "plain_attention", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]
+__all__ = ["ENGINES", "FUSED_MIN_FLOPS", "Reference", "attended_flops", "default_engine", "half_ulp", "reference", "plain_attention", "plain_controls", "shared_plan", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]

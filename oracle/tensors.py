@@ -113,8 +113,10 @@ class Tensors:
         """Checksums of the raw bits, to check that a kernel left its inputs alone (NaN-safe;
         computed where the tensors are, so a many-GiB pool is not copied to the host). ``extra``
         adds the other tensors the kernel is given (index tensors, block tables), by name. Under a
-        storage it covers the whole buffers (``memory``), so a write outside the views shows too."""
-        return {name: _checksum(t) for name, t in {**self.memory(), **(extra or {})}.items()}
+        storage it covers the whole buffers (``memory``), so a write outside the views shows too. The
+        sums of all tensors on one device come back in one copy (one stream sync on CUDA)."""
+        named = {**self.memory(), **(extra or {})}
+        return dict(zip(named, _read_back([_checksum_parts(t) for t in named.values()])))
 
 
 def _rebased(view: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -133,17 +135,43 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b).to(a.device))
 
 
-def _checksum(t: torch.Tensor, chunk: int = 1 << 24) -> tuple[int, int]:
-    """(sum, position-weighted sum) of the raw bits as int64: any single changed element changes
+def _checksum_parts(t: torch.Tensor, chunk: int = 1 << 24) -> list[torch.Tensor]:
+    """(sum, position-weighted sum) of the raw bits as int64, of each chunk of ``chunk`` elements,
+    as 0-d tensors where ``t`` is (nothing is read back here). Any single changed element changes
     the weighted sum (weights 1..65521 are never 0 mod 2**64)."""
     bits = raw_bits(t).flatten()
-    plain = weighted = 0
+    parts = []
     for start in range(0, bits.numel(), chunk):
-        part = bits[start : start + chunk].to(torch.int64)
-        weights = (torch.arange(start, start + part.numel(), device=part.device) % 65521) + 1
-        plain += int(part.sum())
-        weighted += int((part * weights).sum())
-    return plain, weighted
+        part = bits[start : start + chunk]  # summed in int64, as the widened values (no int64 copy)
+        parts += [part.sum(dtype=torch.int64), (part * _weights(start, part.numel(), part.device)).sum()]
+    return parts
+
+
+def _read_back(sums: list[list[torch.Tensor]]) -> list[tuple[int, int]]:
+    """Each tensor's checksum from its chunks' ``_checksum_parts``, added as Python ints (no int64
+    wrap across chunks), read in one copy per device."""
+    totals = [[0, 0] for _ in sums]
+    entries = [(i, j % 2, part) for i, parts in enumerate(sums) for j, part in enumerate(parts)]
+    for device in {part.device for *_, part in entries}:
+        here = [entry for entry in entries if entry[2].device == device]
+        for (i, weighted, _), value in zip(here, torch.stack([part for *_, part in here]).tolist()):
+            totals[i][weighted] += value
+    return [(plain, weighted) for plain, weighted in totals]
+
+
+_WEIGHTS: dict[torch.device, torch.Tensor] = {}  # the weights from position 0, by device (reused: 3 ops less a tensor)
+_WEIGHTS_KEPT = 1 << 22  # elements (32 MiB of int64): what a fuzz-sized pool needs
+
+
+def _weights(start: int, n: int, device: torch.device) -> torch.Tensor:
+    """The checksum's weights of positions ``start .. start + n - 1``: ``position % 65521 + 1``."""
+    if start == 0 and n <= _WEIGHTS_KEPT:
+        kept = _WEIGHTS.get(device)
+        if kept is None or kept.numel() < n:
+            size = min(_WEIGHTS_KEPT, max(n, 1 << 16))
+            kept = _WEIGHTS[device] = (torch.arange(size, device=device) % 65521) + 1
+        return kept[:n]
+    return (torch.arange(start, start + n, device=device) % 65521) + 1
 
 
 def _master(gen: torch.Generator, shape: tuple[int, ...], distribution: str, role: str) -> torch.Tensor:

@@ -17,6 +17,8 @@ an empty row's output must be exactly 0.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -74,58 +76,98 @@ class Verdict:
         return "FAIL: " + "; ".join(self.failures)
 
 
-def _rounding_floors(
-    ref: torch.Tensor, dtype: torch.dtype, factor: float, logit_noise: torch.Tensor | None
-) -> tuple[float, float]:
-    """(max, mean) rounding bound of the reference in ``dtype`` (plus logit noise), times ``factor``."""
-    mask = torch.isfinite(ref)
-    if not mask.any():
-        return 0.0, 0.0
-    bound = half_ulp(ref[mask], dtype)
-    if logit_noise is not None:
-        bound = bound + logit_noise[mask]
-    return factor * float(bound.max()), factor * float(bound.mean())
+class _Reads:
+    """0-d float64 device tensors, read back to the host together: one copy, so one stream sync on
+    CUDA, instead of one per ``float(...)``. ``add`` returns a slot; ``value(slot)`` reads all once."""
+
+    def __init__(self) -> None:
+        self._pending: list[torch.Tensor] = []
+        self._values: list[float] | None = None
+
+    def add(self, t: torch.Tensor) -> int:
+        assert self._values is None, "a read was added after the values came back"
+        self._pending.append(t.to(torch.float64))
+        return len(self._pending) - 1
+
+    def count(self, mask: torch.Tensor) -> int:
+        """A slot holding how many elements of ``mask`` are True (exact below 2**53)."""
+        return self.add(mask.sum(dtype=torch.float64))
+
+    def value(self, slot: int) -> float:
+        if self._values is None:
+            self._values = torch.stack(self._pending).tolist() if self._pending else []
+        return self._values[slot]
 
 
-def _stats(
-    name: str,
-    kernel: torch.Tensor,
-    controls: list[torch.Tensor],
-    ref: torch.Tensor,
-    dtype: torch.dtype,
-    tol: Tolerance,
-    logit_noise: torch.Tensor | None = None,
-) -> tuple[ErrorStats, torch.Tensor]:
-    mask = torch.isfinite(ref)
-    err = (kernel.to(torch.float64) - ref).abs()
-    err = torch.where(torch.isnan(err), float("inf"), err)
-    ctrl = torch.stack([(c.to(torch.float64) - ref).abs() for c in controls]).amax(0)
-    e, c = err[mask], ctrl[mask]
-    if not bool(torch.isfinite(c).all()):
-        # the plain computation in the kernel's dtype overflows where the reference is finite: no
-        # limit can be derived, and a NaN limit would pass anything (every comparison is False)
-        raise CaseError(
-            f"{name}: the case's values overflow {dtype}: the plain {dtype} computation is not finite on "
-            f"{int((~torch.isfinite(c)).sum())} elements where the float64 reference is, so no kernel can be judged on it"
+class _Pending:
+    """``_stats``' reductions of one output, queued on a ``_Reads``; ``finish`` makes the stats.
+
+    The kernel's error, the control error and the rounding bound are reduced over the elements
+    where the reference is finite, in their logical order, as ``x[mask].max()`` / ``.mean()``
+    would: over every element when the reference's sum is finite (then so is each element), else
+    over the finite ones, selected with one ``nonzero`` (``rows``)."""
+
+    def __init__(
+        self, name: str, kernel: torch.Tensor, controls: list[torch.Tensor], ref: torch.Tensor, dtype: torch.dtype,
+        logit_noise: torch.Tensor | None, reads: _Reads, rows: torch.Tensor | None = None,
+    ) -> None:
+        self.name, self.kernel, self.controls, self.ref, self.dtype, self.logit_noise = name, kernel, controls, ref, dtype, logit_noise
+        self.reads, self.rows = reads, rows
+        self.err = (kernel.to(torch.float64) - ref).abs().nan_to_num_(nan=float("inf"), posinf=float("inf"))
+        ctrl = [(c.to(torch.float64) - ref).abs() for c in controls]
+        self.ctrl = functools.reduce(torch.maximum, ctrl[1:], ctrl[0])  # NaN-propagating, as amax
+        self.numel = ref.numel() if rows is None else rows.numel()
+        self.all_finite = reads.add(ref.sum()) if rows is None else None  # NaN or inf if any element is
+        if self.numel == 0:
+            return
+        e, c = self._pick(self.err), self._pick(self.ctrl)
+        bound = half_ulp(self._pick(ref), dtype)
+        if logit_noise is not None:
+            bound = bound + self._pick(logit_noise)
+        self.slots = [reads.add(x) for x in (e.max(), e.mean(), c.max(), c.mean(), bound.max(), bound.mean())]
+        self.e = e
+
+    def _pick(self, x: torch.Tensor) -> torch.Tensor:
+        """The elements the stats are over, flat in logical order."""
+        return x.reshape(-1) if self.rows is None else x.reshape(-1).index_select(0, self.rows)
+
+    def finish(self, tol: Tolerance) -> tuple[ErrorStats, torch.Tensor]:
+        """The stats and the error tensor (0 where the reference is not finite)."""
+        if self.all_finite is not None and not math.isfinite(self.reads.value(self.all_finite)):
+            rows = torch.isfinite(self.ref).reshape(-1).nonzero().squeeze(1)
+            exact = _Pending(self.name, self.kernel, self.controls, self.ref, self.dtype, self.logit_noise, _Reads(), rows)
+            return exact.finish(tol)
+        if self.numel == 0:
+            max_error = mean_error = ctrl_max = ctrl_mean = floor = mean_floor = 0.0
+        else:
+            max_error, mean_error, ctrl_max, ctrl_mean, bound_max, bound_mean = (self.reads.value(s) for s in self.slots)
+            if not math.isfinite(ctrl_max):  # max propagates NaN and inf: some control element is not finite
+                # the plain computation in the kernel's dtype overflows where the reference is finite: no
+                # limit can be derived, and a NaN limit would pass anything (every comparison is False)
+                raise CaseError(
+                    f"{self.name}: the case's values overflow {self.dtype}: the plain {self.dtype} computation is not finite on "
+                    f"{int((~torch.isfinite(self._pick(self.ctrl))).sum())} elements where the float64 reference is, "
+                    "so no kernel can be judged on it"
+                )
+            floor, mean_floor = tol.floor_factor * bound_max, tol.floor_factor * bound_mean
+        limit_max = tol.max_ratio * ctrl_max + floor
+        limit_mean = tol.mean_ratio * ctrl_mean + mean_floor
+        stats = ErrorStats(
+            name=self.name,
+            max_error=max_error,
+            mean_error=mean_error,
+            control_max_error=ctrl_max,
+            control_mean_error=ctrl_mean,
+            floor=floor,
+            numel=self.numel,
+            # no element exceeds the limit unless the largest does: counted only then
+            mismatches=int((self.e > limit_max).sum()) if max_error > limit_max else 0,
+            limit_max=limit_max,
+            limit_mean=limit_mean,
         )
-    floor, mean_floor = _rounding_floors(ref, dtype, tol.floor_factor, logit_noise)
-    ctrl_max = float(c.max()) if c.numel() else 0.0
-    ctrl_mean = float(c.mean()) if c.numel() else 0.0
-    limit_max = tol.max_ratio * ctrl_max + floor
-    limit_mean = tol.mean_ratio * ctrl_mean + mean_floor
-    stats = ErrorStats(
-        name=name,
-        max_error=float(e.max()) if e.numel() else 0.0,
-        mean_error=float(e.mean()) if e.numel() else 0.0,
-        control_max_error=ctrl_max,
-        control_mean_error=ctrl_mean,
-        floor=floor,
-        numel=int(e.numel()),
-        mismatches=int((e > limit_max).sum()),
-        limit_max=limit_max,
-        limit_mean=limit_mean,
-    )
-    return stats, torch.where(mask, err, torch.zeros_like(err))
+        if self.rows is None:
+            return stats, self.err
+        return stats, torch.where(torch.isfinite(self.ref), self.err, 0.0)
 
 
 def compare(
@@ -152,14 +194,24 @@ def compare(
     if out.dtype != out_dtype:
         failures.append(f"out dtype is {out.dtype}, expected {out_dtype}")
     out = out.to(ref_out.device)
+    reads = _Reads()  # every scalar below comes back in one copy
     empty_rows = torch.isinf(ref_lse)  # [total_q, Hq]: no key to attend
-    bad = ~torch.isfinite(out)
-    if bad.any():
-        failures.append(f"out has {int(bad.sum())} non-finite elements (NaN {int(torch.isnan(out).sum())})")
-    nonzero_empty = (out != 0).any(-1) & empty_rows
-    if nonzero_empty.any():
-        failures.append(f"{int(nonzero_empty.sum())} empty rows (no key to attend) are not exactly 0")
-    out_stats, error = _stats("out", out, [c[0] for c in controls], ref_out, out_dtype, tolerance, ref.logit_noise)
+    finite_out = reads.count(torch.isfinite(out))
+    nonzero_empty = reads.count((out != 0).any(-1) & empty_rows)
+    out_pending = _Pending("out", out, [c[0] for c in controls], ref_out, out_dtype, ref.logit_noise, reads)
+    lse64 = None
+    if lse is not None:
+        lse = lse.to(ref_lse.device)
+        if tuple(lse.shape) == (total_q, heads.num_qo_heads):
+            lse64 = lse.to(torch.float64)
+            wrong_empty = empty_rows & ~(lse64 == float("-inf"))
+            wrong_empties, bad_lse = reads.count(wrong_empty), reads.count(~empty_rows & ~torch.isfinite(lse64))
+            lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, None, reads)
+    if reads.value(finite_out) < out.numel():
+        failures.append(f"out has {out.numel() - int(reads.value(finite_out))} non-finite elements (NaN {int(torch.isnan(out).sum())})")
+    if reads.value(nonzero_empty):
+        failures.append(f"{int(reads.value(nonzero_empty))} empty rows (no key to attend) are not exactly 0")
+    out_stats, error = out_pending.finish(tolerance)
     if out_stats.max_error > out_stats.limit_max:
         failures.append(
             f"out max error {out_stats.max_error:.3g} > {out_stats.limit_max:.3g} allowed "
@@ -172,24 +224,20 @@ def compare(
             f"({tolerance.mean_ratio:g} x control mean {out_stats.control_mean_error:.3g} + mean floor)"
         )
     lse_stats, lse_error = None, None
-    if lse is not None:
-        lse = lse.to(ref_lse.device)
-        if tuple(lse.shape) != (total_q, heads.num_qo_heads):
-            failures.append(f"lse has shape {tuple(lse.shape)}, expected {(total_q, heads.num_qo_heads)}")
-        else:
-            lse64 = lse.to(torch.float64)
-            wrong_empty = empty_rows & ~(lse64 == float("-inf"))
-            if wrong_empty.any():
-                sample = lse64[wrong_empty][:3].tolist()
-                failures.append(f"{int(wrong_empty.sum())} empty rows have lse {sample}, expected -inf")
-            bad_lse = ~empty_rows & ~torch.isfinite(lse64)
-            if bad_lse.any():
-                failures.append(f"lse has {int(bad_lse.sum())} non-finite values on rows with keys")
-            lse_stats, lse_error = _stats("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, tolerance)
+    if lse is not None and lse64 is None:
+        failures.append(f"lse has shape {tuple(lse.shape)}, expected {(total_q, heads.num_qo_heads)}")
+    elif lse64 is not None:
+        if reads.value(wrong_empties):
+            sample = lse64[wrong_empty][:3].tolist()
+            failures.append(f"{int(reads.value(wrong_empties))} empty rows have lse {sample}, expected -inf")
+        if reads.value(bad_lse):
+            failures.append(f"lse has {int(reads.value(bad_lse))} non-finite values on rows with keys")
+        lse_stats, lse_error = lse_pending.finish(tolerance)
+        if reads.value(wrong_empties):
             lse_error = torch.where(wrong_empty, float("inf"), lse_error)
-            if lse_stats.max_error > lse_stats.limit_max:
-                failures.append(
-                    f"lse max error {lse_stats.max_error:.3g} > {lse_stats.limit_max:.3g} allowed "
-                    f"({lse_stats.mismatches} / {lse_stats.numel} mismatch)"
-                )
+        if lse_stats.max_error > lse_stats.limit_max:
+            failures.append(
+                f"lse max error {lse_stats.max_error:.3g} > {lse_stats.limit_max:.3g} allowed "
+                f"({lse_stats.mismatches} / {lse_stats.numel} mismatch)"
+            )
     return Verdict(not failures, failures, out_stats, lse_stats, error, lse_error)

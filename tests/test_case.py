@@ -138,3 +138,24 @@ def test_every_distribution_carries_signal_and_is_deterministic(distribution) ->
     assert a.fingerprint() == b.fingerprint()
     check_signal(case, a)
     assert torch.isfinite(a.q).all()
+
+
+def test_fingerprint_is_the_position_weighted_sum_of_the_raw_bits() -> None:
+    from pa_oracle.oracle.tensors import _checksum_parts, _read_back, raw_bits
+
+    def definition(t: torch.Tensor) -> tuple[int, int]:
+        bits = raw_bits(t).flatten().to(torch.int64)
+        weights = torch.arange(bits.numel()) % 65521 + 1
+        return int(bits.sum()), int((bits * weights).sum())
+
+    pool = torch.randn(3, 70_000).to(torch.bfloat16)
+    pool[0, 5] = float("nan")
+    tensors = Tensors(pool[0], pool, pool[:, :7])  # a non-contiguous view too
+    extra = {"kv_indices": torch.tensor([3, -1, 7], dtype=torch.int32), "none": torch.zeros(0), "fp8": torch.randn(9).to(torch.float8_e4m3fn)}
+    named = {**tensors.as_dict(), **extra}
+    assert tensors.fingerprint(extra) == {name: definition(t) for name, t in named.items()}
+    # chunked: the same sums (added as Python ints), wherever the chunks start
+    assert _read_back([_checksum_parts(pool, chunk=65_536)]) == [definition(pool)]
+    changed = pool.clone()
+    changed.view(torch.int16)[2, 69_999] += 1
+    assert Tensors(pool[0], changed, pool[:, :7]).fingerprint()["k_cache"] != tensors.fingerprint()["k_cache"]

@@ -56,3 +56,32 @@ def test_lse_in_base_two_is_caught() -> None:
     _, ref = judge(torch.zeros(6, 4, 16, dtype=torch.bfloat16))
     verdict, _ = judge(ref.out.to(torch.bfloat16), reference(CASE, make_tensors(CASE), lse_base="2").lse.float())
     assert not verdict.passed and any("lse max error" in f for f in verdict.failures)
+
+
+def _definition(kernel: torch.Tensor, controls: list[torch.Tensor], ref: torch.Tensor) -> tuple[float, float, float, float]:
+    """(max, mean) of the kernel's and the controls' error over the finite reference elements, by
+    boolean-mask indexing: what ``compare`` reduces without reading the mask back first."""
+    mask = torch.isfinite(ref)
+    err = (kernel.double() - ref).abs().nan_to_num(nan=float("inf"), posinf=float("inf"))[mask]
+    ctrl = torch.stack([(c.double() - ref).abs() for c in controls]).amax(0)[mask]
+    return float(err.max()), float(err.mean()), float(ctrl.max()), float(ctrl.mean())
+
+
+def test_the_stats_are_the_masked_reductions_bit_for_bit() -> None:
+    # lse has -inf rows (the empty request) and the kernel's out is a non-contiguous view with a NaN:
+    # the reductions must be those over the finite reference elements, in their logical order
+    tensors = make_tensors(CASE)
+    ref = reference(CASE, tensors, logit_noise=True)
+    controls = [plain_attention(CASE, tensors, torch.bfloat16, reorder_ops=r) for r in (False, True)]
+    out = ref.out.to(torch.bfloat16).transpose(0, 1).contiguous().transpose(0, 1)
+    out[1, 2, 3] = float("nan")
+    lse = ref.lse.float() + 1e-4
+    lse[3] = float("-inf")  # the empty request's row: right
+    verdict = compare(CASE, out=out, lse=lse, ref=ref, controls=controls)
+    for stats, kernel, which, reference_values in ((verdict.out, out, 0, ref.out), (verdict.lse, lse, 1, ref.lse)):
+        want = _definition(kernel, [c[which] for c in controls], reference_values)
+        assert (stats.max_error, stats.mean_error, stats.control_max_error, stats.control_mean_error) == want
+        assert stats.numel == int(torch.isfinite(reference_values).sum())
+    assert verdict.out.max_error == float("inf") and verdict.out.mismatches == 1
+    assert verdict.lse.numel < ref.lse.numel()  # the empty row is left out
+    assert verdict.failures[0].startswith("out has 1 non-finite elements (NaN 1)")

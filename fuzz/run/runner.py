@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
 from pa_oracle.oracle.case import Case, CaseError
-from pa_oracle.oracle.reference import plain_attention, reference
+from pa_oracle.oracle.reference import plain_controls, reference, shared_plan
 from pa_oracle.oracle.tensors import Tensors, make_tensors, torch_dtype
 from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
 
@@ -131,13 +131,13 @@ def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Toleran
     On CUDA the reference is computed by the fused kernel (``pa_oracle.oracle.fused``); a failing verdict is
     computed again against the torch reference, the definition, which alone decides a finding.
     """
-    ref = reference(case, tensors, logit_noise=True)
-    dtype = torch_dtype(case.options.q_dtype)
-    controls = [plain_attention(case, tensors, dtype, reorder_ops=r) for r in (False, True)]
+    plan = shared_plan(case, tensors)  # the reference's buckets, the controls' too
+    ref = reference(case, tensors, logit_noise=True, plan=plan)
+    controls = plain_controls(case, tensors, torch_dtype(case.options.q_dtype), plan=plan)
     verdict = compare(case, out=result.out, lse=result.lse, ref=ref, controls=controls, tolerance=tolerance)
     if verdict.passed or ref.engine == "torch":
         return verdict
-    definition = reference(case, tensors, logit_noise=True, engine="torch")
+    definition = reference(case, tensors, logit_noise=True, engine="torch", plan=plan)
     again = compare(case, out=result.out, lse=result.lse, ref=definition, controls=controls, tolerance=tolerance)
     if again.passed:
         raise OracleDisagreement(

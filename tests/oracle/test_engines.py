@@ -57,8 +57,8 @@ def test_a_wrong_fused_oracle_is_an_error_not_a_finding(monkeypatch: pytest.Monk
     # the fused result is off by 0.5 and so are the controls (else the kernel-vs-control ratio
     # absorbs it): judged against it the correct kernel fails; against the torch reference it passes
     _fused_stand_in(monkeypatch, shift=0.5)
-    control = runner.plain_attention
-    monkeypatch.setattr(runner, "plain_attention", lambda *a, **k: (lambda o, lse: (o + 0.5, lse))(*control(*a, **k)))
+    controls = runner.plain_controls
+    monkeypatch.setattr(runner, "plain_controls", lambda *a, **k: [(o + 0.5, lse) for o, lse in controls(*a, **k)])
     tensors = make_tensors(CASE)
     with pytest.raises(runner.OracleDisagreement, match="torch reference passes it"):
         runner.judge(CASE, tensors, _kernel(tensors))
