@@ -35,6 +35,7 @@ from pa_oracle.fuzz.run import runner
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.campaign.variants import plan_variants
 from pa_oracle.fuzz.cli import narrow
+from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case
@@ -68,7 +69,8 @@ def draw_cases(backend: Backend, count: int, base_seed: int, compile_budget: flo
     def collect(case: Case) -> None:
         drawn.append(case)
 
-    collect()
+    with seed_only_draws():  # as a campaign draws
+        collect()
     return drawn[:count]
 
 

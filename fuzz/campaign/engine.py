@@ -30,6 +30,7 @@ from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
 from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
+from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
@@ -228,7 +229,11 @@ def fuzz_backend(
 
     def chunk_run(index: int, n: int) -> Callable[[Callable[[Case], None]], None]:
         """Chunk ``index``'s Hypothesis run (``n`` examples), given its test function."""
-        return lambda fn: campaign_settings(n)(seed(shard.chunk_seed(base_seed, index))(given(strategy)(fn)))()
+        def run(fn: Callable[[Case], None]) -> None:
+            with seed_only_draws():
+                campaign_settings(n)(seed(shard.chunk_seed(base_seed, index))(given(strategy)(fn)))()
+
+        return run
 
     def draw_ahead(index: int, n: int, also_seen: set[str]) -> DrawnChunk:
         """Draw chunk ``index`` and queue its cases in the worker (``pa_oracle.fuzz.campaign.overlap``)."""
