@@ -16,7 +16,7 @@ L="$OUT/rope"; T=/tmp/rope-gpu; mkdir -p "$L" "$T"
 export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
 export PYTHONPATH="${PYTHONPATH:-}:$PWD"
 START=$(date +%s); LOG="$L/campaigns.log"
-left() { echo $(( 225 - ($(date +%s) - START) )); }
+left() { echo $(( ${ROPE_SECONDS:-225} - ($(date +%s) - START) )); }
 step() {  # NAME SECONDS COMMAND...: run with a hard timeout inside the global deadline
   local name=$1 want=$2; shift 2
   local l=$(left)

@@ -22,7 +22,7 @@ export PYTHONPATH="${PYTHONPATH:-}:$PWD"
 START=$(date +%s); LOG="$L/campaigns.log"
 step() {  # NAME SECONDS COMMAND...: run with a hard timeout inside the global deadline
   local name=$1 want=$2; shift 2
-  local left=$(( 230 - ($(date +%s) - START) ))
+  local left=$(( ${FAMILIES_SECONDS:-230} - ($(date +%s) - START) ))
   if [ $left -lt 15 ]; then echo "$name: skipped (out of time)" | tee -a "$LOG"; return; fi
   [ $want -gt $(( left - 5 )) ] && want=$(( left - 5 ))
   timeout $want "$@" > "$T/$name.out" 2> "$T/$name.err"

@@ -29,7 +29,7 @@ for name in ("flashinfer-decode", "flashinfer-decode-tc", "flashinfer-prefill-fa
     qo = [1, 1, 1] if "decode" in name or name.startswith("flash-attn") else [3, 41, 1]
     layout = Layout.from_lengths(qo, kv, page, page_order=list(reversed(range(pages))), extra_pages=2)
     for storage in storages:
-        case = Case(layout, Heads(8, 4, 128, 128), Options(q_dtype="float16", kv_dtype="float16", causal=qo[1] > 1), seed=3, storage=storage)
+        case = Case(layout, Heads(8, 4, 128, 128), Options(q_dtype="bfloat16", kv_dtype="bfloat16", causal=qo[1] > 1), seed=3, storage=storage)
         t = time.time()
         outcome = check_case(backend, case)
         bad += outcome.status != "pass"
@@ -37,8 +37,8 @@ for name in ("flashinfer-decode", "flashinfer-decode-tc", "flashinfer-prefill-fa
 print("MATRIX OK" if bad == 0 else f"MATRIX: {bad} not passing")
 PY
 echo "matrix done: $(tail -1 "$LOG/matrix.txt")"
-timeout 170 python -m pa_oracle fuzz -b flashinfer-decode -b flashinfer-prefill-fa2 -b flash-attn-kvcache-paged -b sdpa-efficient \
-  --only storages=combined,HND,fused_qkv,pool_offset -n 150 --time-budget 120 --compile-budget 40 \
+timeout $(( ${LAYOUTS_SECONDS:-120} + 50 )) python -m pa_oracle fuzz -b flashinfer-decode -b flashinfer-prefill-fa2 -b flash-attn-kvcache-paged -b sdpa-efficient \
+  --only storages=combined,HND,fused_qkv,pool_offset --only head_dims=64,128 -n 150 --time-budget ${LAYOUTS_SECONDS:-120} --compile-budget 20 \
   --out "$CAMPAIGN" --json > /tmp/layouts-fuzz.json 2> "$LOG/fuzz.log"
 echo "fuzz exit code $?" >> "$LOG/fuzz.log"
 cp "$CAMPAIGN/summary.json" "$LOG/summary.json" 2>/dev/null
