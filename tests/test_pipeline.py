@@ -123,8 +123,9 @@ def test_the_oracle_is_one_check_among_the_others() -> None:
     assert "sdpa-math reorder: ok" in result.line()
 
 
-def test_every_backend_and_check_of_a_campaign_shares_one_worker_per_device(tmp_path: Path, monkeypatch) -> None:
-    starts = []
+def _count_worker_starts(monkeypatch) -> list[float | None]:  # type: ignore[no-untyped-def]
+    """The deadlines of every ``Worker._start`` from now on (one entry per process started)."""
+    starts: list[float | None] = []
     real = Worker._start
 
     def counted(self, deadline=None):  # type: ignore[no-untyped-def]
@@ -132,6 +133,11 @@ def test_every_backend_and_check_of_a_campaign_shares_one_worker_per_device(tmp_
         return real(self, deadline)
 
     monkeypatch.setattr(Worker, "_start", counted)
+    return starts
+
+
+def test_every_backend_and_check_of_a_campaign_shares_one_worker_per_device(tmp_path: Path, monkeypatch) -> None:
+    starts = _count_worker_starts(monkeypatch)
     backends = [UserKernel.from_spec(CORRECT), get_backend("sdpa-math")]
     results = run_campaign(backends, CampaignState({"seed": 0}), tmp_path / "checks.json",
                            examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"]))
@@ -181,14 +187,7 @@ def test_a_pair_that_overruns_its_share_shortens_the_others_evenly_never_to_noth
 
 def test_turns_that_end_at_their_deadline_keep_the_shared_worker_running(tmp_path: Path, monkeypatch) -> None:
     """A turn ends between two cases (or lets its last case finish): the worker is neither cut nor restarted."""
-    starts = []
-    real = Worker._start
-
-    def counted(self, deadline=None):  # type: ignore[no-untyped-def]
-        starts.append(deadline)
-        return real(self, deadline)
-
-    monkeypatch.setattr(Worker, "_start", counted)
+    starts = _count_worker_starts(monkeypatch)
     slow = [UserKernel.from_spec(f"tests.reliability.bad_kernels:{n}") for n in ("slow_correct", "sleeps_two_seconds")]
     results = run_campaign(slow, CampaignState({"seed": 0}), tmp_path / "c.json", examples=10_000, limits=TINY,
                            isolate=True, case_timeout=60, time_budget=12.0)
