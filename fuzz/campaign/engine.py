@@ -311,6 +311,10 @@ def fuzz_backend(
                 break
         if _judged_nothing(result) and checkpoint:
             checkpoint(result)
+    except BaseException:
+        if prefetch is not None:
+            prefetch.abandon()  # e.g. a Ctrl-C in the middle of an exchange with the worker
+        raise
     finally:
         if prefetch is not None:  # cases judged ahead and not counted: the worker must be idle for the next backend
             prefetch.discard(cutoff or deadline)

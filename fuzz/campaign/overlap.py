@@ -73,6 +73,9 @@ class Prefetch:
         self.queue.append(case.case_id)
 
     def _collect_one(self, deadline: float | None) -> None:
+        if self.isolated.pending == 0:  # the worker was restarted: nothing queued will answer
+            self.queue.clear()
+            return
         case_id = self.queue.popleft()
         try:
             self.done[case_id] = got = self.isolated.collect(deadline)
@@ -125,6 +128,14 @@ class Prefetch:
                 pass
         self.isolated.worker.close(graceful=False)
         self.queue.clear()
+
+    def abandon(self) -> None:
+        """Stop the worker without waiting for what is queued (after a Ctrl-C or an error of the tool:
+        an exchange with the worker may have been cut half-way, so its next answer cannot be trusted)."""
+        if self.queue or self.isolated.pending:
+            self.isolated.worker.close(graceful=False)
+        self.queue.clear()
+        self.done.clear()
 
     def discard(self, deadline: float | None) -> None:
         """Forget every queued and cached outcome (the cases were not counted: a later run draws
