@@ -168,6 +168,10 @@ def fuzz_backend(
     def judge(case: Case) -> Outcome:
         return judge_timed(case)[0]
 
+    def start_clock() -> float:
+        """Seconds this backend's worker spent starting and loading so far (0 in-process)."""
+        return isolated.start_seconds if isolated is not None else 0.0
+
     def is_known(case: Case) -> bool:
         return bool(ledger) and known_finding(ledger, case, backend.name, versions, family=backend.kernel_family) is not None
 
@@ -191,19 +195,19 @@ def fuzz_backend(
             if searching:
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
-        starting = isolated.start_seconds if isolated is not None else 0.0
+        starting = start_clock()
         if variants is not None and searching and not judged_ahead:
             variants.before(case)
         try:
             judging = time.monotonic()
             outcome, ahead_seconds = judge_timed(case)
-            started = (isolated.start_seconds if isolated is not None else 0.0) - starting
+            started = start_clock() - starting
             result.start_seconds += started
             if variants is not None and searching:
                 took = ahead_seconds if ahead_seconds is not None else time.monotonic() - judging - started
                 result.compile_seconds += variants.observe(case, took)
         except (OutOfTime, WorkerStartError) as exc:
-            result.start_seconds += (isolated.start_seconds if isolated is not None else 0.0) - starting
+            result.start_seconds += start_clock() - starting
             stopped.append(str(exc))
             if searching:
                 result.seen.pop()  # not judged: a resume draws it again
@@ -237,14 +241,14 @@ def fuzz_backend(
 
     def draw_ahead(index: int, n: int, also_seen: set[str]) -> DrawnChunk:
         """Draw chunk ``index`` and queue its cases in the worker (``pa_oracle.fuzz.campaign.overlap``)."""
-        assert prefetch is not None and isolated is not None
-        starting = isolated.start_seconds
+        assert prefetch is not None
+        starting = start_clock()
         chunk = draw_chunk(
             index, lambda fn: chunk_run(index, n)(lambda c: fn(c.replace(seed=shard.case_seed(c.seed)))),
             seen=seen | also_seen, known=is_known, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
             announce=variants.before if variants is not None else None,
         )
-        result.start_seconds += isolated.start_seconds - starting
+        result.start_seconds += start_clock() - starting
         return chunk
 
     ahead: DrawnChunk | None = None  # the next chunk, drawn (and queued) while the worker judged this one
@@ -344,11 +348,7 @@ def _count_clean_chunk(
     if cut is not None:  # the judged prefix: up to the first queued case without an outcome
         missing = next((i for i, (kind, case) in enumerate(events) if kind == "queued" and case.case_id not in prefetch.done), len(events))
         events = events[:missing]
-    for kind, case in events:
-        got = prefetch.done.get(case.case_id)
-        if kind == "queued" and (not isinstance(got, tuple) or got[0].status not in ("pass", "unsupported")):
-            return False, None  # a finding, an error, a dropped case: the engine's own run judges the chunk
-    for kind, case in events:
+    for kind, case in events:  # (every queued case of ``events`` was found clean above)
         seen.add(case.case_id)
         result.seen.append(case.case_id)
         if kind == "known":

@@ -15,6 +15,7 @@ that run decides, exactly as without the pipeline.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -64,9 +65,12 @@ class Prefetch:
         (at the mean pace of the latest cases; False before any case was collected)."""
         if deadline is None:
             return True
-        if not self.recent:
-            return False
-        return _now() + (len(self.queue) + extra) * (sum(self.recent) / len(self.recent)) <= deadline
+        pace = self.pace()
+        return pace is not None and time.monotonic() + (len(self.queue) + extra) * pace <= deadline
+
+    def pace(self) -> float | None:
+        """Mean worker seconds of the latest cases collected (None before any)."""
+        return sum(self.recent) / len(self.recent) if self.recent else None
 
     def submit(self, case: Case, deadline: float | None) -> None:
         self.isolated.submit(case, deadline, self.check)
@@ -97,8 +101,7 @@ class Prefetch:
     def outcome(self, case: Case, deadline: float | None) -> tuple[Outcome, float] | None:
         """(outcome, worker seconds) of ``case`` if it was queued; None if not (or dropped)."""
         case_id = case.case_id
-        while case_id not in self.done and case_id in self.queue:
-            self._collect_one(deadline)
+        self.collect_through([case_id], deadline)
         if case_id not in self.done:
             self.idle(deadline)  # the caller judges this case itself: the worker must be idle
             return None
@@ -118,7 +121,7 @@ class Prefetch:
         shrunk), stop the process instead (its queued cases are then simply not judged)."""
         if not self.queue:
             return
-        pace = sum(self.recent) / len(self.recent) if self.recent else None
+        pace = self.pace()
         restart = max(RESTART_SECONDS, self.isolated.start_seconds / max(self.isolated.starts, 1))
         if pace is not None and len(self.queue) * pace <= restart:
             try:
@@ -170,7 +173,7 @@ def draw_chunk(
         pass
 
     def test(case: Case) -> None:
-        if deadline is not None and _now() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             raise Stop
         if case.case_id in drawn:
             reject()
@@ -196,9 +199,3 @@ def draw_chunk(
     except Exception:  # noqa: BLE001 - anything else: the engine's own run meets it and decides what it means
         chunk.complete = False
     return chunk
-
-
-def _now() -> float:
-    import time
-
-    return time.monotonic()

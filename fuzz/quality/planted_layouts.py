@@ -16,7 +16,7 @@ rebuilding its inputs the way the bug reads memory:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from pa_oracle.fuzz.quality.planted import _paged_attention
@@ -45,6 +45,13 @@ def _nhd_offsets_on_hnd(cache: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(cache, (pages, page_size, heads, dim), (cache.stride(0), heads * dim, dim, 1), cache.storage_offset())
 
 
+def _planted(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` named ``name``, declaring every storage."""
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.pa_oracle_capabilities = {"storages": STORAGE_FEATURES}  # type: ignore[attr-defined]
+    return kernel
+
+
 def _standard(name: str, read: Callable[[torch.Tensor], torch.Tensor] | None):  # type: ignore[no-untyped-def]
     """A kernel of the standard signature that reads q and the caches through ``read`` (None: as given)."""
 
@@ -56,9 +63,7 @@ def _standard(name: str, read: Callable[[torch.Tensor], torch.Tensor] | None):  
                           kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale, window_left=window_left,
                           logits_soft_cap=logits_soft_cap)
 
-    kernel.__name__ = kernel.__qualname__ = name
-    kernel.pa_oracle_capabilities = {"storages": STORAGE_FEATURES}  # type: ignore[attr-defined]
-    return kernel
+    return _planted(name, kernel)
 
 
 def _layout_aware(name: str, *, confused: bool):  # type: ignore[no-untyped-def]
@@ -75,9 +80,7 @@ def _layout_aware(name: str, *, confused: bool):  # type: ignore[no-untyped-def]
                           kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale, window_left=window_left,
                           logits_soft_cap=logits_soft_cap)
 
-    kernel.__name__ = kernel.__qualname__ = name
-    kernel.pa_oracle_capabilities = {"storages": STORAGE_FEATURES}  # type: ignore[attr-defined]
-    return kernel
+    return _planted(name, kernel)
 
 
 reads_caches_as_contiguous = _standard("reads_caches_as_contiguous", _as_if_contiguous)

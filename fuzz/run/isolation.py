@@ -375,15 +375,10 @@ class IsolatedBackend:
         """Judge ``case`` with ``judge`` (default: this proxy's) in the worker within its case
         timeout, or until the monotonic ``deadline`` if that comes first (then a case still running
         is ``OutOfTime``). A check travels by name (``pa_oracle.fuzz.checks.base.Check.__reduce__``)."""
-        judge = judge if judge is not None else self.judge
-        started = time.monotonic()
-        try:
-            outcome, starting = self.worker.check(self.spec, self.backend.capabilities, case, judge, self.keep_output, deadline)
-        except (OutOfTime, WorkerStartError):
-            self.start_seconds += time.monotonic() - started
-            raise
-        self.start_seconds += starting
-        return outcome if outcome.backend == self.name else dataclasses.replace(outcome, backend=self.name)
+        if self.worker.pending:
+            raise AssertionError("check() with cases still pending: collect them first")
+        self.submit(case, deadline, judge)
+        return self.collect(deadline)[0]
 
     @property
     def pending(self) -> int:
