@@ -176,6 +176,10 @@ extend_attention_fwd(**kwargs)
 lse = None  # this kernel returns no LSE
 """
 
+    def extra_arguments(self, plan: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments that replace the plain call's (a mask adapter's ``custom_mask``)."""
+        return {}
+
     def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
         fn, params = _kernel()
         case: Case = plan["case"]
@@ -197,5 +201,6 @@ lse = None  # this kernel returns no LSE
         }
         if _SCALES <= params:  # triton_backend passes layer.k_scale_float (1.0 when unset)
             kwargs.update(k_scale=opts.k_scale, v_scale=opts.v_scale)
+        kwargs.update(self.extra_arguments(plan))
         fn(**kwargs)
         return KernelOutput(out, None)
