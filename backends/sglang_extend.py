@@ -42,6 +42,7 @@ _SGLANG_EXTEND = Capabilities(
     devices=("cuda",), q_dtypes=("float16", "bfloat16"),
     head_dims=(16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 192, 256),
     qo_len_above_kv_len=False, alibi=False, fp8_scales=False, returns_lse=False,
+    storages=("contiguous", "fused_qkv", "pool_offset"),  # a flat token buffer, as the decode adapter's
 )
 
 
