@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from pa_oracle.backends.base import register
+from pa_oracle.backends.base import Backend, register
 from pa_oracle.backends.sglang_extend import SglangExtend
 from pa_oracle.oracle.case import Case
 
@@ -63,7 +63,8 @@ class SglangExtendMask(SglangExtend):
         self.capabilities = self.capabilities.replace(custom_mask=(True,))  # type: ignore[misc]
 
     def unsupported_reason(self, case: Case) -> str | None:
-        reason = super().unsupported_reason(case)
+        # the window goes into the mask (``sliding_window_size=-1``), so window_left 0 runs too
+        reason = Backend.unsupported_reason(self, case)
         if reason is None and case.custom_mask is not None and any(
             m.shape[1] and not m.any(axis=1).all() for m in attended_masks(case) if m.shape[0]
         ):

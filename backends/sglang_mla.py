@@ -24,7 +24,9 @@ from pa_oracle.backends.base import register
 from pa_oracle.backends.sglang_extend import SglangExtend
 from pa_oracle.backends.sglang_triton import _SGLANG, _SglangDecode
 
-_MLA = {"mla": (True,), "mla_dims": ((576, 512),), "head_dims": None, "kv_dtypes": None, "fp8_scales": False}
+# storages: the default only (the flat-buffer reads of the GQA adapters have not been run on the latent cache)
+_MLA = {"mla": (True,), "mla_dims": ((576, 512),), "head_dims": None, "kv_dtypes": None, "fp8_scales": False,
+        "storages": ("contiguous",)}
 
 
 @register

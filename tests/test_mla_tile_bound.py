@@ -30,8 +30,9 @@ def _repro():
 
 def test_the_golden_case_loses_the_rows_seen_on_the_h200() -> None:
     case = Case.load_json(next(p for p in golden_cases() if p.stem == NAME))
-    assert mla_causal_tile_lost_keys(case) == [(0, 10, head) for head in range(8)]  # token 10, heads 0-7 (H200)
-    assert case_features(case)["mla_causal_tile_key_lost"]
+    for backend in ("fa2", "fa3"):  # token 10, heads 0-7 on both (H200)
+        assert mla_causal_tile_lost_keys(case, backend) == [(0, 10, head) for head in range(8)]
+        assert case_features(case)[f"mla_causal_tile_key_lost_{backend}"]
 
 
 @pytest.mark.parametrize("backend", ["flashinfer-mla", "flashinfer-mla-fa3"])
@@ -62,7 +63,17 @@ def test_the_report_and_the_predicate_model_the_same_bound() -> None:
     assert repro.lost_rows(43, 65, 3) == [(42, 0), (42, 1)]
 
 
-def test_fp8_kv_uses_the_32_key_tile() -> None:  # fa2's EFF_CTA_TILE_KV for e4m3
+def test_fp8_kv_uses_the_32_key_tile_on_fa2_only() -> None:  # fa2's EFF_CTA_TILE_KV for e4m3; fa3 keeps 64
     case = _mla(43, 33, 3, kv_dtype="float8_e4m3fn")  # bound 33 - 43 + 42 = 32
-    assert mla_causal_tile_lost_keys(case) == [(0, 42, 0), (0, 42, 1)]
-    assert not mla_causal_tile_lost_keys(_mla(43, 33, 3))  # a 16-bit cache: 64-key tiles, 32 is inside one
+    assert mla_causal_tile_lost_keys(case, "fa2") == [(0, 42, 0), (0, 42, 1)]
+    assert not mla_causal_tile_lost_keys(case, "fa3")
+    assert not mla_causal_tile_lost_keys(_mla(43, 33, 3), "fa2")  # a 16-bit cache: 64-key tiles, 32 is inside one
+    hit = known_finding(load_ledger(), case, "flashinfer-mla-fa3", {"flashinfer": "0.6.18.post1"}, "flashinfer-mla-fa3")
+    assert hit is None
+
+
+def test_a_row_is_counted_once_when_a_tile_is_narrower_than_the_heads() -> None:
+    # 400 packed rows in 128-row tiles: token 1 (rows 200-399) spans three; the two it shares with a later
+    # tile bound their keys at 65 - 2 + 1 = 64, its diagonal key; the last tile (rows 384-399) loads all
+    lost = mla_causal_tile_lost_keys(_mla(2, 65, 200))
+    assert lost == [(0, 1, head) for head in range(184)]

@@ -98,3 +98,13 @@ def test_a_mixed_batch_kernel_gets_a_decode_and_a_prefill_request_in_every_batch
 
     check()
     assert len({len(q) for q in seen}) > 2 and any(q.index(1) > 0 for q in seen)  # sizes and positions vary
+
+
+def test_mixed_batches_declare_reachable_batch_buckets_and_refuse_one_qo_len() -> None:
+    from pa_oracle.fuzz.campaign.coverage import declared
+
+    assert declared(Capabilities(), Limits(max_batch=16))["batch_size"][-1] == "16+"  # the open bucket
+    assert declared(Capabilities(mixed_batch=True), Limits(max_batch=1))["batch_size"] == ["2-3"]
+    assert "1" not in declared(Capabilities(mixed_batch=True), Limits(max_batch=16))["batch_size"]
+    with pytest.raises(ValueError, match="mixed_batch"):
+        find(layouts(Capabilities(mixed_batch=True, max_qo_len=1)), lambda layout: True)

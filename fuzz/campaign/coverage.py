@@ -69,11 +69,14 @@ def declared(caps: Capabilities, limits: Limits = Limits()) -> dict[str, list[st
     kv_dtypes = list(dict.fromkeys(kv for q in caps.q_dtypes for kv in caps.accepted_kv_dtypes(q)))
     head_dims = [d for d in limits.head_dims if caps.head_dims is None or d in caps.head_dims] or list(caps.head_dims or ())
 
+    smallest_batch = 2 if caps.mixed_batch else 1
+
     def switch(reachable: bool) -> list[str]:
         return ["false", "true"] if reachable else ["false"]
 
     return {
-        "batch_size": [_bucket_name(lo, hi) for lo, hi in BATCH_BUCKETS if lo <= limits.max_batch and (hi >= 2 or not caps.mixed_batch)],
+        "batch_size": [_bucket_name(lo, hi) for lo, hi in BATCH_BUCKETS
+                       if lo <= max(limits.max_batch, smallest_batch) and (hi is None or hi >= smallest_batch)],
         "empty_requests": switch(caps.empty_requests),
         "qo_above_kv": switch(caps.qo_len_above_kv_len and (caps.empty_requests or max_qo > 1)),
         "page_size": [str(p) for p in page_sizes(caps)],

@@ -35,7 +35,9 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "custom_mask": ("none", "tree", "bits"),  # how the case's custom mask is given (oracle.case.CustomMask)
     "mla": bool,  # the latent layout (Heads.mla)
     "mask_empty_row": bool,  # a custom mask leaves some query row no key (before causal and window)
-    "mla_causal_tile_key_lost": bool,  # FlashInfer MLA's causal tile bound drops a key a row needs (below)
+    # FlashInfer MLA's causal tile bound drops a key some row needs (``mla_causal_tile_lost_keys``), per backend
+    "mla_causal_tile_key_lost_fa2": bool,
+    "mla_causal_tile_key_lost_fa3": bool,
     "rope": ("none", *ROPE_STYLES),  # the case's RoPE pairing (oracle.case.Rope), "none" without RoPE
     # where the tensors lie in memory (oracle.case.Storage)
     "kv_storage": KV_STORAGES,  # separate K and V, or one [pages, 2, ...] tensor
@@ -82,7 +84,8 @@ def case_features(case: Case) -> dict[str, Feature]:
         "custom_mask": "none" if case.custom_mask is None else "tree" if case.custom_mask.tree_parents is not None else "bits",
         "mla": heads.mla,
         "mask_empty_row": _mask_empty_row(case),
-        "mla_causal_tile_key_lost": bool(mla_causal_tile_lost_keys(case)),
+        "mla_causal_tile_key_lost_fa2": bool(mla_causal_tile_lost_keys(case, "fa2")),
+        "mla_causal_tile_key_lost_fa3": bool(mla_causal_tile_lost_keys(case, "fa3")),
         "rope": "none" if opts.rope is None else opts.rope.style,
         "kv_storage": storage.kv,
         "kv_layout": storage.kv_layout,
@@ -96,26 +99,29 @@ def _mask_empty_row(case: Case) -> bool:
     return bool(masks) and any(m.shape[1] > 0 and not m.any(axis=1).all() for m in masks if m.shape[0])
 
 
-def mla_causal_tile_lost_keys(case: Case) -> list[tuple[int, int, int]]:
-    """(request, token, qo head) rows whose last key FlashInfer's MLA kernels never load, for a causal
-    MLA case without a custom mask (empty otherwise).
+def mla_causal_tile_lost_keys(case: Case, backend: str = "fa3") -> list[tuple[int, int, int]]:
+    """(request, token, qo head) rows whose last key FlashInfer's MLA kernels (``backend`` "fa2" or
+    "fa3", on sm90) never load, for a causal MLA case without a custom mask (empty otherwise).
 
-    The model of ``include/flashinfer/attention/mla.cuh`` (fa2, line 1067 in 0.6.18.post1) and
-    ``mla_hopper.cuh`` (fa3, lines 914 and 1072), the same in 0.7.2.post1: rows are packed as
+    The model of ``include/flashinfer/attention/mla.cuh`` (fa2, line 1071 in 0.6.18.post1, 1067 in
+    0.7.2.post1) and ``mla_hopper.cuh`` (fa3, lines 914 and 1072; 916 and 1074): rows are packed as
     ``token * num_heads + head``; a tile of ``cluster_tile_q`` rows (128 when the batch's mean packed
-    qo length, integer-divided, exceeds 64, else 64: ``MLAPlan`` in ``scheduler.cuh``) loads keys up
-    to ``kv_len - qo_len + (tile_start + cluster_tile_q) / num_heads``, floor-divided, rounded up to
-    whole key tiles (64 keys; 32 for fp8 KV on fa2). The plan itself uses ``ceil_div``
-    (``packed_causal_kv_end``). When ``num_heads`` does not divide the tile end, the token split across
-    two tiles needs one key more, and misses it when the floor bound is a multiple of the key tile:
-    its rows in the first tile lose their diagonal key. The last tile of a request loads every key.
+    qo length, integer-divided, qo_len-0 requests included, exceeds 64, else 64: ``MLAPlan`` in
+    ``scheduler.cuh``) loads keys up to ``kv_len - qo_len + (tile_start + cluster_tile_q) / num_heads``,
+    floor-divided, rounded up to whole key tiles: 64 keys (fa3 always; fa2 on sm90's shared memory,
+    ``DISPATCH_SMEM_CONFIG``, except 32 for an e4m3 cache, ``EFF_CTA_TILE_KV``; fa2's 32- and 16-key tiles
+    on sm80/86/89 are not modelled). The plan itself uses ``ceil_div`` (``packed_causal_kv_end``). When
+    ``num_heads`` does not divide the tile end, the token split across two tiles needs one key more and
+    misses it when the floor bound is a multiple of the key tile: its rows in the first tile lose their
+    diagonal key. The last tile of a request loads every key; split-KV chunks start on key-tile bounds,
+    so they change nothing.
     """
     opts, heads, lay = case.options, case.heads, case.layout
     if not (heads.mla and opts.causal) or case.custom_mask is not None or lay.batch_size == 0:
         return []
     h = heads.num_qo_heads
     tile = 128 if sum(lay.qo_lens) * h // lay.batch_size > 64 else 64
-    key_tile = 32 if opts.is_fp8 else 64
+    key_tile = 32 if backend == "fa2" and opts.kv_dtype == "float8_e4m3fn" else 64
     lost = []
     for b, (qo, kv) in enumerate(zip(lay.qo_lens, lay.kv_lens)):
         packed = qo * h
@@ -124,5 +130,5 @@ def mla_causal_tile_lost_keys(case: Case) -> list[tuple[int, int, int]]:
             bound = kv - qo + end // h
             if end % h and 0 <= bound < kv and bound % key_tile == 0:
                 token = end // h
-                lost += [(b, token, head) for head in range(h) if token * h + head < end]
+                lost += [(b, token, row - token * h) for row in range(max(start, token * h), end)]
     return lost

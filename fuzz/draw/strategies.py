@@ -97,6 +97,8 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
     """Ragged batches with random page tables (see the module docstring)."""
     page = draw(st.sampled_from(_page_sizes(caps)), label="page_size")
     smallest = 2 if caps.mixed_batch else 1  # a decode and a prefill request
+    if caps.mixed_batch and (caps.uniform_qo_len or min(limits.max_qo_len, caps.max_qo_len or 2) < 2):
+        raise ValueError("mixed_batch needs requests of two qo_lens: not with uniform_qo_len or a max_qo_len below 2")
     batch = draw(st.integers(smallest, max(limits.max_batch, smallest)), label="batch_size")
     min_len = 0 if caps.empty_requests else 1
     kv_lens = [_kv_len(draw, page, limits, min_len, f"kv_len[{b}]") for b in range(batch)]
@@ -119,7 +121,7 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
 
 def _mix(draw: st.DrawFn, qo_lens: list[int], kv_lens: list[int], caps: Capabilities) -> None:
     """Make the batch hold a decode request (qo_len 1) and a longer one, if it does not: two drawn requests
-    become one of each (the longer one keeps its drawn qo_len when it is above 1)."""
+    become one of each (the one made longer gets at least 2 queries)."""
     if 1 in qo_lens and any(n > 1 for n in qo_lens):
         return
     decode = draw(st.integers(0, len(qo_lens) - 1), label="decode request")

@@ -94,6 +94,13 @@ def _write_upstream(result, backends, upstream_dir: Path) -> dict[str, Path]:  #
     label, loc = result.localized[0] if result.localized else (None, None)
     findings = [f"{c.name}: {c.finding}" for c in loc.patterns] if loc is not None else []
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and backend.device == "cuda" else "cpu"
+    if case.storage is not None:  # the standalone script hands contiguous tensors: use the default storage if it still fails
+        from pa_oracle.fuzz.run.runner import check_case
+
+        plain = check_case(backend, case.replace(storage=None))
+        if plain.status in ("fail", "crash"):
+            click.echo(f"upstream repro: the case fails in the default storage too ({plain.status}); written for it", err=True)
+            case, status, message = case.replace(storage=None), plain.status, plain.message
     try:
         return {f"upstream {k}": v for k, v in write_upstream(upstream_dir, case, backend, Seen(status, message, backend.versions(), gpu),
                                                              findings=findings).items()}
@@ -167,7 +174,7 @@ def golden_report(case_path: Path, backend_name: str, out_dir: Path, gpu: str) -
     """Write OUT/repro.py and OUT/ISSUE.md for a golden case from what its ``meta.found_by`` recorded,
     without running the kernel. An existing ISSUE.md's hand-written ``## Why`` section and title are kept."""
     from pa_oracle.backends import discover
-    from pa_oracle.fuzz.triage.upstream import NoUpstreamRepro, seen_from_meta, write_upstream
+    from pa_oracle.fuzz.triage.upstream import HAND_WRITTEN, NoUpstreamRepro, seen_from_meta, write_upstream
     from pa_oracle.oracle.tensors import load_case
 
     try:
@@ -178,6 +185,9 @@ def golden_report(case_path: Path, backend_name: str, out_dir: Path, gpu: str) -
     if backend_name not in known:
         raise click.UsageError(f"unknown backend {backend_name!r}; known: {', '.join(sorted(known))}")
     backend = known[backend_name]()
+    repro = out_dir / "repro.py"
+    if repro.exists() and HAND_WRITTEN in repro.read_text():
+        raise click.UsageError(f"{repro} was written by hand for the maintainers; not overwritten (move it away to regenerate)")
     issue = out_dir / "ISSUE.md"
     why = title = None
     if issue.exists() and "\n## Why\n" in issue.read_text():  # hand-written: keep its title and its Why

@@ -208,7 +208,7 @@ def _one_hot_values(case: Case, tensors: Tensors) -> Tensors:
 def _weights(case: Case, onehot: Tensors) -> Reference:
     """The oracle on one-hot values: ``out[row, head, j]`` is key j's weight, ``lse`` the log of the keys' sum."""
     heads = dataclasses.replace(case.heads, head_dim_vo=onehot.v_cache.shape[-1])
-    return reference(case.replace(heads=heads, tensors_file=None), onehot, engine="torch")
+    return reference(case.replace(heads=heads, tensors_file=None, storage=None), onehot, engine="torch")  # one-hot tensors: default storage
 
 
 def _one_kv_head(tensors: Tensors, kv_head: int) -> Tensors:

@@ -41,6 +41,10 @@ PRELUDE_NAMES = (
 )
 
 
+# the first docstring line of a repro.py written by hand for a golden case (``golden report`` keeps it)
+HAND_WRITTEN = "Written for paged-attention-oracle's golden case"
+
+
 class NoUpstreamRepro(Exception):
     """The adapter provides no call source: no standalone repro can be written for it."""
 

@@ -18,7 +18,7 @@ from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.quality import planted
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.fuzz.triage.cli import triage
-from pa_oracle.fuzz.triage.upstream import EMBED_LIMIT, NoUpstreamRepro, Seen, repro_script, write_upstream
+from pa_oracle.fuzz.triage.upstream import EMBED_LIMIT, HAND_WRITTEN, NoUpstreamRepro, Seen, repro_script, write_upstream
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
 from pa_oracle.oracle.tensors import load_case
 
@@ -66,6 +66,10 @@ def raises(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_pag
         raise RuntimeError("shape is invalid")
     return fixed(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
                  kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale, window_left=-1, logits_soft_cap=0.0)
+"""
+    source += """
+
+buggy.pa_oracle_capabilities = {"storages": ("contiguous", "combined", "HND", "fused_qkv", "pool_offset")}
 """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "standalone_kernels.py").write_text(source)
@@ -170,9 +174,10 @@ def test_each_golden_report_is_complete_and_regenerates_identically(report: str,
     compile(repro, str(folder / "repro.py"), "exec")
     issue = (folder / "ISSUE.md").read_text()
     assert "## Why" in issue and "## Minimal case" in issue and "REPRODUCED" in issue
-    if HAND_WRITTEN in repro:  # a minimal repro written for the maintainers (it cannot be regenerated)
-        assert "sys.exit(main())" in repro and "return 1 if reproduced" in repro
+    if report in HAND_WRITTEN_REPORTS:  # a minimal repro written for the maintainers (it cannot be regenerated)
+        _check_hand_written(folder, repro)
         return
+    assert HAND_WRITTEN not in repro
     backend_name = re.search(r"paged-attention-oracle's '([^']+)' adapter makes it", repro).group(1)
     case_id = re.search(r"from case (\w+)\.", repro).group(1)
     (case_path,) = [p for p in (GOLDEN / "cases").glob("*.json") if load_case(p).case_id == case_id]
@@ -181,7 +186,20 @@ def test_each_golden_report_is_complete_and_regenerates_identically(report: str,
     assert again == repro
 
 
-HAND_WRITTEN = "Written for paged-attention-oracle's golden case"
+HAND_WRITTEN_REPORTS = {"flashinfer-mla-causal-tile-floor"}
+
+
+def _check_hand_written(folder: Path, repro: str) -> None:
+    """It names its golden case, the ledger points at it, and without its library it exits 2 (not 1)."""
+    import json
+
+    case_name = re.search(re.escape(HAND_WRITTEN) + r" (\S+?)\.?\n", repro).group(1)
+    assert (GOLDEN / "cases" / f"{case_name}.json").exists()
+    entries = json.loads((GOLDEN / "ledger.json").read_text())["entries"]
+    assert {e.get("report") for e in entries if e["case"] == case_name} == {f"reports/{folder.name}/ISSUE.md"}
+    blocked = "import sys; sys.modules['flashinfer'] = None; import runpy; runpy.run_path(sys.argv[1], run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", blocked, str(folder / "repro.py")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
 
 
 def _seen(case: Case) -> Seen:
@@ -211,3 +229,26 @@ def test_a_case_in_another_memory_layout_gets_no_repro_that_would_drop_it(kernel
     with pytest.raises(NoUpstreamRepro, match="storage combined"):
         repro_script(case, backend, Seen("fail", "x"))
     assert repro_script(case.replace(storage=None), backend, Seen("fail", "x"))[0]  # the default storage has one
+
+
+def test_golden_report_keeps_a_hand_written_repro(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "repro.py").write_text(f'"""x\n\n{HAND_WRITTEN} some-case.\n"""\n')
+    case_path = mixed_case().save(tmp_path / "case.json")
+    from pa_oracle.fuzz.triage.cli import golden
+
+    result = CliRunner().invoke(golden, ["report", str(case_path), "-b", "flashinfer-decode", "--out", str(out)])
+    assert result.exit_code == 2 and "written by hand" in result.output
+    assert (out / "repro.py").read_text().startswith('"""x')
+
+
+def test_triage_writes_the_repro_of_a_layout_finding_in_the_default_storage(tmp_path: Path, kernels: Path) -> None:
+    from pa_oracle.oracle.case import Storage
+
+    case_path = mixed_case(window_left=3).replace(storage=Storage("combined", "HND")).save(tmp_path / "case.json")
+    result = CliRunner().invoke(triage, [str(case_path), "-k", "standalone_kernels:buggy", "--out", str(tmp_path / "t"),
+                                         "--upstream", str(tmp_path / "up"), "--budget", "60"])
+    assert result.exit_code == 1, result.output
+    assert "fails in the default storage too" in result.output
+    assert run_repro(tmp_path / "up" / "repro.py", kernels).returncode == 1
