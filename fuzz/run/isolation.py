@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome, exception_text
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.tolerance import Tolerance
@@ -114,20 +115,20 @@ def _serve(tolerance: Tolerance, conn: Connection) -> None:
     each case it is sent with the check sent along (the parent's tolerance) and send the outcome
     back with every tensor on the CPU (verdict, kernel output, derived cases). One worker serves
     every check of every backend of its device; torch's numerics switches are restored before each
-    case."""
+    case. While a case is judged, the host tensors of the next case already sent are drawn in the
+    background (``pa_oracle.fuzz.run.ahead``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     saved = _numerics()
     backends: dict[str, Any] = {}
+    inbox: collections.deque[Any] = collections.deque()  # requests received ahead of their turn (parsed)
     conn.send_bytes(pickle.dumps("ready"))
     while True:
         try:
-            raw = conn.recv_bytes()
+            request = inbox.popleft() if inbox else _parsed(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the parent is gone
-        try:
-            request = pickle.loads(raw)
-        except Exception as exc:  # noqa: BLE001 - e.g. a check this worker cannot find: the tool's failure, not the kernel's
-            conn.send_bytes(pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "")))
+        if isinstance(request, _Unreadable):  # e.g. a check this worker cannot find: the tool's failure, not the kernel's
+            conn.send_bytes(pickle.dumps(("raised", request.kind, request.message, "")))
             continue
         if request is None:
             return
@@ -142,14 +143,53 @@ def _serve(tolerance: Tolerance, conn: Connection) -> None:
             continue
         spec, case_json, keep_output, check = request
         try:
+            case = Case.from_json(case_json)
+            _draw_next(conn, inbox)
             _restore_numerics(saved)
             start = time.monotonic()
-            outcome = check.judge(Case.from_json(case_json), backends[spec], tolerance, keep_output).on_cpu()
+            outcome = check.judge(case, backends[spec], tolerance, keep_output).on_cpu()
             payload = pickle.dumps(("outcome", outcome, time.monotonic() - start))
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
             payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "".join(traceback.format_exception(exc, limit=-6))))
         # plain pickle: Connection.send would move every tensor to shared memory (torch's reducers), ~0.1 s a case
         conn.send_bytes(payload)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unreadable:
+    """A request the worker could not unpickle (answered in its turn as the tool's failure)."""
+
+    kind: str
+    message: str
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        return pickle.loads(raw)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent in the request's turn
+        return _Unreadable(type(exc).__name__, exception_text(exc))
+
+
+def _draw_next(conn: Connection, inbox: collections.deque[Any]) -> None:
+    """Receive what the parent has already sent (without waiting) and start drawing the host
+    tensors of the next case among it in the background, while this one is judged."""
+    if not AHEAD.enabled:
+        return
+    try:
+        while conn.poll(0):
+            inbox.append(_parsed(conn.recv_bytes()))
+    except (EOFError, OSError):
+        pass  # the parent is gone: the next receive says so
+    for request in inbox:
+        if request is None or isinstance(request, _Unreadable):
+            return
+        try:
+            if request[0] == "load":
+                continue
+            AHEAD.prepare(Case.from_json(request[1]))
+        except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn draws and reports
+            pass
+        return
 
 
 class Worker:
