@@ -141,13 +141,16 @@ def _serve(tolerance: Tolerance, conn: Connection) -> None:
                 reply = ("load_failed", f"{type(exc).__name__}: {exception_text(exc)}")
             conn.send_bytes(pickle.dumps(reply))
             continue
-        spec, case_json, keep_output, check = request
+        spec, case_json, keep_output, check, pass_errors = request
         try:
             case = Case.from_json(case_json)
             _draw_next(conn, inbox)
             _restore_numerics(saved)
             start = time.monotonic()
-            outcome = check.judge(case, backends[spec], tolerance, keep_output).on_cpu()
+            outcome = check.judge(case, backends[spec], tolerance, keep_output)
+            if outcome.status == "pass" and outcome.verdict is not None and not (keep_output or pass_errors):
+                outcome.verdict.error = outcome.verdict.lse_error = None  # a pass counts by its statistics
+            outcome = outcome.on_cpu()
             payload = pickle.dumps(("outcome", outcome, time.monotonic() - start))
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
             payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "".join(traceback.format_exception(exc, limit=-6))))
@@ -270,13 +273,13 @@ class Worker:
         return self.timeout * (1.0 if spec in self._judged else self.first_case_factor)
 
     def check(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
-              deadline: float | None = None) -> tuple[Outcome, float]:
+              deadline: float | None = None, *, pass_errors: bool = True) -> tuple[Outcome, float]:
         """(the outcome of ``case`` judged by ``judge`` on backend ``spec``, seconds spent starting
         the process and loading the backend first). Within its case timeout, or until the monotonic
         ``deadline`` if that comes first (then a case still running is ``OutOfTime``)."""
         if self._pending:
             raise AssertionError("check() with cases still pending: collect them first")
-        start_seconds = self.submit(spec, capabilities, case, judge, keep_output, deadline)
+        start_seconds = self.submit(spec, capabilities, case, judge, keep_output, deadline, pass_errors=pass_errors)
         outcome, _ = self.collect(deadline)
         return outcome, start_seconds
 
@@ -286,11 +289,12 @@ class Worker:
         return len(self._pending)
 
     def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
-               deadline: float | None = None) -> float:
+               deadline: float | None = None, *, pass_errors: bool = True) -> float:
         """Send ``case`` to be judged after the cases already pending (the worker works through them
         while the caller does something else, e.g. draws the next cases); ``collect`` returns the
         outcomes in order. Returns the seconds spent starting the process and loading ``spec`` first.
-        Pending cases are one backend's."""
+        Pending cases are one backend's. A passing outcome carries its per-element errors
+        (``Verdict.error``, ``lse_error``) only with ``keep_output`` or ``pass_errors``."""
         started = time.monotonic()
         if not self._pending:
             self.ensure(spec, capabilities, deadline)
@@ -298,7 +302,7 @@ class Worker:
             raise AssertionError(f"{spec} submitted while another backend's cases are pending")
         assert self._conn is not None
         try:
-            self._conn.send_bytes(pickle.dumps((spec, case.to_json(), keep_output, judge)))
+            self._conn.send_bytes(pickle.dumps((spec, case.to_json(), keep_output, judge, pass_errors)))
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the process died: collect reports it as this (or an earlier) case's crash
         self._pending.append((spec, case, judge.name))
@@ -378,18 +382,24 @@ class IsolatedBackend:
     restartable worker process: its own, or a shared ``worker`` (then ``close`` leaves it running
     for the other backends; its owner closes it).
 
-    ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel.
+    ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel. A passing outcome
+    comes back with its error statistics but without its per-element errors unless ``keep_output``
+    or ``pass_errors`` (``case_judge`` keeps them: a repro's report of a pass shows its worst elements).
     """
 
     def __init__(
         self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
         first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
-        judge: Check = ORACLE, worker: Worker | None = None,
+        judge: Check = ORACLE, worker: Worker | None = None, pass_errors: bool = False,
     ) -> None:
         self.backend = backend
         self.spec = spec
         self.judge = judge
         self.keep_output = keep_output  # outcomes carry the kernel's output (``check_case``)
+        # a passing outcome's per-element errors: only with keep_output or this (a campaign counts a pass by
+        # its statistics; the errors cost a copy to the host and ~100 KB of pickle a case, and a reply over
+        # the pipe's 64 KiB holds the worker until the parent reads it)
+        self.pass_errors = pass_errors
         self._owns = worker is None
         self.worker = worker if worker is not None else Worker(
             timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, startup=startup
@@ -429,7 +439,7 @@ class IsolatedBackend:
         started = time.monotonic()
         try:
             self.start_seconds += self.worker.submit(self.spec, self.backend.capabilities, case, judge or self.judge,
-                                                     self.keep_output, deadline)
+                                                     self.keep_output, deadline, pass_errors=self.pass_errors)
         except (OutOfTime, WorkerStartError):
             self.start_seconds += time.monotonic() - started
             raise
@@ -480,7 +490,7 @@ def case_judge(
         return
     worker = IsolatedBackend(
         backend, spec, timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, keep_output=keep_output,
-        judge=judge,
+        judge=judge, pass_errors=True,
     )
     try:
         yield worker.check
