@@ -18,7 +18,8 @@ are not counted: it runs outside the counting mode, which a compiled kernel cann
 ``--ahead`` times the judge pass again with the next case's host tensors drawn in a background
 thread while a case is judged (as an isolated worker does: ``pa_oracle.fuzz.run.ahead``), against
 the same pass without, alternating; ``--isolated`` judges through a campaign's worker process with
-``--queue`` cases queued, one worker with drawing ahead and one without (``PA_ORACLE_DRAW_AHEAD``).
+``--queue`` cases queued, in three fresh workers: as before this change (no drawing ahead, a
+pass's per-element errors sent back), drawing ahead only, and as now (``ISOLATED``).
 """
 
 from __future__ import annotations
@@ -151,7 +152,14 @@ def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple
     return min(off), min(on), taken
 
 
-def isolated_rate(backend: Backend, drawn: list[Case], ahead: bool, queue: int) -> tuple[float, int]:
+ISOLATED = {  # how --isolated judges: (draws ahead, a pass's per-element errors come back)
+    "before": (False, True),
+    "errors kept": (True, True),
+    "now": (True, False),
+}
+
+
+def isolated_rate(backend: Backend, drawn: list[Case], ahead: bool, queue: int, pass_errors: bool = False) -> tuple[float, int]:
     """(seconds, cases) of a pass through a fresh worker process (``PA_ORACLE_DRAW_AHEAD`` on or
     off there) with up to ``queue`` cases queued, after a warm-up pass in the same process."""
     spec = isolatable(backend)
@@ -159,7 +167,7 @@ def isolated_rate(backend: Backend, drawn: list[Case], ahead: bool, queue: int) 
         raise SystemExit(f"{backend.name} cannot be loaded in a worker")
     saved = os.environ.get("PA_ORACLE_DRAW_AHEAD")
     os.environ["PA_ORACLE_DRAW_AHEAD"] = "1" if ahead else "0"  # read by the worker when it imports
-    isolated = IsolatedBackend(backend, spec)
+    isolated = IsolatedBackend(backend, spec, pass_errors=pass_errors)
     try:
         def one_pass() -> tuple[float, int]:
             start, judged = time.perf_counter(), 0
@@ -349,10 +357,14 @@ def main() -> None:
                 flush=True,
             )
         if args.isolated:
-            (off, n_off), (on, n_on) = (isolated_rate(backend, drawn, ahead, args.queue) for ahead in (False, True))
+            rates = {}
+            for label, (ahead, pass_errors) in ISOLATED.items():
+                seconds, count = isolated_rate(backend, drawn, ahead, args.queue, pass_errors)
+                rates[label] = count / seconds
             print(
-                f"  through a worker, {args.queue} queued: drawing ahead {n_on / on:.1f} cases/s ({n_on} judged), "
-                f"without {n_off / off:.1f} cases/s ({n_off} judged) -> {(n_on / on) / (n_off / off):.2f}x",
+                f"  through a worker, {args.queue} queued ({count} judged): "
+                + ", ".join(f"{label} {rate:.1f} cases/s" for label, rate in rates.items())
+                + f" -> now/before {rates['now'] / rates['before']:.2f}x",
                 flush=True,
             )
         if args.stages:

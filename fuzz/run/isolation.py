@@ -143,7 +143,7 @@ def _serve(tolerance: Tolerance, conn: Connection) -> None:
             continue
         spec, case_json, keep_output, check, pass_errors = request
         try:
-            case = Case.from_json(case_json)
+            case = case_json if isinstance(case_json, Case) else Case.from_json(case_json)  # parsed ahead, or now
             _draw_next(conn, inbox)
             _restore_numerics(saved)
             start = time.monotonic()
@@ -183,14 +183,18 @@ def _draw_next(conn: Connection, inbox: collections.deque[Any]) -> None:
             inbox.append(_parsed(conn.recv_bytes()))
     except (EOFError, OSError):
         pass  # the parent is gone: the next receive says so
-    for request in inbox:
+    for i, request in enumerate(inbox):
         if request is None or isinstance(request, _Unreadable):
             return
         try:
             if request[0] == "load":
                 continue
-            AHEAD.prepare(Case.from_json(request[1]))
-        except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn draws and reports
+            if isinstance(request[1], Case):
+                return  # parsed and prepared while an earlier case was judged
+            case = Case.from_json(request[1])
+            inbox[i] = (request[0], case, *request[2:])  # its turn takes the parsed case
+            AHEAD.prepare(case)
+        except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn parses, draws and reports
             pass
         return
 
