@@ -133,6 +133,18 @@ def test_switched_off_nothing_is_prepared(monkeypatch: pytest.MonkeyPatch) -> No
     assert not ahead.enabled and ahead.prepared == 0 and ahead.take(CASE) is None
 
 
+@pytest.mark.parametrize(("env", "cpu", "cuda"), [(None, False, True), ("1", True, True), ("0", False, False)])
+def test_a_worker_draws_ahead_for_accelerator_backends_unless_told(
+    monkeypatch: pytest.MonkeyPatch, env: str | None, cpu: bool, cuda: bool
+) -> None:
+    if env is None:
+        monkeypatch.delenv("PA_ORACLE_DRAW_AHEAD", raising=False)
+    else:
+        monkeypatch.setenv("PA_ORACLE_DRAW_AHEAD", env)
+    ahead = DrawAhead()
+    assert (ahead.wanted(None), ahead.wanted("cpu"), ahead.wanted("cuda")) == (cpu, cpu, cuda)
+
+
 def test_a_sidecar_case_is_never_drawn_ahead(tmp_path) -> None:  # type: ignore[no-untyped-def]
     ahead = DrawAhead(enabled=True)
     sidecar = dataclasses.replace(CASE, tensors_file=str(tmp_path / "tensors.npz"))
@@ -140,12 +152,10 @@ def test_a_sidecar_case_is_never_drawn_ahead(tmp_path) -> None:  # type: ignore[
     assert ahead.prepared == 0 and ahead.take(sidecar) is None
 
 
-def test_the_worker_draws_queued_cases_ahead_and_judges_the_same_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PA_ORACLE_DRAW_AHEAD", "1")  # the worker reads it when it starts
+def judged_in_a_worker(queued: list[Case]) -> tuple[list, int]:
+    """(outcomes of ``queued``, all queued at once, kernel outputs kept; how many were drawn ahead)."""
     spec = "tests.test_draw_ahead:reports_draws_ahead"
-    kernel = UserKernel.from_spec(spec)
-    queued = [dataclasses.replace(CASE, seed=seed) for seed in range(6)]
-    worker = IsolatedBackend(kernel, spec, timeout=60, keep_output=True)
+    worker = IsolatedBackend(UserKernel.from_spec(spec), spec, timeout=60, keep_output=True)
     try:
         for case in queued:
             worker.submit(case)
@@ -155,10 +165,23 @@ def test_the_worker_draws_queued_cases_ahead_and_judges_the_same_outputs(monkeyp
     finally:
         worker.close()
     assert report.status == "unsupported" and report.message.startswith("NotImplementedError: draws taken: ")
-    taken = int(report.message.rsplit(" ", 1)[1])
+    return outcomes, int(report.message.rsplit(" ", 1)[1])
+
+
+def test_the_worker_draws_queued_cases_ahead_and_judges_the_same_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PA_ORACLE_DRAW_AHEAD", "1")  # the worker reads it when it starts; a CPU kernel needs it on
+    kernel = UserKernel.from_spec("tests.test_draw_ahead:reports_draws_ahead")
+    queued = [dataclasses.replace(CASE, seed=seed) for seed in range(6)]
+    outcomes, taken = judged_in_a_worker(queued)
     assert taken >= len(queued) - 1, f"only {taken} of the {len(queued)} queued cases were drawn ahead"
     for case, outcome in zip(queued, outcomes):
         here = check_case(kernel, case, keep_output=True)
         assert outcome.status == here.status == "pass", outcome.message
         assert outcome.output is not None and here.output is not None
         assert torch.equal(outcome.output.out, here.output.out) and torch.equal(outcome.output.lse, here.output.lse)
+
+
+def test_by_default_a_worker_does_not_draw_ahead_for_a_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PA_ORACLE_DRAW_AHEAD", raising=False)
+    outcomes, taken = judged_in_a_worker([dataclasses.replace(CASE, seed=seed) for seed in range(3)])
+    assert taken == 0 and all(outcome.status == "pass" for outcome in outcomes)

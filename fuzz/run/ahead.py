@@ -6,7 +6,10 @@ operators release the GIL, so the draw runs beside the judge.
 The values are exactly ``make_tensors``' (the same ``host_draw`` makes them). A draw is used only
 for a case with its ``draw_key`` and only once; one prepared for a case that is never judged
 (skipped, crashed, dropped with its worker) is dropped when a later case is taken.
-``PA_ORACLE_DRAW_AHEAD=0`` turns it off (what ``benchmarks/fuzz_rate.py`` compares against).
+The worker draws ahead for a backend on an accelerator (the judge there is one host thread
+launching work, the other cores idle); on the CPU the judge's own operators already use every
+core, so a second thread would only compete with them. ``PA_ORACLE_DRAW_AHEAD=1`` draws ahead for
+every backend, ``0`` for none (what ``benchmarks/fuzz_rate.py`` compares against).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from pa_oracle.oracle.tensors import HostDraw, draw_key, host_draw
 KEPT = 4  # draws prepared and not taken that are kept (the worker prepares the next one or two)
 
 
-def enabled_by_env() -> bool:
-    """False when ``PA_ORACLE_DRAW_AHEAD`` is ``0`` (or ``false``/``no``/``off``)."""
-    return os.environ.get("PA_ORACLE_DRAW_AHEAD", "1").strip().lower() not in ("0", "false", "no", "off")
+def mode_from_env() -> str:
+    """``PA_ORACLE_DRAW_AHEAD``: "off" for ``0``/``false``/``no``/``off``, "on" for ``1``/``true``/``yes``/``on``,
+    else "auto" (unset: accelerator backends only)."""
+    raw = os.environ.get("PA_ORACLE_DRAW_AHEAD", "").strip().lower()
+    return "off" if raw in ("0", "false", "no", "off") else "on" if raw in ("1", "true", "yes", "on") else "auto"
 
 
 class DrawAhead:
@@ -31,10 +36,22 @@ class DrawAhead:
     prepared twice, e.g. two queued cases differing only in a mask option, is drawn twice)."""
 
     def __init__(self, enabled: bool | None = None) -> None:
-        self.enabled = enabled_by_env() if enabled is None else enabled
+        self.mode = mode_from_env() if enabled is None else "on" if enabled else "off"
         self._executor: ThreadPoolExecutor | None = None
         self._prepared: deque[tuple[tuple, Future[HostDraw]]] = deque()  # (draw_key, its draw), oldest first
         self.taken = 0  # cases that got a prepared draw (for tests and benchmarks)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self.mode = "on" if value else "off"
+
+    def wanted(self, device: str | None) -> bool:
+        """Whether a worker should draw ahead for a backend on ``device`` (None: the CPU)."""
+        return self.mode == "on" or (self.mode == "auto" and (device or "cpu") != "cpu")
 
     def prepare(self, case: Case) -> None:
         """Start drawing ``case``'s host tensors in the background (nothing for a sidecar case)."""

@@ -144,7 +144,7 @@ def _serve(tolerance: Tolerance, conn: Connection) -> None:
         spec, case_json, keep_output, check, pass_errors = request
         try:
             case = case_json if isinstance(case_json, Case) else Case.from_json(case_json)  # parsed ahead, or now
-            _draw_next(conn, inbox)
+            _draw_next(conn, inbox, backends)
             _restore_numerics(saved)
             start = time.monotonic()
             outcome = check.judge(case, backends[spec], tolerance, keep_output)
@@ -173,9 +173,10 @@ def _parsed(raw: bytes) -> Any:
         return _Unreadable(type(exc).__name__, exception_text(exc))
 
 
-def _draw_next(conn: Connection, inbox: collections.deque[Any]) -> None:
+def _draw_next(conn: Connection, inbox: collections.deque[Any], backends: dict[str, Any]) -> None:
     """Receive what the parent has already sent (without waiting) and start drawing the host
-    tensors of the next case among it in the background, while this one is judged."""
+    tensors of the next case among it in the background, while this one is judged (where
+    ``AHEAD.wanted`` for its backend's device)."""
     if not AHEAD.enabled:
         return
     try:
@@ -191,6 +192,9 @@ def _draw_next(conn: Connection, inbox: collections.deque[Any]) -> None:
                 continue
             if isinstance(request[1], Case):
                 return  # parsed and prepared while an earlier case was judged
+            backend = backends.get(request[0])
+            if not AHEAD.wanted(getattr(backend, "device", None)):
+                return
             case = Case.from_json(request[1])
             inbox[i] = (request[0], case, *request[2:])  # its turn takes the parsed case
             AHEAD.prepare(case)
