@@ -140,7 +140,7 @@ def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple
     """((wall, thread CPU) seconds without drawing ahead, the same with, draws taken in the last pass
     with), each the best of ``passes`` alternating pairs of judge passes (kernels warm from ``measure``)."""
     supported = [case for case in drawn if backend.unsupported_reason(case) is None]
-    enabled = AHEAD.enabled
+    mode = AHEAD.mode
     off, on, taken = [], [], 0
     try:
         for _ in range(passes):
@@ -149,7 +149,7 @@ def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple
             on.append(judge_pass(backend, supported, ahead=True))
             taken = AHEAD.taken - before
     finally:
-        AHEAD.enabled = enabled
+        AHEAD.mode = mode
     return (min(w for w, _ in off), min(c for _, c in off)), (min(w for w, _ in on), min(c for _, c in on)), taken
 
 
