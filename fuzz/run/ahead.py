@@ -61,7 +61,7 @@ class DrawAhead:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pa-oracle-draw-ahead")
         self._prepared.append((draw_key(case), self._executor.submit(host_draw, case)))
         while len(self._prepared) > KEPT:
-            self._prepared.popleft()[1].cancel()  # not started yet: never made
+            self._prepared.popleft()[1].cancel()  # if not started yet, never made
 
     def take(self, case: Case) -> HostDraw | None:
         """The draw prepared for ``case`` (waiting for it if it is still being made), or None: none
