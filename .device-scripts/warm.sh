@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 12, warm cases/s (helper "warm"): drawing the next case's host tensors ahead in the worker,
-# and a pass's per-element errors no longer sent back. Runs in the repo root on the H200, < 3 min.
+# and a pass's per-element errors no longer sent back. Runs in the repo root on the H200: ~2.5 min, at most 45 + 2 x 95 s.
 # Prints, per backend: the warm in-process rate (as measured before), the same judge pass with and
 # without drawing ahead (alternating, best of 2 each), and the rate through a worker process
 # (8 cases queued, as a campaign's pipeline queues them): before / drawing ahead only / now.
@@ -13,7 +13,7 @@ log="$log_dir/warm.log"
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  timeout 60 python - <<'EOF'
+  timeout 45 python - <<'EOF'
 # bit-identity on CUDA: tensors placed from a draw made in a background thread == the tensors of
 # main's make_tensors (its seeded generation at 9bc8e9c, copied here) in every buffer
 import sys, torch
@@ -57,7 +57,7 @@ print(f"identity on cuda: {n - bad} of {n} cases identical to main's make_tensor
 EOF
 } 2>&1 | grep -v -i warning | tee "$log"
 for backend in sdpa-efficient flashinfer-decode-tc; do
-  timeout 80 python benchmarks/fuzz_rate.py -b "$backend" -n 150 --ahead --isolated 2>&1 \
+  timeout 95 python benchmarks/fuzz_rate.py -b "$backend" -n 150 --ahead --isolated 2>&1 \
     | grep -v -i warning | tail -3 | tee -a "$log"
   echo "(exit ${PIPESTATUS[0]})" | tee -a "$log"
 done
