@@ -15,12 +15,18 @@ wait on the device (a host read: ``.item()``, a boolean-mask index, a copy to th
 many are not views (on a GPU, about the kernel launches): each operator costs the host ~5-20 us
 and each wait a stream sync, so these counts transfer from the CPU to the GPU (the kernel's own
 are not counted: it runs outside the counting mode, which a compiled kernel cannot run under).
+``--ahead`` times the judge pass again with the next case's host tensors drawn in a background
+thread while a case is judged (as an isolated worker does: ``pa_oracle.fuzz.run.ahead``), against
+the same pass without, alternating; ``--isolated`` judges through a campaign's worker process with
+``--queue`` cases queued, in three fresh workers: as before this change (no drawing ahead, a
+pass's per-element errors sent back), drawing ahead only, and as now (``ISOLATED``).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import time
 from collections import Counter
@@ -37,6 +43,8 @@ from pa_oracle.fuzz.campaign.variants import plan_variants
 from pa_oracle.fuzz.cli import narrow
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.fuzz.run.ahead import AHEAD
+from pa_oracle.fuzz.run.isolation import IsolatedBackend, isolatable
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors, make_tensors
@@ -106,6 +114,80 @@ def measure(backend: Backend, drawn: list[Case], profile: int = 0) -> tuple[floa
         backend.run(plan, tensors)
     sync(device)
     return judge, time.perf_counter() - start, len(supported)
+
+
+def judge_pass(backend: Backend, supported: list[Case], ahead: bool) -> tuple[float, float]:
+    """(wall seconds, this thread's CPU seconds) of one pass of ``check_case`` over ``supported``;
+    with ``ahead``, each case's next is prepared (``AHEAD.prepare``) before the case is judged, as
+    the worker prepares the next case it was sent. The CPU seconds are the judge's own host work
+    (the background thread's are not counted): what a busy machine cannot hide in its wall time."""
+    device = backend.device or "cpu"
+    AHEAD.clear()
+    AHEAD.enabled = ahead
+    sync(device)
+    start, cpu = time.perf_counter(), time.thread_time()
+    for i, case in enumerate(supported):
+        if ahead and i + 1 < len(supported):
+            AHEAD.prepare(supported[i + 1])
+        check_case(backend, case)
+    sync(device)
+    seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    AHEAD.clear()
+    return seconds, cpu
+
+
+def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple[tuple[float, float], tuple[float, float], int]:
+    """((wall, thread CPU) seconds without drawing ahead, the same with, draws taken in the last pass
+    with), each the best of ``passes`` alternating pairs of judge passes (kernels warm from ``measure``)."""
+    supported = [case for case in drawn if backend.unsupported_reason(case) is None]
+    mode = AHEAD.mode
+    off, on, taken = [], [], 0
+    try:
+        for _ in range(passes):
+            off.append(judge_pass(backend, supported, ahead=False))
+            before = AHEAD.taken
+            on.append(judge_pass(backend, supported, ahead=True))
+            taken = AHEAD.taken - before
+    finally:
+        AHEAD.mode = mode
+    return (min(w for w, _ in off), min(c for _, c in off)), (min(w for w, _ in on), min(c for _, c in on)), taken
+
+
+ISOLATED = {  # how --isolated judges: (draws ahead, a pass's per-element errors come back)
+    "before": (False, True),
+    "errors kept": (True, True),
+    "now": (True, False),
+}
+
+
+def isolated_rate(backend: Backend, drawn: list[Case], ahead: bool, queue: int, pass_errors: bool = False) -> tuple[float, int]:
+    """(seconds, cases) of a pass through a fresh worker process (``PA_ORACLE_DRAW_AHEAD`` on or
+    off there) with up to ``queue`` cases queued, after a warm-up pass in the same process."""
+    spec = isolatable(backend)
+    if spec is None:
+        raise SystemExit(f"{backend.name} cannot be loaded in a worker")
+    saved = os.environ.get("PA_ORACLE_DRAW_AHEAD")
+    os.environ["PA_ORACLE_DRAW_AHEAD"] = "1" if ahead else "0"  # read by the worker when it imports
+    isolated = IsolatedBackend(backend, spec, pass_errors=pass_errors)
+    try:
+        def one_pass() -> tuple[float, int]:
+            start, judged = time.perf_counter(), 0
+            for case in drawn:
+                if isolated.pending >= queue:
+                    judged += isolated.collect()[0].status in ("pass", "fail")
+                isolated.submit(case)
+            while isolated.pending:
+                judged += isolated.collect()[0].status in ("pass", "fail")
+            return time.perf_counter() - start, judged
+
+        one_pass()  # warm: starts the worker, loads the backend, compiles its variants
+        return one_pass()
+    finally:
+        isolated.close()
+        if saved is None:
+            os.environ.pop("PA_ORACLE_DRAW_AHEAD", None)
+        else:
+            os.environ["PA_ORACLE_DRAW_AHEAD"] = saved
 
 
 class _Stage:
@@ -247,6 +329,11 @@ def main() -> None:
                         help="seconds of compiles the drawn variants may cost (default 0: the built ones, at least one); -1: no restriction")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions of the judge pass")
     parser.add_argument("--stages", action="store_true", help="print ms, torch operators and device waits per case, by stage")
+    parser.add_argument("--ahead", action="store_true",
+                        help="time the judge pass with and without drawing the next case's host tensors ahead")
+    parser.add_argument("--isolated", action="store_true",
+                        help="time the cases through a worker process, with and without drawing ahead")
+    parser.add_argument("--queue", type=int, default=8, help="cases queued in the worker with --isolated (default 8)")
     args = parser.parse_args()
     for name in args.backend:
         backend = narrow(get_backend(name), tuple(args.only))
@@ -262,6 +349,25 @@ def main() -> None:
             f"-> the kernel is {kernel / judge:.1%} of the time, the oracle and checks the rest",
             flush=True,
         )
+        if args.ahead:
+            (off, off_cpu), (on, on_cpu), taken = compare_ahead(backend, drawn)
+            print(
+                f"  drawing ahead (in this process): {judged / on:.1f} cases/s ({on / judged * 1e3:.1f} ms a case, "
+                f"{taken} of {judged} drawn ahead), without: {judged / off:.1f} cases/s ({off / judged * 1e3:.1f} ms) "
+                f"-> {off / on:.2f}x; the judge thread's CPU {on_cpu / judged * 1e3:.2f} vs {off_cpu / judged * 1e3:.2f} ms a case",
+                flush=True,
+            )
+        if args.isolated:
+            rates = {}
+            for label, (ahead, pass_errors) in ISOLATED.items():
+                seconds, count = isolated_rate(backend, drawn, ahead, args.queue, pass_errors)
+                rates[label] = count / seconds
+            print(
+                f"  through a worker, {args.queue} queued ({count} judged): "
+                + ", ".join(f"{label} {rate:.1f} cases/s" for label, rate in rates.items())
+                + f" -> now/before {rates['now'] / rates['before']:.2f}x",
+                flush=True,
+            )
         if args.stages:
             print(stages(backend, drawn), flush=True)
 

@@ -193,42 +193,78 @@ def _master(gen: torch.Generator, shape: tuple[int, ...], distribution: str, rol
     return x
 
 
-def make_tensors(case: Case, device: str | torch.device = "cpu") -> Tensors:
+def make_tensors(case: Case, device: str | torch.device = "cpu", *, draw: HostDraw | None = None) -> Tensors:
     """The case's tensors on ``device``: from its npz sidecar, or generated from its seed, in the
-    case's ``storage`` (the same values whatever the storage)."""
+    case's ``storage`` (the same values whatever the storage). ``draw`` is the case's ``host_draw``
+    made earlier (e.g. in a background thread while another case ran); the tensors are the same."""
     if case.tensors_file is not None:
         return in_storage(case, load_tensors(case, case.tensors_file).to(device))
-    return in_storage(case, _generated(case, device))
+    if draw is not None and draw.key != draw_key(case):
+        raise ValueError(f"a host draw made for another case was given for case {case.case_id}")
+    return in_storage(case, placed(case, draw if draw is not None else host_draw(case), device))
+
+
+@dataclass(frozen=True)
+class HostDraw:
+    """The host half of a seeded case's tensors (``host_draw``): q in its dtype, K and V as the
+    pool stores them (divided by their scale, in the kv dtype; V None for MLA, a view of the
+    latent cache) in logical token order, and every key token's (page, slot). ``key`` is the
+    ``draw_key`` of the case it was drawn for; ``placed`` makes the device tensors from it."""
+
+    key: tuple
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor | None
+    pages: torch.Tensor
+    slots: torch.Tensor
+
+
+def draw_key(case: Case) -> tuple:
+    """Everything of ``case`` its ``host_draw`` reads: two cases with one key draw the same values."""
+    opts = case.options
+    return (case.seed, case.distribution, case.layout, case.heads, opts.q_dtype, opts.kv_dtype, opts.k_scale, opts.v_scale)
+
+
+def host_draw(case: Case) -> HostDraw:
+    """The values of ``case``'s seed on the host (float64 draws in the order q, K, V, then rounded
+    to the stored dtypes): what generating a case costs the host, independent of any device."""
+    layout, heads, opts = case.layout, case.heads, case.options
+    gen = torch.Generator().manual_seed(case.seed)
+    q = _master(gen, (layout.total_q, heads.num_qo_heads, heads.head_dim_qk), case.distribution, "q")
+    total_kv = sum(layout.kv_lens)
+    k = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_qk), case.distribution, "k")
+    # MLA: one latent cache, V a view of its first d_ckv dims (no V is drawn)
+    v = None if heads.mla else _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_vo), case.distribution, "v")
+    kv_dtype = torch_dtype(opts.kv_dtype)
+    stored = lambda x, scale: (x / scale).to(torch.float32).to(kv_dtype)  # noqa: E731 - as the pool holds it
+    pages, slots = token_addresses(case)
+    return HostDraw(draw_key(case), q.to(torch_dtype(opts.q_dtype)), stored(k, opts.k_scale),
+                    None if v is None else stored(v, opts.v_scale), pages, slots)
+
+
+def placed(case: Case, draw: HostDraw, device: str | torch.device) -> Tensors:
+    """``draw``'s tensors on ``device`` in the default storage (contiguous q, separate poisoned NHD
+    caches). On the CPU q is ``draw.q`` itself: a draw serves one call."""
+    pages, slots = draw.pages.to(device), draw.slots.to(device)
+    if draw.v is None:
+        latent = _pool(case, draw.k, pages, slots, device)
+        return Tensors(draw.q.to(device), latent, latent[..., : case.heads.head_dim_vo])
+    return Tensors(draw.q.to(device), _pool(case, draw.k, pages, slots, device), _pool(case, draw.v, pages, slots, device))
 
 
 def _generated(case: Case, device: str | torch.device) -> Tensors:
     """The tensors of ``case``'s seed in the default storage (contiguous q, separate NHD caches)."""
-    layout, heads, opts = case.layout, case.heads, case.options
-    gen = torch.Generator().manual_seed(case.seed)
-    q_dtype, kv_dtype = torch_dtype(opts.q_dtype), torch_dtype(opts.kv_dtype)
-    q = _master(gen, (layout.total_q, heads.num_qo_heads, heads.head_dim_qk), case.distribution, "q")
-    total_kv = sum(layout.kv_lens)
-    k = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_qk), case.distribution, "k")
-    pages, slots = (t.to(device) for t in token_addresses(case))
-    if heads.mla:  # one latent cache; V is a view of its first d_ckv dims (no V is drawn)
-        latent = _pool(case, k, opts.k_scale, kv_dtype, pages, slots, device)
-        return Tensors(q.to(q_dtype).to(device), latent, latent[..., : heads.head_dim_vo])
-    v = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_vo), case.distribution, "v")
-    caches = [_pool(case, x, scale, kv_dtype, pages, slots, device) for x, scale in ((k, opts.k_scale), (v, opts.v_scale))]
-    return Tensors(q.to(q_dtype).to(device), caches[0], caches[1])
+    return placed(case, host_draw(case), device)
 
 
-def _pool(
-    case: Case, values: torch.Tensor, scale: float, kv_dtype: torch.dtype, pages: torch.Tensor, slots: torch.Tensor,
-    device: str | torch.device,
-) -> torch.Tensor:
-    """A poisoned pool holding ``values`` (logical token order) stored as ``values / scale``."""
+def _pool(case: Case, stored: torch.Tensor, pages: torch.Tensor, slots: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """A poisoned pool holding ``stored`` (logical token order, already in the kv dtype)."""
     layout = case.layout
     # the pool is made on the device: a huge-pool case would not fit twice in host memory
     pool = torch.full(
-        (layout.num_pages, layout.page_size, values.shape[1], values.shape[-1]), POISON, device=device
-    ).to(kv_dtype)
-    pool[pages, slots] = (values / scale).to(torch.float32).to(kv_dtype).to(device)
+        (layout.num_pages, layout.page_size, stored.shape[1], stored.shape[-1]), POISON, device=device
+    ).to(stored.dtype)
+    pool[pages, slots] = stored.to(device)
     return pool
 
 

@@ -172,3 +172,21 @@ def test_one_backend_cannot_loosen_torchs_numerics_for_the_next_in_the_shared_wo
         assert outcome.status == "pass" and worker.starts == 1, outcome.message
     finally:
         worker.close()
+
+
+def test_a_pass_comes_back_without_its_per_element_errors_unless_asked() -> None:
+    spec = "tests.reliability.bad_kernels:slightly_off"
+    kernel = UserKernel.from_spec(spec)
+    for pass_errors in (False, True):
+        loose, strict = (IsolatedBackend(kernel, spec, tolerance=t, pass_errors=pass_errors) for t in (LOOSE, Tolerance()))
+        try:
+            passing, failing = loose.check(CASE), strict.check(CASE)
+        finally:
+            loose.close()
+            strict.close()
+        assert passing.status == "pass" and passing.verdict is not None and passing.verdict.out is not None
+        assert passing.verdict.out.ratio == check_case(kernel, CASE, LOOSE).verdict.out.ratio
+        assert (passing.verdict.error is not None) == pass_errors and (passing.verdict.lse_error is not None) == pass_errors
+        assert failing.status == "fail" and failing.verdict.error is not None, "a failing verdict keeps every tensor"
+    with case_judge(kernel, tolerance=LOOSE) as check:
+        assert check(CASE).verdict.error is not None

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome, exception_text
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.tolerance import Tolerance
@@ -114,20 +115,20 @@ def _serve(tolerance: Tolerance, conn: Connection) -> None:
     each case it is sent with the check sent along (the parent's tolerance) and send the outcome
     back with every tensor on the CPU (verdict, kernel output, derived cases). One worker serves
     every check of every backend of its device; torch's numerics switches are restored before each
-    case."""
+    case. While a case is judged, the host tensors of the next case already sent are drawn in the
+    background (``pa_oracle.fuzz.run.ahead``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     saved = _numerics()
     backends: dict[str, Any] = {}
+    inbox: collections.deque[Any] = collections.deque()  # requests received ahead of their turn (parsed)
     conn.send_bytes(pickle.dumps("ready"))
     while True:
         try:
-            raw = conn.recv_bytes()
+            request = inbox.popleft() if inbox else _parsed(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the parent is gone
-        try:
-            request = pickle.loads(raw)
-        except Exception as exc:  # noqa: BLE001 - e.g. a check this worker cannot find: the tool's failure, not the kernel's
-            conn.send_bytes(pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "")))
+        if isinstance(request, _Unreadable):  # e.g. a check this worker cannot find: the tool's failure, not the kernel's
+            conn.send_bytes(pickle.dumps(("raised", request.kind, request.message, "")))
             continue
         if request is None:
             return
@@ -140,16 +141,66 @@ def _serve(tolerance: Tolerance, conn: Connection) -> None:
                 reply = ("load_failed", f"{type(exc).__name__}: {exception_text(exc)}")
             conn.send_bytes(pickle.dumps(reply))
             continue
-        spec, case_json, keep_output, check = request
+        spec, case_json, keep_output, check, pass_errors = request
         try:
+            case = case_json if isinstance(case_json, Case) else Case.from_json(case_json)  # parsed ahead, or now
+            _draw_next(conn, inbox, backends)
             _restore_numerics(saved)
             start = time.monotonic()
-            outcome = check.judge(Case.from_json(case_json), backends[spec], tolerance, keep_output).on_cpu()
+            outcome = check.judge(case, backends[spec], tolerance, keep_output)
+            if outcome.status == "pass" and outcome.verdict is not None and not (keep_output or pass_errors):
+                outcome.verdict.error = outcome.verdict.lse_error = None  # a pass counts by its statistics
+            outcome = outcome.on_cpu()
             payload = pickle.dumps(("outcome", outcome, time.monotonic() - start))
         except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
             payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "".join(traceback.format_exception(exc, limit=-6))))
         # plain pickle: Connection.send would move every tensor to shared memory (torch's reducers), ~0.1 s a case
         conn.send_bytes(payload)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unreadable:
+    """A request the worker could not unpickle (answered in its turn as the tool's failure)."""
+
+    kind: str
+    message: str
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        return pickle.loads(raw)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent in the request's turn
+        return _Unreadable(type(exc).__name__, exception_text(exc))
+
+
+def _draw_next(conn: Connection, inbox: collections.deque[Any], backends: dict[str, Any]) -> None:
+    """Receive what the parent has already sent (without waiting) and start drawing the host
+    tensors of the next case among it in the background, while this one is judged (where
+    ``AHEAD.wanted`` for its backend's device)."""
+    if not AHEAD.enabled:
+        return
+    try:
+        while conn.poll(0):
+            inbox.append(_parsed(conn.recv_bytes()))
+    except (EOFError, OSError):
+        pass  # the parent is gone: the next receive says so
+    for i, request in enumerate(inbox):
+        if request is None or isinstance(request, _Unreadable):
+            return
+        try:
+            if request[0] == "load":
+                continue
+            if isinstance(request[1], Case):
+                return  # parsed and prepared while an earlier case was judged
+            backend = backends.get(request[0])
+            if not AHEAD.wanted(getattr(backend, "device", None)):
+                return
+            case = Case.from_json(request[1])
+            inbox[i] = (request[0], case, *request[2:])  # its turn takes the parsed case
+            AHEAD.prepare(case)
+        except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn parses, draws and reports
+            pass
+        return
 
 
 class Worker:
@@ -230,13 +281,13 @@ class Worker:
         return self.timeout * (1.0 if spec in self._judged else self.first_case_factor)
 
     def check(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
-              deadline: float | None = None) -> tuple[Outcome, float]:
+              deadline: float | None = None, *, pass_errors: bool = True) -> tuple[Outcome, float]:
         """(the outcome of ``case`` judged by ``judge`` on backend ``spec``, seconds spent starting
         the process and loading the backend first). Within its case timeout, or until the monotonic
         ``deadline`` if that comes first (then a case still running is ``OutOfTime``)."""
         if self._pending:
             raise AssertionError("check() with cases still pending: collect them first")
-        start_seconds = self.submit(spec, capabilities, case, judge, keep_output, deadline)
+        start_seconds = self.submit(spec, capabilities, case, judge, keep_output, deadline, pass_errors=pass_errors)
         outcome, _ = self.collect(deadline)
         return outcome, start_seconds
 
@@ -246,11 +297,12 @@ class Worker:
         return len(self._pending)
 
     def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
-               deadline: float | None = None) -> float:
+               deadline: float | None = None, *, pass_errors: bool = True) -> float:
         """Send ``case`` to be judged after the cases already pending (the worker works through them
         while the caller does something else, e.g. draws the next cases); ``collect`` returns the
         outcomes in order. Returns the seconds spent starting the process and loading ``spec`` first.
-        Pending cases are one backend's."""
+        Pending cases are one backend's. A passing outcome carries its per-element errors
+        (``Verdict.error``, ``lse_error``) only with ``keep_output`` or ``pass_errors``."""
         started = time.monotonic()
         if not self._pending:
             self.ensure(spec, capabilities, deadline)
@@ -258,7 +310,7 @@ class Worker:
             raise AssertionError(f"{spec} submitted while another backend's cases are pending")
         assert self._conn is not None
         try:
-            self._conn.send_bytes(pickle.dumps((spec, case.to_json(), keep_output, judge)))
+            self._conn.send_bytes(pickle.dumps((spec, case.to_json(), keep_output, judge, pass_errors)))
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the process died: collect reports it as this (or an earlier) case's crash
         self._pending.append((spec, case, judge.name))
@@ -338,18 +390,24 @@ class IsolatedBackend:
     restartable worker process: its own, or a shared ``worker`` (then ``close`` leaves it running
     for the other backends; its owner closes it).
 
-    ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel.
+    ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel. A passing outcome
+    comes back with its error statistics but without its per-element errors unless ``keep_output``
+    or ``pass_errors`` (``case_judge`` keeps them: a repro's report of a pass shows its worst elements).
     """
 
     def __init__(
         self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
         first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
-        judge: Check = ORACLE, worker: Worker | None = None,
+        judge: Check = ORACLE, worker: Worker | None = None, pass_errors: bool = False,
     ) -> None:
         self.backend = backend
         self.spec = spec
         self.judge = judge
         self.keep_output = keep_output  # outcomes carry the kernel's output (``check_case``)
+        # a passing outcome's per-element errors: only with keep_output or this (a campaign counts a pass by
+        # its statistics; the errors cost a copy to the host and ~100 KB of pickle a case, and a reply over
+        # the pipe's 64 KiB holds the worker until the parent reads it)
+        self.pass_errors = pass_errors
         self._owns = worker is None
         self.worker = worker if worker is not None else Worker(
             timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, startup=startup
@@ -389,7 +447,7 @@ class IsolatedBackend:
         started = time.monotonic()
         try:
             self.start_seconds += self.worker.submit(self.spec, self.backend.capabilities, case, judge or self.judge,
-                                                     self.keep_output, deadline)
+                                                     self.keep_output, deadline, pass_errors=self.pass_errors)
         except (OutOfTime, WorkerStartError):
             self.start_seconds += time.monotonic() - started
             raise
@@ -440,7 +498,7 @@ def case_judge(
         return
     worker = IsolatedBackend(
         backend, spec, timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, keep_output=keep_output,
-        judge=judge,
+        judge=judge, pass_errors=True,
     )
     try:
         yield worker.check

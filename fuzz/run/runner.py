@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
+from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.reference import plain_controls, reference, shared_plan
 from pa_oracle.oracle.tensors import Tensors, make_tensors, torch_dtype
@@ -185,7 +186,7 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
     reason = backend.unsupported_reason(case)
     if reason:
         return Outcome(case, backend.name, "unsupported", reason)
-    tensors = make_tensors(case, backend.device or "cpu")
+    tensors = make_tensors(case, backend.device or "cpu", draw=AHEAD.take(case))  # drawn ahead in a worker, if it was
     plan, raised = call_kernel(lambda: backend.plan(case))
     if raised is None:
         inputs = backend.plan_inputs(plan)
