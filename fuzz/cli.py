@@ -337,13 +337,16 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
     if not backend_name and not kernel:
         raise click.UsageError("give --backend or --kernel (the case file names neither)")
     backend = _select((backend_name,) if backend_name else (), (kernel,) if kernel else ())[0]
+    from pa_oracle.fuzz.campaign.ledger import golden_check
+    from pa_oracle.fuzz.checks.registry import ALL_CHECKS
     from pa_oracle.fuzz.run.isolation import BadTimeout, case_judge, default_case_timeout
 
     try:
         timeout = default_case_timeout()
-    except BadTimeout as exc:
+        judge = ALL_CHECKS[golden_check(case, case_file)]  # a golden case of a check replays through it
+    except (BadTimeout, CaseError) as exc:
         raise click.UsageError(str(exc)) from None
-    with case_judge(backend, timeout=timeout) as check:  # isolated as fuzz runs it: a crash replays as "crash"
+    with case_judge(backend, timeout=timeout, judge=judge) as check:  # isolated as fuzz runs it: a crash replays as "crash"
         outcome = check(case)
     if as_json:
         payload = {"backend": backend.name, "status": outcome.status, "message": outcome.message}
@@ -378,7 +381,7 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
         backends, unavailable = available()
     show = (lambda r: click.echo(corpus.record_line(r), err=True)) if as_json else (lambda r: click.echo(corpus.record_line(r)))
     try:
-        records = corpus.replay_corpus(files, backends, ledger, lambda b: case_judge(b, timeout=timeout), show)
+        records = corpus.replay_corpus(files, backends, ledger, lambda b, c: case_judge(b, timeout=timeout, judge=c), show)
     except corpus.ReplayError as exc:
         raise click.UsageError(str(exc)) from None
     document = corpus.replay_document(records, corpus.environment(backends, unavailable))

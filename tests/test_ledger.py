@@ -37,8 +37,8 @@ def test_malformed_entries_are_refused(tmp_path, change, message) -> None:
 
 
 def test_unknown_ledger_version_is_refused(tmp_path) -> None:
-    with pytest.raises(CaseError, match="unknown ledger schema_version 2"):
-        load_ledger(write(tmp_path, [ENTRY], version=2))
+    with pytest.raises(CaseError, match=r"unknown ledger schema_version 3 \(this version reads 1, 2\)"):
+        load_ledger(write(tmp_path, [ENTRY], version=3))
 
 
 def test_known_finding_matches_the_predicate_backend_and_version(tmp_path) -> None:
