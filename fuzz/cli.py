@@ -488,12 +488,16 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
 @click.option("--rerun-findings", is_flag=True, help="With --resume: run again the checks that stopped at a violation.")
 @click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign; state in OUT/shards/checks-I-of-N.json.")
 @click.option("--merge", "merge_only", is_flag=True, help="Check nothing: merge the shard states in --out and print the summary.")
+@click.option("--skip-known/--no-skip-known", default=True, show_default=True,
+              help="Skip drawn cases that a ledger entry of the check (or of the oracle, for checks judged by it) covers.")
+@click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger (default: golden/ledger.json).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def metamorphic(
     ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], check_names: tuple[str, ...], examples: int, seed: int,
     only: tuple[str, ...], case_file: Path | None, out_dir: Path, time_budget: float | None, isolate: bool | None,
-    case_timeout: float, resume: bool, overwrite: bool, rerun_findings: bool, shard_text: str | None, merge_only: bool, as_json: bool,
+    case_timeout: float, resume: bool, overwrite: bool, rerun_findings: bool, shard_text: str | None, merge_only: bool,
+    skip_known: bool, ledger_file: Path | None, as_json: bool,
 ) -> None:
     """Checks beyond output values: metamorphic relations (kernel vs kernel), plan reuse and stale
     plans, CUDA-graph replay. Exit 1 on any violation. They run in fuzz's campaign engine: crash
@@ -503,6 +507,7 @@ def metamorphic(
 
     from pa_oracle.backends.user import UserKernel
     from pa_oracle.fuzz.campaign.engine import judge_one, run_campaign
+    from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
     from pa_oracle.fuzz.campaign.outdir import campaign_lock
     from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, load_shards, merge_results, state_path
     from pa_oracle.fuzz.checks.registry import ALL_CHECKS, CHECKS
@@ -524,6 +529,7 @@ def metamorphic(
     if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
         chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
     names = list(check_names or CHECKS)
+    known = load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known and case is None and not merge_only else None
     with campaign_lock(out_dir, shard):
         if case is not None:
             results = [
@@ -545,6 +551,7 @@ def metamorphic(
                 limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),
                 rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
                 progress=lambda line: click.echo(line, err=True), checks=tuple(ALL_CHECKS[n] for n in config.get("checks", names)),
+                ledger=known,
             )
     if as_json:
         click.echo(json.dumps([_check_result_json(r) for r in results], indent=1))
@@ -563,7 +570,7 @@ def _check_result_json(r: BackendResult) -> dict[str, Any]:
     finding = r.findings[-1] if r.findings else None
     return {
         "backend": r.backend, "check": r.check, "examples": r.examples, "held": r.passed, "bit_exact": r.exact,
-        "skipped": r.unsupported, "not_applicable": r.not_applicable, "seconds": round(r.seconds, 2),
+        "skipped": r.unsupported, "skipped_known": r.skipped_known, "not_applicable": r.not_applicable, "seconds": round(r.seconds, 2),
         "status": r.status, "notes": r.notes,
         "violation": None if finding is None else {
             "status": finding.status, "message": finding.message, "case_id": finding.case_id, "dir": finding.dir, "repro": finding.repro,

@@ -212,7 +212,8 @@ def test_an_entry_of_a_check_applies_to_that_check_s_replay_and_campaigns_only(t
     assert known_finding([checked], case, "b", {"flashinfer": "1.0"}, check="mask-replan") is checked
     assert known_finding([checked], case, "b", {"flashinfer": "1.0"}) is None  # an oracle campaign still judges it
     assert known_finding([checked], case, "b", {"flashinfer": "1.0"}, check="plan-reuse") is None
-    assert known_finding([oracle], case, "b", {"flashinfer": "1.0"}, check="mask-replan") is oracle  # the oracle's: every campaign
+    assert known_finding([oracle], case, "b", {"flashinfer": "1.0"}, check="mask-replan") is oracle  # judged by the oracle too
+    assert known_finding([oracle], case, "b", {"flashinfer": "1.0"}, check="relabel") is None  # a relation between two outputs
 
 
 @pytest.mark.parametrize(
@@ -282,3 +283,22 @@ def test_a_campaign_of_the_check_skips_its_known_finding_and_the_oracle_campaign
     planted_families._last_mask.clear()
     oracle = fuzz_backend(stale, isolate=False, examples=10, limits=small, ledger=entries)
     assert oracle.skipped_known == 0 and oracle.examples == 10, oracle.line()
+
+
+def test_pa_oracle_metamorphic_skips_a_known_check_finding_and_no_skip_known_finds_it(tmp_path) -> None:
+    from click.testing import CliRunner
+    from pa_oracle.fuzz.quality import planted_families
+
+    from pa_oracle.cli import main
+
+    spec = "pa_oracle.fuzz.quality.planted_families:stale_mask_on_replan"
+    ledger = write(tmp_path, [{**CHECKED, "backends": [spec], "versions": {}}], version=2)
+    args = ["metamorphic", "-k", spec, "-c", "mask-replan", "-n", "6", "--no-isolate", "--ledger", str(ledger), "--json"]
+    planted_families._last_mask.clear()
+    skipped = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
+    (result,) = json.loads(skipped.stdout)
+    assert result["violation"] is None and result["examples"] == 0 and result["skipped_known"] > 0, skipped.output
+    assert skipped.exit_code == 3 and "skipped as known" in skipped.stderr  # judged nothing: never "ok"
+    planted_families._last_mask.clear()
+    found = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b"), "--no-skip-known"])
+    assert found.exit_code == 1 and json.loads(found.stdout)[0]["violation"]["status"] == "fail", found.output

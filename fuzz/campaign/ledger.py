@@ -21,8 +21,10 @@ ready-to-file report, a path relative to the ledger file.
 default ``"oracle"``, the comparison with the oracle): a finding of ``mask-replan`` fails only
 through that check, the oracle alone passes it. The golden case names the same check in its
 ``meta.check`` (``golden_check``); a replay judges it through that check, and an entry applies to
-that check's replay only. In a campaign, an entry of the oracle applies to every check (a case that
-fails the oracle fails any check judged by it), an entry of another check to that check only.
+that check's replay only. In a campaign, an entry of another check applies to that check's
+campaigns only, an entry of the oracle to the oracle's and to those of the checks that judge each
+run against the oracle (``Check.expect == "oracle"``: a case that fails the oracle fails them too),
+not to the relations between two outputs (bit-exact or within tolerance of each other).
 
 An entry may also carry ``matches``, a predicate over drawn cases (``pa_oracle.fuzz.draw.features``): every key
 is a feature name, a scalar value must equal the case's feature and a list must contain it, e.g.
@@ -76,7 +78,9 @@ class Entry:
 
     def skips_in(self, check: str) -> bool:
         """True if a campaign of ``check`` skips what the entry's predicate matches (module docstring)."""
-        return self.check in (ORACLE_CHECK, check)
+        if self.check == check:
+            return True
+        return self.check == ORACLE_CHECK and getattr(ALL_CHECKS.get(check), "expect", None) == "oracle"
 
     def names(self, backend: str, family: str | None = None) -> bool:
         """True if the entry names ``backend`` or its kernel ``family`` (at any version)."""
@@ -275,7 +279,7 @@ def lookup(entries: list[Entry], case_name: str, backend: str, versions: dict[st
 def known_finding(entries: list[Entry], case: Case, backend: str, versions: dict[str, str], family: str | None = None,
                   check: str = ORACLE_CHECK) -> Entry | None:
     """The entry whose ``matches`` predicate covers a drawn ``case`` on ``backend`` in a campaign of
-    ``check``, if any (an oracle entry applies to every check's campaign, another check's to its own)."""
+    ``check``, if any (``Entry.skips_in``)."""
     return next((e for e in entries if e.skips_in(check) and e.covers(backend, versions, family) and e.matches_case(case)), None)
 
 
