@@ -88,6 +88,7 @@ class Capabilities:
     min_qo_len: int = 0  # 1 for decode kernels: one query per request
     max_qo_len: int | None = None  # 1 for decode kernels
     uniform_qo_len: bool = False  # every request has the same qo_len (dense [B, seqlen_q] queries)
+    mixed_batch: bool = False  # every batch holds a decode request (qo_len 1) and a longer one (fused prefill + decode)
     qo_len_above_kv_len: bool = True
     empty_requests: bool = True  # kv_len 0 and qo_len 0 requests
     causal: tuple[bool, ...] = (False, True)

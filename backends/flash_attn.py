@@ -16,7 +16,9 @@ flash-attn reports LSE ``+inf`` for a row with no key (consumers such as vLLM's 
 ``page_size % 256 == 0`` (flash-attn 2's ``TORCH_CHECK``); ``with_kvcache`` takes one ``seqlen_q``
 for the whole batch.
 
-Memory layouts (``Storage``): ``flash-attn-kvcache-paged`` declares every one. ``flash_attn_with_kvcache``
+Memory layouts (``Storage``): ``flash-attn-kvcache-paged`` and ``flash-attn-varlen`` declare every one
+(``mha_varlen_fwd`` with a block table checks the same ``stride(-1) == 1`` and takes
+``k_batch_stride = k.stride(0)`` and the row and head strides from the tensors, as below). ``flash_attn_with_kvcache``
 asserts only ``k_cache.stride(-1) == 1`` (and q's, through ``maybe_contiguous``); ``mha_fwd_kvcache``
 (flash_api.cpp) checks the shapes and takes the page, row and head strides from the tensors
 (``k_batch_stride`` = ``kcache.stride(0)`` per block of the block table, ``k_row_stride``,
@@ -117,7 +119,7 @@ class FlashAttnVarlenPaged(_FlashAttn):
     name = "flash-attn-varlen"
     description = "flash_attn_varlen_func with a paged block_table"
     family = "flash-attn2-varlen"
-    capabilities = _FLASH_ATTN.replace(page_size_multiple=256)
+    capabilities = _FLASH_ATTN.replace(page_size_multiple=256, storages=STORAGE_FEATURES)
 
     def call_source(self, case: Case) -> str | None:
         return """\

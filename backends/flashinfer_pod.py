@@ -60,7 +60,7 @@ class FlashInferPod(_FlashInferBackend):
     name = "flashinfer-pod"
     description = "FlashInfer BatchPODWithPagedKVCacheWrapper: the qo_len-1 requests as its decode batch, the rest as its prefill batch"
     family = "flashinfer-pod"
-    capabilities = _FLASHINFER.replace(logits_soft_cap=False, alibi=False, kv_dtypes=None, fp8_scales=False)
+    capabilities = _FLASHINFER.replace(logits_soft_cap=False, alibi=False, kv_dtypes=None, fp8_scales=False, mixed_batch=True)
     compile_fields = ("q_dtype", "kv_dtype", "head_dim_qk", "window")
     compile_seconds = 120.0
 

@@ -42,6 +42,7 @@ _SGLANG_EXTEND = Capabilities(
     devices=("cuda",), q_dtypes=("float16", "bfloat16"),
     head_dims=(16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 192, 256),
     qo_len_above_kv_len=False, alibi=False, fp8_scales=False, returns_lse=False,
+    storages=("contiguous", "fused_qkv", "pool_offset"),  # a flat token buffer, as the decode adapter's
 )
 
 
@@ -176,6 +177,10 @@ extend_attention_fwd(**kwargs)
 lse = None  # this kernel returns no LSE
 """
 
+    def extra_arguments(self, plan: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments that replace the plain call's (a mask adapter's ``custom_mask``)."""
+        return {}
+
     def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
         fn, params = _kernel()
         case: Case = plan["case"]
@@ -197,5 +202,6 @@ lse = None  # this kernel returns no LSE
         }
         if _SCALES <= params:  # triton_backend passes layer.k_scale_float (1.0 when unset)
             kwargs.update(k_scale=opts.k_scale, v_scale=opts.v_scale)
+        kwargs.update(self.extra_arguments(plan))
         fn(**kwargs)
         return KernelOutput(out, None)

@@ -19,8 +19,10 @@ from pa_oracle.oracle.tensors import Tensors, token_addresses
 _SGLANG = Capabilities(
     devices=("cuda",), q_dtypes=("float16", "bfloat16"), kv_dtypes=FP8_DTYPES, min_qo_len=1, max_qo_len=1,
     causal=(False, True), window_left=False, alibi=False, custom_sm_scale=True, returns_lse=False,
-    empty_requests=False,
+    empty_requests=False, storages=("contiguous", "fused_qkv", "pool_offset"),
 )
+# storages: the pools are read as one flat token buffer (``view(-1, H, D)``, a uniform token stride), so
+# combined K/V and HND pages cannot be handed over; q is read through its row and head strides
 # a kv_len 0 request gives NaN (stage 2 divides by an empty sum), which SGLang never passes: its
 # CUDA-graph padding rows get seq_len 1 (TritonAttnBackend.get_cuda_graph_seq_len_fill_value). vLLM's
 # copy of this kernel pads with 0, so there it is a bug (vllm#57017, fix vllm#57094).

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from pa_oracle.backends.base import Capabilities
-from pa_oracle.fuzz.draw.strategies import Limits, cases
-from pa_oracle.oracle.case import KV_DTYPES, Case
+from pa_oracle.fuzz.draw.strategies import Limits, cases, layouts
+from pa_oracle.oracle.case import KV_DTYPES, Case, Layout
 
 CAPS = [
     Capabilities(kv_dtypes=KV_DTYPES),
@@ -84,3 +84,17 @@ def test_the_same_seed_draws_the_same_cases_with_no_variant_restriction(name: st
 
     plain = ids()
     assert ids(variants=None) == plain and ids() == plain and len(set(plain)) > 20
+
+
+def test_a_mixed_batch_kernel_gets_a_decode_and_a_prefill_request_in_every_batch() -> None:
+    caps = Capabilities(mixed_batch=True, empty_requests=False)
+    seen: list[tuple[int, ...]] = []
+
+    @settings(max_examples=150, database=None, suppress_health_check=list(HealthCheck))
+    @given(layouts(caps))
+    def check(layout: Layout) -> None:
+        assert 1 in layout.qo_lens and any(n > 1 for n in layout.qo_lens), layout.qo_lens
+        seen.append(layout.qo_lens)
+
+    check()
+    assert len({len(q) for q in seen}) > 2 and any(q.index(1) > 0 for q in seen)  # sizes and positions vary

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15, attention memory layouts on the H200 (helper "layouts"). Under 4 minutes.
+# LAYOUTS_BACKENDS (matrix) and LAYOUTS_FUZZ (campaign) name other backends; a storage a backend does not
+# declare is left out of its matrix rows.
 #  1. matrix: every non-default Storage (15) x flashinfer-decode, flashinfer-decode-tc, flashinfer-prefill-fa2,
 #     flash-attn-kvcache-paged, sdpa-efficient on one fixed case each (fp16, head_dim 128, GQA 2), judged
 #     by check_case (oracle + tolerance + input fingerprints over the whole pool / QKV buffer).
@@ -18,7 +20,9 @@ from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case, Heads, Layout, Options, Storage
 storages = [Storage(*s) for s in itertools.product(("separate", "combined"), ("NHD", "HND"), ("contiguous", "fused_qkv"), (0, 448))][1:]
 bad = 0
-for name in ("flashinfer-decode", "flashinfer-decode-tc", "flashinfer-prefill-fa2", "flash-attn-kvcache-paged", "sdpa-efficient"):
+import os
+names = os.environ.get("LAYOUTS_BACKENDS", "flashinfer-decode flashinfer-decode-tc flashinfer-prefill-fa2 flash-attn-kvcache-paged sdpa-efficient").split()
+for name in names:
     backend = get_backend(name)
     why = backend.unavailable_reason()
     if why:
@@ -26,9 +30,11 @@ for name in ("flashinfer-decode", "flashinfer-decode-tc", "flashinfer-prefill-fa
     page = 256 if name.startswith("flash-attn") else 16
     kv = [300, 41, 1]
     pages = sum(-(-n // page) for n in kv) + 2
-    qo = [1, 1, 1] if "decode" in name or name.startswith("flash-attn") else [3, 41, 1]
+    qo = [1, 1, 1] if "decode" in name or name.startswith("flash-attn-kvcache") else [3, 41, 1]
     layout = Layout.from_lengths(qo, kv, page, page_order=list(reversed(range(pages))), extra_pages=2)
     for storage in storages:
+        if not set(storage.features) <= set(backend.capabilities.storages):
+            continue
         case = Case(layout, Heads(8, 4, 128, 128), Options(q_dtype="bfloat16", kv_dtype="bfloat16", causal=qo[1] > 1), seed=3, storage=storage)
         t = time.time()
         outcome = check_case(backend, case)
@@ -37,8 +43,8 @@ for name in ("flashinfer-decode", "flashinfer-decode-tc", "flashinfer-prefill-fa
 print("MATRIX OK" if bad == 0 else f"MATRIX: {bad} not passing")
 PY
 echo "matrix done: $(tail -1 "$LOG/matrix.txt")"
-timeout $(( ${LAYOUTS_SECONDS:-120} + 50 )) python -m pa_oracle fuzz -b flashinfer-decode -b flashinfer-prefill-fa2 -b flash-attn-kvcache-paged -b sdpa-efficient \
-  --only storages=combined,HND,fused_qkv,pool_offset --only head_dims=64,128 -n 150 --time-budget ${LAYOUTS_SECONDS:-120} --compile-budget 20 \
+timeout $(( ${LAYOUTS_SECONDS:-120} + 50 )) python -m pa_oracle fuzz $(for b in ${LAYOUTS_FUZZ:-flashinfer-decode flashinfer-prefill-fa2 flash-attn-kvcache-paged sdpa-efficient}; do echo -b $b; done) \
+  --only storages=${LAYOUTS_STORAGES:-combined,HND,fused_qkv,pool_offset} --only head_dims=64,128 -n 150 --time-budget ${LAYOUTS_SECONDS:-120} --compile-budget 20 \
   --out "$CAMPAIGN" --json > /tmp/layouts-fuzz.json 2> "$LOG/fuzz.log"
 echo "fuzz exit code $?" >> "$LOG/fuzz.log"
 cp "$CAMPAIGN/summary.json" "$LOG/summary.json" 2>/dev/null

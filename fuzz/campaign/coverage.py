@@ -73,7 +73,7 @@ def declared(caps: Capabilities, limits: Limits = Limits()) -> dict[str, list[st
         return ["false", "true"] if reachable else ["false"]
 
     return {
-        "batch_size": [_bucket_name(lo, hi) for lo, hi in BATCH_BUCKETS if lo <= limits.max_batch],
+        "batch_size": [_bucket_name(lo, hi) for lo, hi in BATCH_BUCKETS if lo <= limits.max_batch and (hi >= 2 or not caps.mixed_batch)],
         "empty_requests": switch(caps.empty_requests),
         "qo_above_kv": switch(caps.qo_len_above_kv_len and (caps.empty_requests or max_qo > 1)),
         "page_size": [str(p) for p in page_sizes(caps)],

@@ -35,6 +35,7 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "custom_mask": ("none", "tree", "bits"),  # how the case's custom mask is given (oracle.case.CustomMask)
     "mla": bool,  # the latent layout (Heads.mla)
     "mask_empty_row": bool,  # a custom mask leaves some query row no key (before causal and window)
+    "mla_causal_tile_key_lost": bool,  # FlashInfer MLA's causal tile bound drops a key a row needs (below)
     "rope": ("none", *ROPE_STYLES),  # the case's RoPE pairing (oracle.case.Rope), "none" without RoPE
     # where the tensors lie in memory (oracle.case.Storage)
     "kv_storage": KV_STORAGES,  # separate K and V, or one [pages, 2, ...] tensor
@@ -81,6 +82,7 @@ def case_features(case: Case) -> dict[str, Feature]:
         "custom_mask": "none" if case.custom_mask is None else "tree" if case.custom_mask.tree_parents is not None else "bits",
         "mla": heads.mla,
         "mask_empty_row": _mask_empty_row(case),
+        "mla_causal_tile_key_lost": bool(mla_causal_tile_lost_keys(case)),
         "rope": "none" if opts.rope is None else opts.rope.style,
         "kv_storage": storage.kv,
         "kv_layout": storage.kv_layout,
@@ -92,3 +94,35 @@ def case_features(case: Case) -> dict[str, Feature]:
 def _mask_empty_row(case: Case) -> bool:
     masks = case.masks() if case.custom_mask is not None else None
     return bool(masks) and any(m.shape[1] > 0 and not m.any(axis=1).all() for m in masks if m.shape[0])
+
+
+def mla_causal_tile_lost_keys(case: Case) -> list[tuple[int, int, int]]:
+    """(request, token, qo head) rows whose last key FlashInfer's MLA kernels never load, for a causal
+    MLA case without a custom mask (empty otherwise).
+
+    The model of ``include/flashinfer/attention/mla.cuh`` (fa2, line 1067 in 0.6.18.post1) and
+    ``mla_hopper.cuh`` (fa3, lines 914 and 1072), the same in 0.7.2.post1: rows are packed as
+    ``token * num_heads + head``; a tile of ``cluster_tile_q`` rows (128 when the batch's mean packed
+    qo length, integer-divided, exceeds 64, else 64: ``MLAPlan`` in ``scheduler.cuh``) loads keys up
+    to ``kv_len - qo_len + (tile_start + cluster_tile_q) / num_heads``, floor-divided, rounded up to
+    whole key tiles (64 keys; 32 for fp8 KV on fa2). The plan itself uses ``ceil_div``
+    (``packed_causal_kv_end``). When ``num_heads`` does not divide the tile end, the token split across
+    two tiles needs one key more, and misses it when the floor bound is a multiple of the key tile:
+    its rows in the first tile lose their diagonal key. The last tile of a request loads every key.
+    """
+    opts, heads, lay = case.options, case.heads, case.layout
+    if not (heads.mla and opts.causal) or case.custom_mask is not None or lay.batch_size == 0:
+        return []
+    h = heads.num_qo_heads
+    tile = 128 if sum(lay.qo_lens) * h // lay.batch_size > 64 else 64
+    key_tile = 32 if opts.is_fp8 else 64
+    lost = []
+    for b, (qo, kv) in enumerate(zip(lay.qo_lens, lay.kv_lens)):
+        packed = qo * h
+        for start in range(0, packed - tile, tile):  # every tile but the last
+            end = start + tile
+            bound = kv - qo + end // h
+            if end % h and 0 <= bound < kv and bound % key_tile == 0:
+                token = end // h
+                lost += [(b, token, head) for head in range(h) if token * h + head < end]
+    return lost

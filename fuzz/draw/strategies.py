@@ -96,7 +96,8 @@ def _qo_len(draw: st.DrawFn, kv_len: int, caps: Capabilities, limits: Limits, mi
 def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits()) -> Layout:
     """Ragged batches with random page tables (see the module docstring)."""
     page = draw(st.sampled_from(_page_sizes(caps)), label="page_size")
-    batch = draw(st.integers(1, limits.max_batch), label="batch_size")
+    smallest = 2 if caps.mixed_batch else 1  # a decode and a prefill request
+    batch = draw(st.integers(smallest, max(limits.max_batch, smallest)), label="batch_size")
     min_len = 0 if caps.empty_requests else 1
     kv_lens = [_kv_len(draw, page, limits, min_len, f"kv_len[{b}]") for b in range(batch)]
     qo_lens = [_qo_len(draw, kv_lens[b], caps, limits, min_len, f"qo_len[{b}]") for b in range(batch)]
@@ -104,6 +105,8 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
         kv_lens = [max(k, q) for k, q in zip(kv_lens, qo_lens)]
     if caps.uniform_qo_len:
         qo_lens = [max(qo_lens[0], 1)] * batch
+    if caps.mixed_batch:
+        _mix(draw, qo_lens, kv_lens, caps)
     if sum(qo_lens) == 0:
         qo_lens[0] = 1  # a call with no query at all tests nothing
         if not caps.qo_len_above_kv_len:
@@ -112,6 +115,19 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
     extra = draw(st.integers(0, limits.max_extra_pages), label="unused_pool_pages")
     order = draw(st.permutations(range(needed + extra)), label="page_order")
     return Layout.from_lengths(qo_lens, kv_lens, page, page_order=order, extra_pages=extra)
+
+
+def _mix(draw: st.DrawFn, qo_lens: list[int], kv_lens: list[int], caps: Capabilities) -> None:
+    """Make the batch hold a decode request (qo_len 1) and a longer one, if it does not: two drawn requests
+    become one of each (the longer one keeps its drawn qo_len when it is above 1)."""
+    if 1 in qo_lens and any(n > 1 for n in qo_lens):
+        return
+    decode = draw(st.integers(0, len(qo_lens) - 1), label="decode request")
+    other = (decode + 1 + draw(st.integers(0, len(qo_lens) - 2), label="prefill request")) % len(qo_lens)
+    qo_lens[decode] = 1
+    qo_lens[other] = max(qo_lens[other], 2)
+    if not caps.qo_len_above_kv_len:
+        kv_lens[decode], kv_lens[other] = max(kv_lens[decode], 1), max(kv_lens[other], qo_lens[other])
 
 
 @st.composite

@@ -280,6 +280,12 @@ def repro_script(case: Case, backend: Backend, seen: Seen, tensors: Tensors | No
     call = backend.call_source(case)
     if call is None:
         raise NoUpstreamRepro(f"no upstream repro for this adapter: {backend.name} provides no call source (Backend.call_source)")
+    if case.storage is not None:
+        raise NoUpstreamRepro(
+            f"no upstream repro for a case in storage {case.storage.label()}: the standalone script hands the kernel "
+            "contiguous NHD caches and a contiguous q, so a failure that needs this memory layout would not reproduce "
+            "there. Triage's 'options needed' says whether it does; the same case with \"storage\": null, if it still "
+            "fails, gets a repro")
     tensors = tensors if tensors is not None else make_tensors(case, "cpu")
     npz, dtypes = _tensor_bits(tensors)
     packed = zlib.compress(npz, 9)
