@@ -337,13 +337,16 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
     if not backend_name and not kernel:
         raise click.UsageError("give --backend or --kernel (the case file names neither)")
     backend = _select((backend_name,) if backend_name else (), (kernel,) if kernel else ())[0]
+    from pa_oracle.fuzz.campaign.ledger import golden_check
+    from pa_oracle.fuzz.checks.registry import ALL_CHECKS
     from pa_oracle.fuzz.run.isolation import BadTimeout, case_judge, default_case_timeout
 
     try:
         timeout = default_case_timeout()
-    except BadTimeout as exc:
+        judge = ALL_CHECKS[golden_check(case, case_file)]  # a golden case of a check replays through it
+    except (BadTimeout, CaseError) as exc:
         raise click.UsageError(str(exc)) from None
-    with case_judge(backend, timeout=timeout) as check:  # isolated as fuzz runs it: a crash replays as "crash"
+    with case_judge(backend, timeout=timeout, judge=judge) as check:  # isolated as fuzz runs it: a crash replays as "crash"
         outcome = check(case)
     if as_json:
         payload = {"backend": backend.name, "status": outcome.status, "message": outcome.message}
@@ -378,7 +381,7 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
         backends, unavailable = available()
     show = (lambda r: click.echo(corpus.record_line(r), err=True)) if as_json else (lambda r: click.echo(corpus.record_line(r)))
     try:
-        records = corpus.replay_corpus(files, backends, ledger, lambda b: case_judge(b, timeout=timeout), show)
+        records = corpus.replay_corpus(files, backends, ledger, lambda b, c: case_judge(b, timeout=timeout, judge=c), show)
     except corpus.ReplayError as exc:
         raise click.UsageError(str(exc)) from None
     document = corpus.replay_document(records, corpus.environment(backends, unavailable))
@@ -485,12 +488,16 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
 @click.option("--rerun-findings", is_flag=True, help="With --resume: run again the checks that stopped at a violation.")
 @click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign; state in OUT/shards/checks-I-of-N.json.")
 @click.option("--merge", "merge_only", is_flag=True, help="Check nothing: merge the shard states in --out and print the summary.")
+@click.option("--skip-known/--no-skip-known", default=True, show_default=True,
+              help="Skip drawn cases that a ledger entry of the check (or of the oracle, for checks judged by it) covers.")
+@click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger (default: golden/ledger.json).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def metamorphic(
     ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], check_names: tuple[str, ...], examples: int, seed: int,
     only: tuple[str, ...], case_file: Path | None, out_dir: Path, time_budget: float | None, isolate: bool | None,
-    case_timeout: float, resume: bool, overwrite: bool, rerun_findings: bool, shard_text: str | None, merge_only: bool, as_json: bool,
+    case_timeout: float, resume: bool, overwrite: bool, rerun_findings: bool, shard_text: str | None, merge_only: bool,
+    skip_known: bool, ledger_file: Path | None, as_json: bool,
 ) -> None:
     """Checks beyond output values: metamorphic relations (kernel vs kernel), plan reuse and stale
     plans, CUDA-graph replay. Exit 1 on any violation. They run in fuzz's campaign engine: crash
@@ -500,6 +507,7 @@ def metamorphic(
 
     from pa_oracle.backends.user import UserKernel
     from pa_oracle.fuzz.campaign.engine import judge_one, run_campaign
+    from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
     from pa_oracle.fuzz.campaign.outdir import campaign_lock
     from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, load_shards, merge_results, state_path
     from pa_oracle.fuzz.checks.registry import ALL_CHECKS, CHECKS
@@ -521,6 +529,7 @@ def metamorphic(
     if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
         chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
     names = list(check_names or CHECKS)
+    known = load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known and case is None and not merge_only else None
     with campaign_lock(out_dir, shard):
         if case is not None:
             results = [
@@ -542,6 +551,7 @@ def metamorphic(
                 limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),
                 rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
                 progress=lambda line: click.echo(line, err=True), checks=tuple(ALL_CHECKS[n] for n in config.get("checks", names)),
+                ledger=known,
             )
     if as_json:
         click.echo(json.dumps([_check_result_json(r) for r in results], indent=1))
@@ -560,7 +570,7 @@ def _check_result_json(r: BackendResult) -> dict[str, Any]:
     finding = r.findings[-1] if r.findings else None
     return {
         "backend": r.backend, "check": r.check, "examples": r.examples, "held": r.passed, "bit_exact": r.exact,
-        "skipped": r.unsupported, "not_applicable": r.not_applicable, "seconds": round(r.seconds, 2),
+        "skipped": r.unsupported, "skipped_known": r.skipped_known, "not_applicable": r.not_applicable, "seconds": round(r.seconds, 2),
         "status": r.status, "notes": r.notes,
         "violation": None if finding is None else {
             "status": finding.status, "message": finding.message, "case_id": finding.case_id, "dir": finding.dir, "repro": finding.repro,

@@ -37,8 +37,8 @@ def test_malformed_entries_are_refused(tmp_path, change, message) -> None:
 
 
 def test_unknown_ledger_version_is_refused(tmp_path) -> None:
-    with pytest.raises(CaseError, match="unknown ledger schema_version 2"):
-        load_ledger(write(tmp_path, [ENTRY], version=2))
+    with pytest.raises(CaseError, match=r"unknown ledger schema_version 3 \(this version reads 1, 2\)"):
+        load_ledger(write(tmp_path, [ENTRY], version=3))
 
 
 def test_known_finding_matches_the_predicate_backend_and_version(tmp_path) -> None:
@@ -193,3 +193,112 @@ def test_conventions_and_preconditions_are_no_longer_findings() -> None:
     assert not {"flash-attn-kvcache-alibi-lse", "flash-attn-kvcache-paged-alibi-lse"} & cases  # converted by the adapter
     sglang = [e for e in load_ledger() if e.case == "sglang-decode-empty-request"]
     assert sglang and all("sglang-triton-decode" not in e.families and not e.backends for e in sglang)  # SGLang's precondition
+
+
+CHECKED = {**ENTRY, "check": "mask-replan", "matches": {"custom_mask": "none"}}
+
+
+def test_an_entry_of_a_check_applies_to_that_check_s_replay_and_campaigns_only(tmp_path) -> None:
+    from pa_oracle.fuzz.campaign.ledger import known_finding, ledger_verdict
+    from pa_oracle.oracle.case import Case, Heads, Layout
+
+    checked, oracle = load_ledger(write(tmp_path, [CHECKED, {**ENTRY, "case": "o", "matches": {"custom_mask": "none"}}], version=2))
+    assert lookup([checked], "c", "b", {"flashinfer": "1.0"}, check="mask-replan") is checked
+    assert lookup([checked], "c", "b", {"flashinfer": "1.0"}) is None  # the oracle's replay of the case: no entry
+    assert ledger_verdict([checked], "c", "b", {"flashinfer": "1.0"}, "fail", check="mask-replan").kind == "known"
+    assert ledger_verdict([checked], "c", "b", {"flashinfer": "1.0"}, "fail").kind == "finding"
+    assert ledger_verdict([checked], "c", "b", {"flashinfer": "1.1"}, "pass", check="mask-replan").kind == "fixed"
+    case = Case(Layout.from_lengths([2], [3], 16), Heads(1, 1, 8, 8))
+    assert known_finding([checked], case, "b", {"flashinfer": "1.0"}, check="mask-replan") is checked
+    assert known_finding([checked], case, "b", {"flashinfer": "1.0"}) is None  # an oracle campaign still judges it
+    assert known_finding([checked], case, "b", {"flashinfer": "1.0"}, check="plan-reuse") is None
+    assert known_finding([oracle], case, "b", {"flashinfer": "1.0"}, check="mask-replan") is oracle  # judged by the oracle too
+    assert known_finding([oracle], case, "b", {"flashinfer": "1.0"}, check="relabel") is None  # a relation between two outputs
+
+
+@pytest.mark.parametrize(
+    "entry, version, message",
+    [
+        ({**CHECKED, "check": "mask-replann"}, 2, r"entry 0 check: 'mask-replann' is no check; did you mean mask-replan"),
+        ({**CHECKED, "check": 3}, 2, r"entry 0: check: expected str, got int 3 \('check' names the check"),
+        (CHECKED, 1, r"entry 0: check: a ledger entry names its check from schema_version 2 on \(this file says 1\)"),
+    ],
+    ids=["unknown", "not-a-string", "version-1"],
+)
+def test_a_bad_check_is_refused_naming_the_file_entry_and_field(tmp_path, entry, version, message) -> None:
+    path = write(tmp_path, [entry], version=version)
+    with pytest.raises(CaseError, match=f"^{path}: {message}"):
+        load_ledger(path)
+
+
+def test_a_golden_case_s_check_is_its_meta_check_and_a_bad_one_names_file_and_field(tmp_path) -> None:
+    from pa_oracle.fuzz.campaign.ledger import golden_check
+    from pa_oracle.oracle.case import Case, Heads, Layout
+
+    case = Case(Layout.from_lengths([1], [3], 16), Heads(1, 1, 8, 8))
+    assert golden_check(case, "x.json") == "oracle"
+    assert golden_check(case.replace(meta={"check": "mask-replan"}), "x.json") == "mask-replan"
+    with pytest.raises(CaseError, match=r"^x.json: meta.check: 'zzz' is no check \(known: oracle, "):
+        golden_check(case.replace(meta={"check": "zzz"}), "x.json")
+
+
+def test_the_stale_mask_entry_follows_the_source_and_skips_only_in_mask_replan_campaigns() -> None:
+    from pa_oracle.backends import discover
+    from pa_oracle.fuzz.campaign.ledger import golden_check, known_finding
+
+    path = GOLDEN_CASES / "flashinfer-ragged-stale-custom-mask.json"
+    case = load_case(path)
+    (entry,) = [e for e in load_ledger() if e.case == path.stem]
+    assert golden_check(case, path) == entry.check == "mask-replan" and case.custom_mask is None and case.tensors_file is None
+    assert entry.families == ("flashinfer-ragged-fa2",) and entry.issue.endswith("/pull/2690")
+    assert "else" in entry.reason and "_custom_mask_buf" in entry.reason  # quotes the source
+    for version in ("0.6.18.post1", "0.7.2.post1"):  # both wheels' ragged plan lack the else
+        assert lookup(load_ledger(), path.stem, "flashinfer-ragged-mask", {"flashinfer": version}, "flashinfer-ragged-fa2", "mask-replan")
+    assert not lookup(load_ledger(), path.stem, "flashinfer-ragged-mask", {"flashinfer": "0.6.17"}, "flashinfer-ragged-fa2", "mask-replan")
+    backends = discover()
+    for name in ("flashinfer-prefill-mask-replan", "flashinfer-prefill-mask"):  # the paged wrapper clears its mask: not listed
+        assert not lookup(load_ledger(), path.stem, name, {"flashinfer": "0.6.18.post1"}, backends[name]().kernel_family, "mask-replan")
+    ragged = backends["flashinfer-ragged-mask"]()
+    args = (case, ragged.name, {"flashinfer": "0.6.18.post1"}, ragged.kernel_family)
+    assert known_finding(load_ledger(), *args, check="mask-replan") is not None
+    assert known_finding(load_ledger(), *args) is None  # the oracle campaign of the ragged adapter still draws unmasked cases
+
+
+def test_a_campaign_of_the_check_skips_its_known_finding_and_the_oracle_campaign_does_not(tmp_path) -> None:
+    from pa_oracle.backends.user import UserKernel
+    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.checks.registry import CHECKS
+    from pa_oracle.fuzz.draw.strategies import Limits
+    from pa_oracle.fuzz.quality import planted_families
+
+    stale = UserKernel(planted_families.stale_mask_on_replan)
+    entries = load_ledger(write(tmp_path, [{**CHECKED, "backends": [stale.name], "versions": {}}], version=2))
+    small = Limits(max_batch=2, max_kv_len=12, max_qo_len=4, max_kv_heads=2, max_qo_heads=4, head_dims=(8,))
+    planted_families._last_mask.clear()
+    found = fuzz_backend(stale, check=CHECKS["mask-replan"], isolate=False, examples=10, limits=small)
+    assert found.status == "finding" and found.finding.check == "mask-replan", found.line()  # (shrinking reuses shapes: any step)
+    planted_families._last_mask.clear()
+    skipped = fuzz_backend(stale, check=CHECKS["mask-replan"], isolate=False, examples=10, limits=small, ledger=entries)
+    assert not skipped.findings and skipped.skipped_known > 0 and skipped.examples == 0, skipped.line()  # every drawn case is unmasked
+    planted_families._last_mask.clear()
+    oracle = fuzz_backend(stale, isolate=False, examples=10, limits=small, ledger=entries)
+    assert oracle.skipped_known == 0 and oracle.examples == 10, oracle.line()
+
+
+def test_pa_oracle_metamorphic_skips_a_known_check_finding_and_no_skip_known_finds_it(tmp_path) -> None:
+    from click.testing import CliRunner
+    from pa_oracle.fuzz.quality import planted_families
+
+    from pa_oracle.cli import main
+
+    spec = "pa_oracle.fuzz.quality.planted_families:stale_mask_on_replan"
+    ledger = write(tmp_path, [{**CHECKED, "backends": [spec], "versions": {}}], version=2)
+    args = ["metamorphic", "-k", spec, "-c", "mask-replan", "-n", "6", "--no-isolate", "--ledger", str(ledger), "--json"]
+    planted_families._last_mask.clear()
+    skipped = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
+    (result,) = json.loads(skipped.stdout)
+    assert result["violation"] is None and result["examples"] == 0 and result["skipped_known"] > 0, skipped.output
+    assert skipped.exit_code == 3 and "skipped as known" in skipped.stderr  # judged nothing: never "ok"
+    planted_families._last_mask.clear()
+    found = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b"), "--no-skip-known"])
+    assert found.exit_code == 1 and json.loads(found.stdout)[0]["violation"]["status"] == "fail", found.output

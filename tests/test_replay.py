@@ -66,3 +66,23 @@ def test_replay_compare_exits_1_on_a_regression(tmp_path) -> None:
     (tmp_path / "x.json").write_text("{}")
     bad = CliRunner().invoke(main, ["replay-compare", str(tmp_path / "a.json"), str(tmp_path / "x.json")])
     assert bad.exit_code == 2 and "not a pa-oracle replay record" in bad.output
+
+
+def test_a_corpus_case_s_check_is_validated_against_the_check_names_and_its_ledger_entry(tmp_path) -> None:
+    folder = corpus(tmp_path)
+    a = json.loads((folder / "a.json").read_text())
+    (folder / "a.json").write_text(json.dumps({**a, "meta": {"check": "mask-replan"}}))
+    args = ["replay", str(folder), "-b", "sdpa-math", "--json"]
+    mismatch = CliRunner().invoke(main, [*args, "--ledger", str(ledger(tmp_path, {}))])
+    assert mismatch.exit_code == 2 and "the ledger entry for 'a' names check 'oracle', its golden case's meta.check is 'mask-replan'" in mismatch.output
+    (folder / "a.json").write_text(json.dumps({**a, "meta": {"check": "mask-replann"}}))
+    bad = CliRunner().invoke(main, [*args, "--ledger", str(ledger(tmp_path, {}))])
+    assert bad.exit_code == 2 and f"{folder / 'a.json'}: meta.check: 'mask-replann' is no check; did you mean mask-replan" in bad.output
+    (folder / "a.json").write_text(json.dumps({**a, "meta": {"check": "mask-replan"}}))
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"schema_version": 2, "entries": []}))
+    judged = CliRunner().invoke(main, [*args, "--ledger", str(empty)])
+    assert judged.exit_code == 0, judged.output
+    records = {r["case"]: r for r in json.loads(judged.stdout)["results"]}
+    assert records["a"]["check"] == "mask-replan" and records["a"]["status"] == "unsupported"  # sdpa-math takes no mask
+    assert records["b"]["check"] == "oracle" and records["b"]["status"] == "pass"

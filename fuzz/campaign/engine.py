@@ -173,7 +173,7 @@ def fuzz_backend(
         return isolated.start_seconds if isolated is not None else 0.0
 
     def is_known(case: Case) -> bool:
-        return bool(ledger) and known_finding(ledger, case, backend.name, versions, family=backend.kernel_family) is not None
+        return bool(ledger) and known_finding(ledger, case, backend.name, versions, backend.kernel_family, check.name) is not None
 
     def prop(case: Case) -> None:
         searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
@@ -298,7 +298,7 @@ def fuzz_backend(
                 result.notes.append(broke)
             if failing:
                 result.status = "finding"
-                failing[-1] = fewer_requests(failing[-1], judge, lambda c: bool(ledger) and known_finding(ledger, c, backend.name, versions))
+                failing[-1] = fewer_requests(failing[-1], judge, is_known)
                 _record_finding(result, failing[-1], backend, out_dir, kernel_spec)
             elif broke is not None and not broke.startswith(OUT_OF_TIME):
                 result.status = "incomplete"

@@ -17,6 +17,15 @@ Tracking: ``"issue"`` is the URL of the upstream issue or pull request (``https:
 or ``/pull/N`` for the project's own ledger), or ``"reported": false`` with ``"report"``: a
 ready-to-file report, a path relative to the ledger file.
 
+``check`` (schema_version 2) names the check that judges the case (``pa_oracle.fuzz.checks.registry.ALL_CHECKS``;
+default ``"oracle"``, the comparison with the oracle): a finding of ``mask-replan`` fails only
+through that check, the oracle alone passes it. The golden case names the same check in its
+``meta.check`` (``golden_check``); a replay judges it through that check, and an entry applies to
+that check's replay only. In a campaign, an entry of another check applies to that check's
+campaigns only, an entry of the oracle to the oracle's and to those of the checks that judge each
+run against the oracle (``Check.expect == "oracle"``: a case that fails the oracle fails them too),
+not to the relations between two outputs (bit-exact or within tolerance of each other).
+
 An entry may also carry ``matches``, a predicate over drawn cases (``pa_oracle.fuzz.draw.features``): every key
 is a feature name, a scalar value must equal the case's feature and a list must contain it, e.g.
 ``{"kv_len_0_with_queries": true}`` or ``{"alibi": true, "logits_soft_cap": true}`` or
@@ -36,14 +45,17 @@ from urllib.parse import urlparse
 import msgspec
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.draw.features import FEATURES, Feature, case_features
+from pa_oracle.fuzz.run.runner import ORACLE_CHECK
 from pa_oracle.oracle.case import Case, CaseError, read_json
 from pa_oracle.oracle.schema import convert
 
 from pa_oracle import golden
 
 GOLDEN = golden.root()  # the installed corpus, or $PA_ORACLE_GOLDEN
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added ``check``; version 1 files (no ``check``) are read as they are
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -57,9 +69,18 @@ class Entry:
     matches: dict[str, Feature | tuple[Feature, ...]] | None = None
     families: tuple[str, ...] = ()  # kernel families (``Backend.kernel_family``)
     report: str | None = None  # a ready-to-file report, relative to the ledger, when not reported
+    check: str = ORACLE_CHECK  # the check that judges the case (a name of ``ALL_CHECKS``)
 
-    def applies(self, case_name: str, backend: str, versions: dict[str, str], family: str | None = None) -> bool:
-        return case_name == self.case and self.covers(backend, versions, family)
+    def applies(self, case_name: str, backend: str, versions: dict[str, str], family: str | None = None,
+                check: str = ORACLE_CHECK) -> bool:
+        """True if the entry is the one for golden case ``case_name`` replayed through ``check``."""
+        return case_name == self.case and check == self.check and self.covers(backend, versions, family)
+
+    def skips_in(self, check: str) -> bool:
+        """True if a campaign of ``check`` skips what the entry's predicate matches (module docstring)."""
+        if self.check == check:
+            return True
+        return self.check == ORACLE_CHECK and getattr(ALL_CHECKS.get(check), "expect", None) == "oracle"
 
     def names(self, backend: str, family: str | None = None) -> bool:
         """True if the entry names ``backend`` or its kernel ``family`` (at any version)."""
@@ -119,6 +140,7 @@ class _EntryFile(msgspec.Struct, forbid_unknown_fields=True):
     families: list[str] = []
     reported: bool = True
     report: str | None = None
+    check: str = ORACLE_CHECK
 
 
 class _LedgerFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -138,6 +160,7 @@ _HINTS = {
     "reported": "'reported': false goes with 'report', the path of a ready-to-file report",
     "report": "'report' is the path of a ready-to-file report, relative to the ledger",
     "matches": "'matches' must be a non-empty object of feature: value",
+    "check": "'check' names the check that judges the case, e.g. 'mask-replan' (default 'oracle')",
 }
 GITHUB_ISSUE = re.compile(r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(issues|pull)/[0-9]+$")
 
@@ -145,18 +168,20 @@ GITHUB_ISSUE = re.compile(r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+
 def load_ledger(path: Path = GOLDEN / "ledger.json") -> list[Entry]:
     """Read and strictly validate a ledger file; a ``CaseError`` names the entry and field at fault."""
     data = read_json(Path(path), CaseError)
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION or isinstance(data.get("schema_version"), bool):
-        version = data.get("schema_version") if isinstance(data, dict) else None
-        raise CaseError(f"{path}: unknown ledger schema_version {version!r}")
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise CaseError(f"{path}: unknown ledger schema_version {version!r} (this version reads {', '.join(map(str, READABLE_VERSIONS))})")
     if set(data) != {"schema_version", "entries"} or not isinstance(data["entries"], list):
         raise CaseError(f"{path}: a ledger holds exactly 'schema_version' and a list 'entries'")
     ledger = convert(data, _LedgerFile, where=str(path), error=CaseError)
-    return [_entry(raw, f"{path}: entry {i}") for i, raw in enumerate(ledger.entries)]
+    return [_entry(raw, f"{path}: entry {i}", version) for i, raw in enumerate(ledger.entries)]
 
 
-def _entry(raw: Any, where: str) -> Entry:
+def _entry(raw: Any, where: str, version: int = SCHEMA_VERSION) -> Entry:
     if not isinstance(raw, dict):
         raise CaseError(f"{where} must be an object")
+    if version < 2 and "check" in raw:
+        raise CaseError(f"{where}: check: a ledger entry names its check from schema_version 2 on (this file says {version})")
     try:
         entry = convert(raw, _EntryFile, where=where, error=CaseError)
     except CaseError as exc:
@@ -178,9 +203,32 @@ def _entry(raw: Any, where: str) -> Entry:
         except InvalidSpecifier:
             raise CaseError(f"{where} versions[{package!r}]: {spec!r} is no version or PEP 440 specifier (e.g. '>=0.6.18.post1,<0.7.2.post1')") from None
     matches = None if entry.matches is None else _predicate(entry.matches, where)
+    check_name(entry.check, f"{where} check", CaseError)
     status: Literal["tolerated", "quarantine"] = "tolerated" if entry.status == "tolerated" else "quarantine"
     return Entry(entry.case, tuple(entry.backends), dict(entry.versions), status, entry.reason, entry.issue or None, matches,
-                 tuple(entry.families), entry.report)
+                 tuple(entry.families), entry.report, entry.check)
+
+
+def check_name(name: Any, where: str, error: type[Exception]) -> str:
+    """``name`` if it names a check of ``ALL_CHECKS``, else ``error`` naming ``where`` (the file and field)."""
+    if isinstance(name, str) and name in ALL_CHECKS:
+        return name
+    close = difflib.get_close_matches(str(name), ALL_CHECKS, n=2)
+    hint = f"; did you mean {' or '.join(close)}?" if close else f" (known: {', '.join(ALL_CHECKS)})"
+    raise error(f"{where}: {name!r} is no check{hint}")
+
+
+def golden_check(case: Case, path: Path | str) -> str:
+    """The check that judges golden case ``case`` (read from ``path``): its ``meta.check``, by default
+    the oracle; a name that is no check is a ``CaseError`` naming the file and field."""
+    return check_name(case.meta.get("check", ORACLE_CHECK), f"{path}: meta.check", CaseError)
+
+
+def check_mismatches(entries: list[Entry], checks: dict[str, str]) -> list[str]:
+    """For ``checks`` (golden case name -> the check its file names): one line per entry whose
+    ``check`` is another (the entry would never apply to its own case's replay)."""
+    return [f"the ledger entry for {e.case!r} names check {e.check!r}, its golden case's meta.check is {checks[e.case]!r}"
+            for e in entries if e.case in checks and e.check != checks[e.case]]
 
 
 def _tracking(entry: _EntryFile, where: str) -> None:
@@ -221,14 +269,18 @@ def _predicate(raw: Any, where: str) -> dict[str, Feature | tuple[Feature, ...]]
     return predicate
 
 
-def lookup(entries: list[Entry], case_name: str, backend: str, versions: dict[str, str], family: str | None = None) -> Entry | None:
-    """The entry for golden case ``case_name`` on ``backend`` (kernel ``family``) at ``versions``, if any."""
-    return next((e for e in entries if e.applies(case_name, backend, versions, family)), None)
+def lookup(entries: list[Entry], case_name: str, backend: str, versions: dict[str, str], family: str | None = None,
+           check: str = ORACLE_CHECK) -> Entry | None:
+    """The entry for golden case ``case_name`` judged by ``check`` on ``backend`` (kernel ``family``)
+    at ``versions``, if any."""
+    return next((e for e in entries if e.applies(case_name, backend, versions, family, check)), None)
 
 
-def known_finding(entries: list[Entry], case: Case, backend: str, versions: dict[str, str], family: str | None = None) -> Entry | None:
-    """The entry whose ``matches`` predicate covers a drawn ``case`` on ``backend``, if any."""
-    return next((e for e in entries if e.covers(backend, versions, family) and e.matches_case(case)), None)
+def known_finding(entries: list[Entry], case: Case, backend: str, versions: dict[str, str], family: str | None = None,
+                  check: str = ORACLE_CHECK) -> Entry | None:
+    """The entry whose ``matches`` predicate covers a drawn ``case`` on ``backend`` in a campaign of
+    ``check``, if any (``Entry.skips_in``)."""
+    return next((e for e in entries if e.skips_in(check) and e.covers(backend, versions, family) and e.matches_case(case)), None)
 
 
 @dataclass(frozen=True)
@@ -253,11 +305,12 @@ class LedgerVerdict:
 
 
 def ledger_verdict(
-    entries: list[Entry], case_name: str, backend: str, versions: dict[str, str], status: str | None, family: str | None = None
+    entries: list[Entry], case_name: str, backend: str, versions: dict[str, str], status: str | None, family: str | None = None,
+    check: str = ORACLE_CHECK,
 ) -> LedgerVerdict:
     """Judge a golden case's ``status`` (``pass``, ``fail``, ``crash``, ``unsupported``, ``error``; None:
-    not launched) on ``backend`` at ``versions`` against the ledger."""
-    entry = lookup(entries, case_name, backend, versions, family)
+    not launched) through ``check`` on ``backend`` at ``versions`` against the ledger."""
+    entry = lookup(entries, case_name, backend, versions, family, check)
     if entry is not None and entry.status == "quarantine":
         return LedgerVerdict("quarantine", f"quarantined: {entry.reason} ({entry.tracked_at})", entry)
     if status == "error":
@@ -271,7 +324,7 @@ def ledger_verdict(
         pinned = ", ".join(f"{k} {versions.get(k)}" for k in entry.versions) or "every version"
         return LedgerVerdict("unexpected-pass", f"passes at {pinned}, inside the range of its ledger entry: remove the entry "
                              f"or narrow its versions ({entry.tracked_at})", entry)
-    elsewhere = next((e for e in entries if e.case == case_name and e.names(backend, family)), None)
+    elsewhere = next((e for e in entries if e.case == case_name and e.check == check and e.names(backend, family)), None)
     if elsewhere is None:
         return LedgerVerdict("finding", "fails and no ledger entry covers it", None) if failed else LedgerVerdict("pass", "pass")
     outside = elsewhere.out_of_range(versions)

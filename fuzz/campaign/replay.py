@@ -1,6 +1,6 @@
 """Replay a corpus of saved cases (the golden cases, or any case files) on backends and record,
 per case and backend, the verdict, what the ledger makes of it (known, fixed in X, new finding)
-and the environment's versions (``pa-oracle replay --json``); compare two such records taken on
+and the environment's versions; a case whose ``meta.check`` names a check is judged through it (``pa-oracle replay --json``); compare two such records taken on
 two environments (``pa-oracle replay-compare``: fixed / regressed / same / new)."""
 
 from __future__ import annotations
@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import platform
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pa_oracle.fuzz.campaign.ledger import Entry, ledger_verdict, lookup
+from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, ledger_verdict, lookup
+from pa_oracle.fuzz.checks.registry import ALL_CHECKS
+from pa_oracle.fuzz.run.runner import ORACLE_CHECK
 from pa_oracle.oracle.case import CaseError
 from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.tensors import load_case
@@ -40,6 +43,7 @@ class Record:
     ledger: str  # LedgerVerdict.kind
     ledger_message: str
     versions: dict[str, str]
+    check: str = ORACLE_CHECK  # the check that judged it (the case's meta.check)
 
 
 def corpus_files(paths: Iterable[Path]) -> list[Path]:
@@ -77,33 +81,47 @@ def replay_corpus(
     files: list[Path],
     backends: list[Any],
     ledger: list[Entry],
-    judge_for: Callable[[Any], Any],
+    judge_for: Callable[[Any, Any], Any],
     progress: Callable[[Record], None] = lambda record: None,
 ) -> list[Record]:
-    """Judge every case on every backend (``judge_for(backend)`` is a context manager yielding a
-    judge, e.g. ``case_judge``); quarantined pairs are not launched. A case that does not load is
-    bad input (``ReplayError``), never a verdict."""
+    """Judge every case on every backend through the check its ``meta.check`` names (default: the
+    oracle); ``judge_for(backend, check)`` is a context manager yielding a judge, e.g.
+    ``case_judge(backend, judge=check)``, opened once per backend and check that has cases. A check
+    that cannot apply to a backend is ``unsupported`` there (not launched), quarantined pairs are
+    not launched. A case that does not load, names no known check, or whose ledger entry names
+    another check is bad input (``ReplayError``), never a verdict."""
     cases = []
     for path in files:
         try:
-            cases.append((path, load_case(path)))
+            case = load_case(path)
+            cases.append((path, case, golden_check(case, path)))
         except CaseError as exc:
             raise ReplayError(str(exc)) from None
+    mismatched = check_mismatches(ledger, {path.stem: check for path, _, check in cases})
+    if mismatched:
+        raise ReplayError("; ".join(mismatched))
     records: list[Record] = []
     for backend in backends:
         versions, family = backend.versions(), backend.kernel_family
-        with judge_for(backend) as check:
-            for path, case in cases:
-                entry = lookup(ledger, path.stem, backend.name, versions, family)
+        with ExitStack() as stack:
+            judges: dict[str, Callable[[Any], Any]] = {}
+            for path, case, check_name in cases:
+                check = ALL_CHECKS[check_name]
+                entry = lookup(ledger, path.stem, backend.name, versions, family, check_name)
+                applies = check.capabilities(backend)
                 if entry is not None and entry.status == "quarantine":
                     status, message = "quarantine", "not launched"
+                elif isinstance(applies, str):
+                    status, message = "unsupported", f"{check_name}: {applies}"
                 else:
-                    outcome = check(case)
+                    if check_name not in judges:
+                        judges[check_name] = stack.enter_context(judge_for(backend, check))
+                    outcome = judges[check_name](case)
                     status, message = outcome.status, outcome.message
                 verdict = ledger_verdict(ledger, path.stem, backend.name, versions,
-                                         None if status == "quarantine" else status, family)
+                                         None if status == "quarantine" else status, family, check_name)
                 record = Record(path.stem, str(path), _file_case_id(case), backend.name, family, status, message,
-                                verdict.kind, verdict.message, versions)
+                                verdict.kind, verdict.message, versions, check_name)
                 records.append(record)
                 progress(record)
     return records
@@ -192,7 +210,8 @@ def comparison_lines(changes: list[Change], versions: list[str]) -> list[str]:
 def record_line(record: Record) -> str:
     """One text line per record; a fix or a finding is shouted."""
     loud = record.ledger in ("fixed", "finding", "unexpected-pass", "error")
-    head = f"{record.case} on {record.backend}: {record.status}"
+    through = "" if record.check == ORACLE_CHECK else f" ({record.check})"
+    head = f"{record.case} on {record.backend}{through}: {record.status}"
     tail = record.ledger_message if record.ledger not in ("pass",) else ""
     if record.status in ("unsupported", "error") and record.message:
         tail = record.message

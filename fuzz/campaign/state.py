@@ -129,9 +129,10 @@ class BackendResult:
         if self.skip_reasons:
             reason, count = max(self.skip_reasons.items(), key=lambda item: item[1])
             skips = f" (most often: {reason[:90]!r} x{count})"
+        known = f", {self.skipped_known} skipped as known" if self.skipped_known else ""
         return (
             f"{head}: {state}; {self.passed}/{self.examples} held ({self.exact} bit-exact), "
-            f"{self.unsupported} skipped{skips}, {self.seconds:.1f}s"
+            f"{self.unsupported} skipped{skips}{known}, {self.seconds:.1f}s"
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -141,10 +141,11 @@ def golden() -> None:
 @click.option("--status", type=click.Choice(["tolerated", "quarantine", "quarantined"]), default="tolerated", show_default=True,
               help="tolerated: still runs and must still fail; quarantine(d): never launched (crashers).")
 @click.option("--backend", "-b", "backends", multiple=True, help="Backends the entry covers (default: the finding's).")
+@click.option("--check", "check", default=None, help="The check that judges the case (default: the one that found it, else the oracle).")
 @click.option("--golden-dir", type=click.Path(file_okay=False, path_type=Path), default=GOLDEN, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def golden_add(finding: Path, name: str | None, reason: str | None, issue: str | None, status: str,
-               backends: tuple[str, ...], golden_dir: Path, as_json: bool) -> None:
+               backends: tuple[str, ...], check: str | None, golden_dir: Path, as_json: bool) -> None:
     """Promote FINDING (a finding folder or its case.json) into the golden corpus with a ledger entry.
 
     The case is run first on each --backend available here (not for a quarantine entry): one that
@@ -153,7 +154,8 @@ def golden_add(finding: Path, name: str | None, reason: str | None, issue: str |
 
     try:
         done = promote(finding, reason=reason, issue=issue, golden_dir=golden_dir, name=name,
-                       status="quarantine" if status.startswith("quarantine") else "tolerated", backends=backends)
+                       status="quarantine" if status.startswith("quarantine") else "tolerated", backends=backends,
+                       check=check)
     except GoldenError as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:

@@ -1,5 +1,7 @@
 """Promote a saved finding into the regression corpus: ``golden/cases/NAME.json`` + ``NAME.npz``
-and a ledger entry (reason and issue URL required), keeping ``ledger.json``'s format."""
+and a ledger entry (reason and issue URL required), keeping ``ledger.json``'s format. A finding of
+a check beyond the oracle (``mask-replan``, ...) keeps its check: the case's ``meta.check`` and the
+entry's ``check`` name it, and the case is judged through it."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pa_oracle.fuzz.campaign.ledger import load_ledger
+from pa_oracle.fuzz.campaign.ledger import SCHEMA_VERSION, check_name, load_ledger
+from pa_oracle.fuzz.run.runner import ORACLE_CHECK
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.tensors import load_case, load_tensors, make_tensors, save_tensors, tensors_digest
@@ -45,8 +48,13 @@ def ledger_versions(versions: dict[str, str]) -> dict[str, str]:
     return packages or kept
 
 
+_CHECK_FOUND_BY = "pa-oracle metamorphic --check "  # how a check's finding says which check found it
+
+
 def _finding_case(finding: Path) -> tuple[Case, Path]:
     path = finding / "case.json" if finding.is_dir() else finding
+    if finding.is_dir() and not path.is_file():  # a check's finding: the original case comes first
+        path = finding / "original" / "case.json"
     if not path.is_file():
         raise GoldenError(f"{finding}: no case.json (give a finding folder written by pa-oracle fuzz or triage)")
     try:
@@ -78,22 +86,35 @@ def _backends(names: tuple[str, ...]) -> list[Any]:
     return found
 
 
-def _verdicts(case: Case, backends: list[Any], status: str) -> dict[str, str]:
-    """Run the case on each of the entry's backends that is available here and refuse it if one
-    passes: the case would be no finding, or the golden suite would report an unexpected pass.
-    Quarantined cases are never launched (they crash), here neither."""
+def finding_check(meta: dict[str, Any], given: str | None) -> str:
+    """The check the finding is of: ``given`` (``--check``), else the one its ``found_by`` names,
+    else the oracle; a name that is no check is refused."""
+    found_by = meta.get("found_by")
+    named = found_by.removeprefix(_CHECK_FOUND_BY).split()[0] if isinstance(found_by, str) and found_by.startswith(_CHECK_FOUND_BY) else None
+    return check_name(given or named or ORACLE_CHECK, "--check", GoldenError)
+
+
+def _verdicts(case: Case, backends: list[Any], status: str, check: str = ORACLE_CHECK) -> dict[str, str]:
+    """Run the case through ``check`` on each of the entry's backends that is available here and
+    refuse it if one passes: the case would be no finding, or the golden suite would report an
+    unexpected pass. Quarantined cases are never launched (they crash), here neither."""
+    from pa_oracle.fuzz.checks.registry import ALL_CHECKS
     from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
 
+    judge = ALL_CHECKS[check]
     verdicts: dict[str, str] = {}
     for backend in backends:
         reason = backend.unavailable_reason()
+        applies = judge.capabilities(backend)
         if status == "quarantine":
             verdicts[backend.name] = "not run (quarantine entries are never launched)"
         elif reason:
             verdicts[backend.name] = f"not run (unavailable here: {reason})"
+        elif isinstance(applies, str):
+            verdicts[backend.name] = f"not run ({check} does not apply: {applies})"
         else:
-            with case_judge(backend, timeout=default_case_timeout()) as check:  # isolated: a crash is a verdict
-                verdicts[backend.name] = check(case).status
+            with case_judge(backend, timeout=default_case_timeout(), judge=judge) as run:  # isolated: a crash is a verdict
+                verdicts[backend.name] = run(case).status
     ran = {name: verdict for name, verdict in verdicts.items() if not verdict.startswith("not run")}
     passing = [name for name, verdict in ran.items() if verdict == "pass"]
     failing = [name for name, verdict in ran.items() if verdict in ("fail", "crash")]
@@ -118,14 +139,17 @@ def promote(
     name: str | None = None,
     status: Literal["tolerated", "quarantine"] = "tolerated",
     backends: tuple[str, ...] = (),
+    check: str | None = None,
 ) -> Promoted:
-    """Copy the finding's case (+ tensors) into ``golden_dir/cases`` and append a ledger entry."""
+    """Copy the finding's case (+ tensors) into ``golden_dir/cases`` and append a ledger entry;
+    ``check``: the check that judges it (default: the one that found it, ``finding_check``)."""
     if not reason or not reason.strip():
         raise GoldenError("a ledger entry needs --reason: what is wrong, on which kernel and version, where it was seen")
     if not issue or not issue.startswith(("http://", "https://")):
         raise GoldenError(f"a ledger entry needs --issue with the URL of the issue or PR that tracks it (got {issue!r})")
     case, case_json = _finding_case(Path(finding))
     meta = dict(case.meta)
+    check = finding_check(meta, check)
     backends = backends or ((meta["backend"],) if meta.get("backend") else ())
     if not backends:
         raise GoldenError(f"{case_json} names no backend: pass --backend NAME (repeatable)")
@@ -142,9 +166,10 @@ def promote(
             load_ledger(ledger_path)  # the entry is appended to a ledger that loads
         except CaseError as exc:
             raise GoldenError(f"the ledger does not load: {exc}") from None
-    verdicts = _verdicts(case, _backends(backends), status)
-    data = json.loads(ledger_path.read_text()) if ledger_path.exists() else {"schema_version": 1, "entries": []}
-    entry = {
+    verdicts = _verdicts(case, _backends(backends), status, check)
+    data = json.loads(ledger_path.read_text()) if ledger_path.exists() else {"entries": []}
+    data = {"schema_version": SCHEMA_VERSION, "entries": data["entries"]}  # this version's format reads the older ones
+    entry: dict[str, Any] = {
         "case": name,
         "backends": list(backends),
         "versions": ledger_versions(meta.get("versions", {})),
@@ -152,6 +177,8 @@ def promote(
         "reason": reason.strip(),
         "issue": issue,
     }
+    if check != ORACLE_CHECK:
+        entry["check"] = check
     data["entries"].append(entry)
     text = json.dumps(data, indent=1) + "\n"
     with tempfile.TemporaryDirectory() as tmp:  # the ledger's own loader must accept the result
@@ -168,6 +195,8 @@ def promote(
         tensors = make_tensors(case)
         save_tensors(tensors, target_npz)
     golden_meta = {"guards": reason.strip(), "source": issue, "found_by": meta}
+    if check != ORACLE_CHECK:
+        golden_meta["check"] = check
     # named by the sidecar's content (tensors_sha256), so the golden case's id is the finding's, wherever it lies
     case.replace(tensors_file=target_npz.name, tensors_sha256=tensors_digest(tensors), meta=golden_meta).save(target_json)
     try:
