@@ -217,6 +217,16 @@ class Contract:
         return tuple(done)
 
 
+class Part(NamedTuple):
+    """One uncomposed kernel of a composed adapter (``Backend.parts``): ``backend`` (a registered
+    name, or a user kernel's ``MODULE:FUNCTION``) run on the case's ``requests``: "all", "decode"
+    (the qo_len 1 requests) or "prefill" (every other request). The parts of an adapter cover
+    every request once; the ``composed-vs-parts`` check compares the two."""
+
+    requests: str
+    backend: str
+
+
 class Backend:
     """A kernel under test. Subclasses set ``name`` and ``capabilities`` and implement ``run``.
 
@@ -232,6 +242,7 @@ class Backend:
     cuda_graphs: ClassVar[bool] = False  # True: ``capture_graph`` is implemented
     contract: ClassVar[Contract] = Contract()  # the library's conventions this adapter converts
     family: ClassVar[str | None] = None  # the wrapped kernel family ledger entries match (None: the name)
+    parts: ClassVar[tuple[Part, ...]] = ()  # a composed kernel: the uncomposed ones of its library it equals
 
     @property
     def kernel_family(self) -> str:
