@@ -215,6 +215,8 @@ def _generated(case: Case, device: str | torch.device) -> Tensors:
         return Tensors(q.to(q_dtype).to(device), latent, latent[..., : heads.head_dim_vo])
     v = _master(gen, (total_kv, heads.num_kv_heads, heads.head_dim_vo), case.distribution, "v")
     caches = [_pool(case, x, scale, kv_dtype, pages, slots, device) for x, scale in ((k, opts.k_scale), (v, opts.v_scale))]
+    if opts.q_is_fp8:  # stored as q / q_scale, as an fp8 cache stores k / k_scale
+        q = (q / opts.q_scale).to(torch.float32)
     return Tensors(q.to(q_dtype).to(device), caches[0], caches[1])
 
 
@@ -327,6 +329,12 @@ def gather_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.T
     return keys, values
 
 
+def query_values(case: Case, tensors: Tensors, dtype: torch.dtype) -> torch.Tensor:
+    """q's values in ``dtype``: the stored q, times ``q_scale`` for an fp8 q (as ``gather_kv`` for fp8 KV)."""
+    q = tensors.q.to(dtype)
+    return q * case.options.q_scale if case.options.q_is_fp8 else q
+
+
 def signal_strength(case: Case, tensors: Tensors) -> float:
     """Median over query rows of the std of the scaled logits across keys (0 when no signal).
 
@@ -335,7 +343,7 @@ def signal_strength(case: Case, tensors: Tensors) -> float:
     """
 
     keys, _ = gather_kv(case, tensors, torch.float64)
-    q = tensors.q.double()
+    q = query_values(case, tensors, torch.float64)
     layout, group = case.layout, case.heads.group_size
     stds = []
     for b in range(layout.batch_size):
