@@ -80,6 +80,7 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu", "cuda")
     q_dtypes: tuple[str, ...] = Q_DTYPES
     kv_dtypes: tuple[str, ...] | None = None  # KV dtypes besides q's own (fp8); None: only q's
+    o_dtypes: tuple[str, ...] = ("float16", "bfloat16")  # the output dtypes of an fp8 q (``q_dtypes`` with fp8)
     head_dims: tuple[int, ...] | None = None  # head_dim_qk
     head_dim_vo_may_differ: bool = True
     page_sizes: tuple[int, ...] | None = None
@@ -133,6 +134,7 @@ class Capabilities:
         checks = [
             ("q_dtypes", opts.q_dtype in self.q_dtypes, f"q dtype {opts.q_dtype} not in {self.q_dtypes}"),
             ("kv_dtypes", opts.kv_dtype in self.accepted_kv_dtypes(opts.q_dtype), f"kv dtype {opts.kv_dtype} with q {opts.q_dtype}"),
+            ("o_dtypes", not opts.q_is_fp8 or opts.out_dtype in self.o_dtypes, f"o dtype {opts.out_dtype} not in {self.o_dtypes}"),
             ("head_dims", self.head_dims is None or heads.head_dim_qk in self.head_dims, f"head_dim {heads.head_dim_qk}"),
             ("head_dim_vo_may_differ", self.head_dim_vo_may_differ or heads.head_dim_qk == heads.head_dim_vo, "head_dim_vo != head_dim_qk"),
             ("page_sizes", self.page_sizes is None or lay.page_size in self.page_sizes, f"page_size {lay.page_size}"),
@@ -218,6 +220,16 @@ class Contract:
         return tuple(done)
 
 
+class Part(NamedTuple):
+    """One uncomposed kernel of a composed adapter (``Backend.parts``): ``backend`` (a registered
+    name, or a user kernel's ``MODULE:FUNCTION``) run on the case's ``requests``: "all", "decode"
+    (the qo_len 1 requests) or "prefill" (every other request). The parts of an adapter cover
+    every request once; the ``composed-vs-parts`` check compares the two."""
+
+    requests: str
+    backend: str
+
+
 class Backend:
     """A kernel under test. Subclasses set ``name`` and ``capabilities`` and implement ``run``.
 
@@ -233,6 +245,7 @@ class Backend:
     cuda_graphs: ClassVar[bool] = False  # True: ``capture_graph`` is implemented
     contract: ClassVar[Contract] = Contract()  # the library's conventions this adapter converts
     family: ClassVar[str | None] = None  # the wrapped kernel family ledger entries match (None: the name)
+    parts: ClassVar[tuple[Part, ...]] = ()  # a composed kernel: the uncomposed ones of its library it equals
 
     @property
     def kernel_family(self) -> str:
@@ -363,6 +376,7 @@ CompileKey = tuple[tuple[str, Any], ...]  # ((field, value), ...) in ``compile_f
 VARIANT_FIELDS: dict[str, Callable[[Case], Any]] = {
     "q_dtype": lambda case: case.options.q_dtype,
     "kv_dtype": lambda case: case.options.kv_dtype,
+    "o_dtype": lambda case: case.options.out_dtype,
     "head_dim_qk": lambda case: case.heads.head_dim_qk,
     "head_dim_vo": lambda case: case.heads.head_dim_vo,
     "num_kv_heads": lambda case: case.heads.num_kv_heads,

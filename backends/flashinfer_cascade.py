@@ -2,7 +2,8 @@
 boundary before its first query; the prefix (non-causal: every prefix key precedes every query)
 and the suffix (causal as the case says) run through the paged prefill wrapper, and
 ``merge_state`` combines the two states (base-2 LSE). An empty prefix or suffix gives a state
-with LSE -inf (or a sentinel): the merge must not turn it into NaN (flashinfer#4051).
+with LSE -inf (or a sentinel): the merge must not turn it into NaN (flashinfer#4051). Its part
+(``parts``, the ``composed-vs-parts`` check): the same paged prefill over each request's whole KV.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import random
 from typing import Any
 
-from pa_oracle.backends.base import Backend, KernelOutput, register
+from pa_oracle.backends.base import Backend, KernelOutput, Part, register
 from pa_oracle.backends.flashinfer import _FLASHINFER, LN_2, FlashInferPrefillFA2
 from pa_oracle.oracle.case import Case, Layout
 from pa_oracle.oracle.tensors import Tensors
@@ -47,6 +48,7 @@ class FlashInferCascade(FlashInferPrefillFA2):
     cuda_graphs = False
     write_layout = Backend.write_layout
     capture_graph = Backend.capture_graph
+    parts = (Part("all", "flashinfer-prefill-fa2"),)
 
     def plan(self, case: Case) -> dict[str, Any]:  # type: ignore[override]
         prefix, suffix = split_layouts(case)

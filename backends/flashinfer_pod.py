@@ -9,7 +9,9 @@ supported currently": plan() forces 0), one ``pos_encoding_mode`` and ``window_l
 sides, q/k/v fp8 scales "applied to the decode side" only (so no fp8 KV here), the decode side runs
 non-causal (a one-query row sees every key either way), ``causal_p`` for the prefill side. The
 fused module is JIT-built on first use (``batch_pod_with_kv_cache_...``); the plan also loads the
-fa2 prefill module of the same dtypes.
+fa2 prefill module of the same dtypes. Its parts (``parts``, the ``composed-vs-parts`` check): the paged fa2
+prefill on the prefill requests and the tensor-core decode (the same fa2 prefill module: ``pod.py``
+plans its decode side with ``use_tensor_cores``) on the decode requests.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pa_oracle.backends.base import CompileKey, KernelOutput, Unsupported, register
+from pa_oracle.backends.base import CompileKey, KernelOutput, Part, Unsupported, register
 from pa_oracle.backends.flashinfer import _FLASHINFER, _URI_DTYPE, _FlashInferBackend, _workspace, built_module, module_uri
 from pa_oracle.oracle.case import Case, Layout
 from pa_oracle.oracle.tensors import Tensors
@@ -63,6 +65,7 @@ class FlashInferPod(_FlashInferBackend):
     capabilities = _FLASHINFER.replace(logits_soft_cap=False, alibi=False, kv_dtypes=None, fp8_scales=False, mixed_batch=True)
     compile_fields = ("q_dtype", "kv_dtype", "head_dim_qk", "window")
     compile_seconds = 120.0
+    parts = (Part("prefill", "flashinfer-prefill-fa2"), Part("decode", "flashinfer-decode-tc"))
 
     def modules(self, key: CompileKey) -> list[str]:
         prefill_key = (*key, ("alibi", False), ("soft_cap", False))

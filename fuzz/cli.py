@@ -472,7 +472,7 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--check", "-c", "check_names", multiple=True,
-              help="reorder, relabel, alone, merge, window, plan-reuse, stale-plan-pages, stale-plan-lengths, mask-replan, cuda-graph, "
+              help="reorder, relabel, alone, merge, window, plan-reuse, stale-plan-pages, stale-plan-lengths, mask-replan, cuda-graph, composed-vs-parts, "
                    "or oracle (the fuzz comparison) (repeatable). Default: all but oracle.")
 @click.option("--examples", "-n", type=EXAMPLES, default=30, show_default=True, help="Examples per backend and check.")
 @click.option("--seed", default=0, show_default=True)

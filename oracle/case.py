@@ -23,6 +23,8 @@ Semantics (every backend adapter converts *from* these, the oracle follows them 
   the dot product, in exact arithmetic; V is not (``pa_oracle.oracle.rope``).
 * fp8 KV: the cache stores ``round(k / k_scale)`` in the fp8 dtype; the value is
   ``stored * k_scale`` (likewise V with ``v_scale``).
+* fp8 q (``q_dtype`` in ``FP8_DTYPES``): q is stored as ``round(q / q_scale)`` in that dtype, its value
+  ``stored * q_scale``; the output is in ``o_dtype`` (16 or 32 bits, required for an fp8 q).
 * ``custom_mask`` (``CustomMask``, optional): per request a boolean ``[qo_len, kv_len]`` matrix,
   row ``i`` the request's query ``i``, column ``j`` its key ``j`` (so bottom-right aligned like
   every other mask). It is ANDed with ``causal`` and the window: a key is attended iff the mask,
@@ -345,12 +347,15 @@ class Options:
     logits_soft_cap: float = 0.0
     alibi_slopes: tuple[float, ...] | None = None  # one per qo head
     sinks: tuple[float, ...] | None = None  # one per qo head
-    q_dtype: str = "float32"  # also the output dtype
+    q_dtype: str = "float32"  # also the output dtype, unless q is fp8 (then ``o_dtype``)
     kv_dtype: str = "float32"
     k_scale: float = 1.0
     v_scale: float = 1.0
     soft_cap_alibi_order: str = CAP_THEN_ALIBI  # which comes first when both are on (SOFT_CAP_ALIBI_ORDERS)
     rope: Rope | None = None  # rotary embedding of q and k (None: off, omitted from the JSON)
+    # an fp8 q (issue 15): its scale and the output dtype; 1.0 / None otherwise, omitted from the JSON
+    q_scale: float = 1.0
+    o_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.rope is not None and not isinstance(self.rope, Rope):
@@ -364,8 +369,9 @@ class Options:
                 object.__setattr__(self, name, tuple(checked))
         if not isinstance(self.causal, bool):
             raise CaseError(f"causal: expected bool, got {type(self.causal).__name__} {_brief(self.causal)}")
-        if self.q_dtype not in Q_DTYPES:
-            raise CaseError(f"q_dtype must be one of {Q_DTYPES}, got {_brief(self.q_dtype)}")
+        if self.q_dtype not in Q_DTYPES + FP8_DTYPES:
+            raise CaseError(f"q_dtype must be one of {Q_DTYPES + FP8_DTYPES}, got {_brief(self.q_dtype)}")
+        self._check_fp8_q()
         if self.kv_dtype not in KV_DTYPES:
             raise CaseError(f"kv_dtype must be one of {KV_DTYPES}, got {_brief(self.kv_dtype)}")
         if _int("window_left", self.window_left, -INT32_MAX - 1, INT32_MAX) < -1:
@@ -385,9 +391,34 @@ class Options:
             if value != 1.0 and self.kv_dtype not in FP8_DTYPES:
                 raise CaseError(f"{name}={value} needs an fp8 kv_dtype, got {self.kv_dtype}")
 
+    def _check_fp8_q(self) -> None:
+        _real("q_scale", self.q_scale, *SCALE_RANGE)
+        if not self.q_is_fp8:
+            if self.q_scale != 1.0:
+                raise CaseError(f"q_scale={self.q_scale} needs an fp8 q_dtype, got {self.q_dtype}")
+            if self.o_dtype is not None:
+                raise CaseError(f"o_dtype is set only for an fp8 q (the output is in q's dtype {self.q_dtype}), got {_brief(self.o_dtype)}")
+            return
+        if self.o_dtype not in Q_DTYPES:
+            raise CaseError(f"o_dtype: an fp8 q needs an output dtype in {Q_DTYPES}, got {_brief(self.o_dtype)}")
+        if self.kv_dtype not in FP8_DTYPES:
+            raise CaseError(f"kv_dtype: an fp8 q takes an fp8 KV (fp8 tensor cores), got {self.kv_dtype}")
+        if self.rope is not None:
+            raise CaseError("rope: RoPE of an fp8 q is not modelled")
+
     @property
     def is_fp8(self) -> bool:
+        """True for an fp8 KV cache (an fp8 q has one too: ``q_is_fp8``)."""
         return self.kv_dtype in FP8_DTYPES
+
+    @property
+    def q_is_fp8(self) -> bool:
+        return self.q_dtype in FP8_DTYPES
+
+    @property
+    def out_dtype(self) -> str:
+        """The dtype of the output: q's, or ``o_dtype`` for an fp8 q."""
+        return self.o_dtype if self.o_dtype is not None else self.q_dtype
 
     @property
     def alibi_before_soft_cap(self) -> bool:
@@ -570,6 +601,8 @@ class Case:
         sha = self.tensors_sha256
         if sha is not None and not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
             raise CaseError(f"tensors_sha256: expected 64 lowercase hex digits or null, got {_brief(sha)}")
+        if self.options.q_is_fp8 and (self.custom_mask is not None or self.heads.mla):
+            raise CaseError("options.q_dtype: an fp8 q with a custom mask or the MLA layout is not modelled")
         rope = self.options.rope
         if rope is not None:
             if self.heads.mla:
@@ -645,6 +678,8 @@ class Case:
             flags.append(f"rope={r.style} theta={r.theta:g} scale={r.scale:g}{partial}")
         if o.is_fp8:
             flags.append(f"k_scale={o.k_scale:g} v_scale={o.v_scale:g}")
+        if o.q_is_fp8:
+            flags.append(f"q_scale={o.q_scale:g} o={o.o_dtype}")
         if self.storage is not None:
             flags.append(f"storage={self.storage.label()}")
         return (
@@ -796,6 +831,8 @@ class _OptionsFile(msgspec.Struct, forbid_unknown_fields=True):
     v_scale: _Number | _Unset = UNSET
     soft_cap_alibi_order: str | _Unset = UNSET
     rope: _RopeFile | None | _Unset = UNSET
+    q_scale: _Number | _Unset = UNSET
+    o_dtype: str | None | _Unset = UNSET
 
 
 class _CustomMaskFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -854,13 +891,17 @@ def _case_body(case: Case) -> dict[str, Any]:
 
 
 def _options_body(options: Options) -> dict[str, Any]:
-    """The options as written: the default soft-cap/ALiBi order and rope off are left out, so the
+    """The options as written: the default soft-cap/ALiBi order, rope off and the fp8-q fields off are left out, so the
     ids of cases written before those options existed do not change."""
     body = dataclasses.asdict(options)
     if body["soft_cap_alibi_order"] == CAP_THEN_ALIBI:
         del body["soft_cap_alibi_order"]
     if body["rope"] is None:
         del body["rope"]
+    if body["q_scale"] == 1.0:  # an fp8 q's fields: left out for every other case
+        del body["q_scale"]
+    if body["o_dtype"] is None:
+        del body["o_dtype"]
     return body
 
 

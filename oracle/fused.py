@@ -90,6 +90,8 @@ def unsupported_reason(case: Case) -> str | None:
     heads = case.heads
     if case.options.rope is not None:
         return "RoPE (the torch engine rotates q and k first)"
+    if case.options.q_is_fp8:
+        return "an fp8 q (the torch engine scales it by q_scale)"
     if case.options.alibi_before_soft_cap:
         return "ALiBi before the soft cap (the torch engine computes that order)"
     if max(heads.head_dim_qk, heads.head_dim_vo) > MAX_HEAD_DIM:

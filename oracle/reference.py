@@ -32,7 +32,7 @@ from pa_oracle.oracle.buckets import Bucket, Plan, plan_buckets
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.result import LOG2_E, Reference
 from pa_oracle.oracle.rope import rotated
-from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, upload
+from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, torch_dtype, upload
 
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 # float64 bytes live per KV chunk (logits and their softmax, K, V). On CPU each block then stays
@@ -190,6 +190,8 @@ def _inputs(case: Case, tensors: Tensors, dtype: torch.dtype, q_scale: float, pl
     assert plan.slots.device == tensors.q.device, "a plan made for another device"
     keys, values = _heads_first_kv(case, tensors, dtype, plan.slots)
     q = _padded_q(tensors, dtype, q_scale)
+    if case.options.q_is_fp8:  # the stored q's values (``query_values``)
+        q.mul_(case.options.q_scale)
     alibi = _per_head(case, case.options.alibi_slopes, q)
     columns = torch.arange(plan.max_kv, device=tensors.q.device)
     return _Inputs(plan, keys, values, q, _per_head(case, case.options.sinks, q), None if alibi is None else alibi[..., None], columns)
@@ -413,11 +415,24 @@ def plain_controls(
                 s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
             empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
             bucket_lse = torch.logsumexp(s[..., :n_keys], dim=-1)
-            p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1).to(dtype)
+            p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1)
+            if case.options.q_is_fp8:
+                p = fp8_probabilities(p, torch_dtype(case.options.kv_dtype))
+            p = p.to(dtype)
             bucket_out = _weigh(p[..., :n_keys], v)
             _put_rows(out, bucket, torch.where(empty[..., None], 0.0, bucket_out))
             _put_rows(lse, bucket, torch.where(empty, float("-inf"), bucket_lse))
     return results
+
+
+def fp8_probabilities(p: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
+    """``p`` rounded as an fp8 attention kernel multiplies P with V (FlashInfer's fa3
+    ``StandardFP8Attention::PQuantize``: ``exp(s - row max) * finfo(fp8).max`` cast to fp8; the
+    scale is divided out of the sum after): each row scaled so its largest weight is the fp8 max."""
+    p32 = p.float()
+    row_max = p32.amax(-1, keepdim=True)
+    scale = torch.finfo(fp8).max / torch.where(row_max > 0, row_max, 1.0)
+    return ((p32 * scale).to(fp8).float() / scale).to(p.dtype)
 
 
 def _allowed(case: Case, mask: np.ndarray, b: int, device: torch.device) -> torch.Tensor:

@@ -222,7 +222,7 @@ class HostDraw:
 def draw_key(case: Case) -> tuple:
     """Everything of ``case`` its ``host_draw`` reads: two cases with one key draw the same values."""
     opts = case.options
-    return (case.seed, case.distribution, case.layout, case.heads, opts.q_dtype, opts.kv_dtype, opts.k_scale, opts.v_scale)
+    return (case.seed, case.distribution, case.layout, case.heads, opts.q_dtype, opts.kv_dtype, opts.q_scale, opts.k_scale, opts.v_scale)
 
 
 def host_draw(case: Case) -> HostDraw:
@@ -238,6 +238,8 @@ def host_draw(case: Case) -> HostDraw:
     kv_dtype = torch_dtype(opts.kv_dtype)
     stored = lambda x, scale: (x / scale).to(torch.float32).to(kv_dtype)  # noqa: E731 - as the pool holds it
     pages, slots = token_addresses(case)
+    if opts.q_is_fp8:  # stored as q / q_scale, as an fp8 cache stores k / k_scale
+        q = (q / opts.q_scale).to(torch.float32)
     return HostDraw(draw_key(case), q.to(torch_dtype(opts.q_dtype)), stored(k, opts.k_scale),
                     None if v is None else stored(v, opts.v_scale), pages, slots)
 
@@ -363,6 +365,12 @@ def gather_kv(case: Case, tensors: Tensors, dtype: torch.dtype) -> tuple[torch.T
     return keys, values
 
 
+def query_values(case: Case, tensors: Tensors, dtype: torch.dtype) -> torch.Tensor:
+    """q's values in ``dtype``: the stored q, times ``q_scale`` for an fp8 q (as ``gather_kv`` for fp8 KV)."""
+    q = tensors.q.to(dtype)
+    return q * case.options.q_scale if case.options.q_is_fp8 else q
+
+
 def signal_strength(case: Case, tensors: Tensors) -> float:
     """Median over query rows of the std of the scaled logits across keys (0 when no signal).
 
@@ -371,7 +379,7 @@ def signal_strength(case: Case, tensors: Tensors) -> float:
     """
 
     keys, _ = gather_kv(case, tensors, torch.float64)
-    q = tensors.q.double()
+    q = query_values(case, tensors, torch.float64)
     layout, group = case.layout, case.heads.group_size
     stds = []
     for b in range(layout.batch_size):

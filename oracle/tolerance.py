@@ -187,7 +187,7 @@ def compare(
     ref_out, ref_lse = ref.out, ref.lse
     failures: list[str] = []
     heads, total_q = case.heads, case.layout.total_q
-    out_dtype = getattr(torch, case.options.q_dtype)
+    out_dtype = getattr(torch, case.options.out_dtype)
     want = (total_q, heads.num_qo_heads, heads.head_dim_vo)
     if tuple(out.shape) != want:
         return Verdict(False, [f"out has shape {tuple(out.shape)}, expected {want}"])

@@ -35,7 +35,7 @@ from pa_oracle.fuzz.run.runner import (
 )
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.report import Location, locate
-from pa_oracle.oracle.tensors import Tensors, make_tensors, same_bits
+from pa_oracle.oracle.tensors import Tensors, make_tensors, same_bits, torch_dtype
 from pa_oracle.oracle.tolerance import Tolerance
 
 Expectation = Literal["bit-exact", "tolerance", "oracle"]
@@ -176,7 +176,7 @@ def allowed_difference(case: Case, tensors: Tensors, tolerance: Tolerance = Tole
     kernel, so a placeholder output is judged to read it)."""
     heads, device = case.heads, tensors.q.device
     placeholder = KernelOutput(
-        torch.zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo, dtype=tensors.q.dtype, device=device),
+        torch.zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo, dtype=torch_dtype(case.options.out_dtype), device=device),
         torch.zeros(case.layout.total_q, heads.num_qo_heads, device=device),
     )
     verdict = judge(case, tensors, placeholder, tolerance)

@@ -1,9 +1,10 @@
 """Every check a campaign can run, by name: the comparison with the oracle first, then the
-metamorphic relations, the plan checks, the mask check and the CUDA-graph check."""
+metamorphic relations, the plan checks, the mask check, the CUDA-graph check and the composed-kernel check."""
 
 from __future__ import annotations
 
 from pa_oracle.fuzz.checks.base import Check
+from pa_oracle.fuzz.checks.composed import COMPOSED_CHECKS
 from pa_oracle.fuzz.checks.cuda_graphs import GRAPH_CHECK
 from pa_oracle.fuzz.checks.masks import MASK_CHECKS
 from pa_oracle.fuzz.checks.metamorphic import RELATIONS
@@ -11,7 +12,7 @@ from pa_oracle.fuzz.checks.plans import PLAN_CHECKS
 from pa_oracle.fuzz.run.runner import ORACLE, ORACLE_CHECK
 from pa_oracle.fuzz.run.runner import Check as AnyCheck
 
-CHECKS: dict[str, Check] = {check.name: check for check in (*RELATIONS, *PLAN_CHECKS, *MASK_CHECKS, GRAPH_CHECK)}  # beyond the oracle
+CHECKS: dict[str, Check] = {check.name: check for check in (*RELATIONS, *PLAN_CHECKS, *MASK_CHECKS, GRAPH_CHECK, *COMPOSED_CHECKS)}  # beyond the oracle
 ALL_CHECKS: dict[str, AnyCheck] = {ORACLE_CHECK: ORACLE, **CHECKS}
 
 

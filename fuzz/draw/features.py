@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from pa_oracle.oracle.case import DISTRIBUTIONS, KV_DTYPES, KV_LAYOUTS, KV_STORAGES, Q_DTYPES, Q_STORAGES, ROPE_STYLES, Case, Storage
+from pa_oracle.oracle.case import (
+    DISTRIBUTIONS, FP8_DTYPES, KV_DTYPES, KV_LAYOUTS, KV_STORAGES, Q_DTYPES, Q_STORAGES, ROPE_STYLES, Case, Storage,
+)
 
 Feature = int | bool | str
 
@@ -22,7 +24,7 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "num_kv_heads": int,
     "head_dim": int,  # head_dim_qk
     "head_dim_vo": int,
-    "q_dtype": Q_DTYPES,
+    "q_dtype": Q_DTYPES + FP8_DTYPES,  # an fp8 q: flashinfer-prefill-fa3-fp8
     "kv_dtype": KV_DTYPES,
     "causal": bool,
     "window": bool,  # window_left >= 0

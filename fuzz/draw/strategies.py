@@ -177,6 +177,10 @@ def options(
     if kv_dtype in FP8_DTYPES and caps.fp8_scales:
         k_scale = draw(st.sampled_from(FP8_SCALES), label="k_scale")
         v_scale = draw(st.sampled_from(FP8_SCALES), label="v_scale")
+    q_scale, o_dtype = 1.0, None  # an fp8 q's (drawn only for it: every other kernel draws as before)
+    if q_dtype in FP8_DTYPES:
+        q_scale = draw(st.sampled_from(FP8_SCALES), label="q_scale") if caps.fp8_scales else 1.0
+        o_dtype = _pick(draw, pinned, "o_dtype", lambda: st.sampled_from(caps.o_dtypes))
     causal = _pick(draw, pinned, "causal", lambda: st.sampled_from(sorted(caps.causal)))
     window_left = -1
     if _switch(draw, pinned, "window", caps.window_left, "sliding window"):
@@ -199,6 +203,7 @@ def options(
     return Options(
         causal=causal, sm_scale=sm_scale, window_left=window_left, logits_soft_cap=soft_cap,
         alibi_slopes=slopes, sinks=sinks, q_dtype=q_dtype, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale,
+        q_scale=q_scale, o_dtype=o_dtype,
         # not drawn: the kernel's own order where it matters (the case stays the same elsewhere)
         soft_cap_alibi_order=caps.soft_cap_alibi_order if soft_cap and slopes else CAP_THEN_ALIBI, rope=rope,
     )
@@ -256,6 +261,7 @@ def field_values(caps: Capabilities, limits: Limits, field: str) -> list[Any]:
     values: dict[str, list[Any]] = {
         "q_dtype": list(caps.q_dtypes),
         "kv_dtype": list(dict.fromkeys(kv for q in caps.q_dtypes for kv in caps.accepted_kv_dtypes(q))),
+        "o_dtype": list(dict.fromkeys(o for q in caps.q_dtypes for o in _out_dtypes(caps, q))),
         "head_dim_qk": _head_dims(caps, limits),
         "head_dim_vo": _head_dims(caps, limits),
         "num_kv_heads": list(range(1, limits.max_kv_heads + 1)),
@@ -272,12 +278,19 @@ def field_values(caps: Capabilities, limits: Limits, field: str) -> list[Any]:
     return values[field]
 
 
+def _out_dtypes(caps: Capabilities, q_dtype: str) -> tuple[str, ...]:
+    """The output dtypes of a q dtype: its own, or ``caps.o_dtypes`` for an fp8 q."""
+    return caps.o_dtypes if q_dtype in FP8_DTYPES else (q_dtype,)
+
+
 def _drawable(caps: Capabilities, limits: Limits, v: Mapping[str, Any]) -> bool:
     """Whether ``cases`` can draw these pinned values together."""
     if "q_dtype" in v and "kv_dtype" in v and v["kv_dtype"] not in caps.accepted_kv_dtypes(v["q_dtype"]):
         return False
     if "q_dtype" not in v and "kv_dtype" in v and not all(v["kv_dtype"] in caps.accepted_kv_dtypes(q) for q in caps.q_dtypes):
         return False  # q is drawn freely: the KV dtype must go with every q dtype
+    if "o_dtype" in v and not all(v["o_dtype"] in _out_dtypes(caps, q) for q in ([v["q_dtype"]] if "q_dtype" in v else caps.q_dtypes)):
+        return False
     if "head_dim_vo" in v and not caps.head_dim_vo_may_differ and v["head_dim_vo"] != v.get("head_dim_qk", v["head_dim_vo"]):
         return False
     if "group_size" in v and v["group_size"] * v.get("num_kv_heads", 1) > limits.max_qo_heads:

@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
-from pa_oracle.fuzz.quality import planted, planted_families, planted_layouts
+from pa_oracle.fuzz.quality import planted, planted_composed, planted_families, planted_layouts
 
-MODULES = (planted, planted_families, planted_layouts)  # each: BUGS, PLANTED, CORRECT, optional CHECKS (kernel -> check name)
+# each: BUGS, PLANTED, CORRECT (user-kernel functions, or Backend classes), optional CHECKS (kernel -> check name)
+MODULES = (planted, planted_families, planted_layouts, planted_composed)
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ def run_selftest(
     results = []
     for module, name in [(m, n) for m in MODULES for n in m.PLANTED + m.CORRECT]:
         is_bug = name in module.BUGS
-        kernel = UserKernel(getattr(module, name), name=f"{module.__name__}:{name}")
+        target = getattr(module, name)
+        kernel = target() if isinstance(target, type) and issubclass(target, Backend) else UserKernel(target, name=f"{module.__name__}:{name}")
         check = ALL_CHECKS[getattr(module, "CHECKS", {}).get(name, "oracle")]
         # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
         outcome = fuzz_backend(kernel, check=check, examples=examples if is_bug else correct_examples, base_seed=seed,

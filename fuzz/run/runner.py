@@ -134,7 +134,7 @@ def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Toleran
     """
     plan = shared_plan(case, tensors)  # the reference's buckets, the controls' too
     ref = reference(case, tensors, logit_noise=True, plan=plan)
-    controls = plain_controls(case, tensors, torch_dtype(case.options.q_dtype), plan=plan)
+    controls = plain_controls(case, tensors, torch_dtype(case.options.out_dtype), plan=plan)
     verdict = compare(case, out=result.out, lse=result.lse, ref=ref, controls=controls, tolerance=tolerance)
     if verdict.passed or ref.engine == "torch":
         return verdict
