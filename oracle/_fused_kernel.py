@@ -199,20 +199,49 @@ def _attention(
     tile for ``_merge`` instead of the result. ``PIPELINE`` (compiled only): a ``tl.range`` loop
     with that many stages, else a while loop (Triton 3.6's interpreter cannot take tensor bounds
     for range under numpy 2)."""
-    # each option: compiled in where STATIC says so, else its runtime bit (the constexpr bit on the
-    # left: the interpreter passes STATIC as a plain int, which has no & with a constexpr)
-    causal = (CAUSAL & STATIC_FLAGS) != 0 if CAUSAL & STATIC else (flags & CAUSAL) != 0
-    has_window = (HAS_WINDOW & STATIC_FLAGS) != 0 if HAS_WINDOW & STATIC else (flags & HAS_WINDOW) != 0
-    has_cap = (HAS_CAP & STATIC_FLAGS) != 0 if HAS_CAP & STATIC else (flags & HAS_CAP) != 0
-    has_alibi = (HAS_ALIBI & STATIC_FLAGS) != 0 if HAS_ALIBI & STATIC else (flags & HAS_ALIBI) != 0
-    has_sinks = (HAS_SINKS & STATIC_FLAGS) != 0 if HAS_SINKS & STATIC else (flags & HAS_SINKS) != 0
-    logit_noise = (LOGIT_NOISE & STATIC_FLAGS) != 0 if LOGIT_NOISE & STATIC else (flags & LOGIT_NOISE) != 0
-    partial = (PARTIAL & STATIC_FLAGS) != 0 if PARTIAL & STATIC else (flags & PARTIAL) != 0
-    group = STATIC_GROUP if STATIC_GROUP else group
-    head_dim_qk = STATIC_DQK if STATIC_DQK else head_dim_qk
-    head_dim_vo = STATIC_DVO if STATIC_DVO else head_dim_vo
+    # each option: compiled in where STATIC says so (a local constexpr: a plain assignment would
+    # make it a tensor), else its runtime bit; the constexpr bit on the left (the interpreter
+    # passes STATIC as a plain int, which has no & with a constexpr)
+    if CAUSAL & STATIC:
+        causal: tl.constexpr = (CAUSAL & STATIC_FLAGS) != 0
+    else:
+        causal = (flags & CAUSAL) != 0
+    if HAS_WINDOW & STATIC:
+        has_window: tl.constexpr = (HAS_WINDOW & STATIC_FLAGS) != 0
+    else:
+        has_window = (flags & HAS_WINDOW) != 0
+    if HAS_CAP & STATIC:
+        has_cap: tl.constexpr = (HAS_CAP & STATIC_FLAGS) != 0
+    else:
+        has_cap = (flags & HAS_CAP) != 0
+    if HAS_ALIBI & STATIC:
+        has_alibi: tl.constexpr = (HAS_ALIBI & STATIC_FLAGS) != 0
+    else:
+        has_alibi = (flags & HAS_ALIBI) != 0
+    if HAS_SINKS & STATIC:
+        has_sinks: tl.constexpr = (HAS_SINKS & STATIC_FLAGS) != 0
+    else:
+        has_sinks = (flags & HAS_SINKS) != 0
+    if LOGIT_NOISE & STATIC:
+        logit_noise: tl.constexpr = (LOGIT_NOISE & STATIC_FLAGS) != 0
+    else:
+        logit_noise = (flags & LOGIT_NOISE) != 0
+    if PARTIAL & STATIC:
+        partial: tl.constexpr = (PARTIAL & STATIC_FLAGS) != 0
+    else:
+        partial = (flags & PARTIAL) != 0
+    if STATIC_GROUP:
+        n_group: tl.constexpr = STATIC_GROUP
+    else:
+        n_group = group
+    if STATIC_DQK:
+        dim_qk: tl.constexpr = STATIC_DQK
+        dim_vo: tl.constexpr = STATIC_DVO
+    else:
+        dim_qk = head_dim_qk
+        dim_vo = head_dim_vo
 
-    tile, kv_head, info, q_start, qo_len, m_start, query, head, row_valid = _rows(ints_ptr, table_start, tl.program_id(0), num_kv_heads, group, BLOCK_M)
+    tile, kv_head, info, q_start, qo_len, m_start, query, head, row_valid = _rows(ints_ptr, table_start, tl.program_id(0), num_kv_heads, n_group, BLOCK_M)
     kv_len = tl.load(info + 2).to(tl.int32)
     page_start = tl.load(info + 3)
     pos = kv_len - qo_len + query  # bottom-right alignment; negative when qo_len > kv_len
@@ -220,7 +249,7 @@ def _attention(
 
     q_scale = tl.load(params_ptr)
     q_offsets = (q_start + query.to(tl.int64))[:, None] * stride_qt + head.to(tl.int64)[:, None] * stride_qh
-    q = tl.load(q_ptr + q_offsets + d_qk[None, :], mask=row_valid[:, None] & (d_qk < head_dim_qk)[None, :], other=0.0)
+    q = tl.load(q_ptr + q_offsets + d_qk[None, :], mask=row_valid[:, None] & (d_qk < dim_qk)[None, :], other=0.0)
     q = _to_float64(q, COMPILED) * q_scale
     cap = tl.load(params_ptr + 2)
     slope = tl.zeros([BLOCK_M], dtype=tl.float64)
@@ -230,13 +259,13 @@ def _attention(
     # Key blocks outside every row's range (or the tile's key range: a split context) are skipped.
     # Blocks stay aligned to multiples of BLOCK_N whatever the tile, so a row sees the same blocks in
     # the same order in any tile; a block it masks entirely leaves its state bitwise unchanged.
-    last_query = tl.minimum(qo_len, (m_start + BLOCK_M - 1) // group + 1) - 1
+    last_query = tl.minimum(qo_len, (m_start + BLOCK_M - 1) // n_group + 1) - 1
     hi = tl.minimum(kv_len, tl.load(info + 6).to(tl.int32))
     if causal:
         hi = tl.minimum(hi, kv_len - qo_len + last_query + 1)
     lo = tl.load(info + 5).to(tl.int32)  # an int32 tensor: a loop-carried value cannot start as a constant
     if has_window:
-        lo = tl.maximum(lo, kv_len - qo_len + m_start // group - window_left)
+        lo = tl.maximum(lo, kv_len - qo_len + m_start // n_group - window_left)
     lo = lo // BLOCK_N * BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float64)
@@ -249,7 +278,7 @@ def _attention(
             m_i, l_i, acc, noise_acc, noise_w = _key_block(
                 start, q, m_i, l_i, acc, noise_acc, noise_w, k_ptr, v_ptr, ints_ptr, page_start, kv_len, kv_head,
                 pos, row_valid, slope, cap, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, page_size, window_left,
-                head_dim_qk, head_dim_vo, causal, has_window, has_cap, has_alibi, logit_noise, BLOCK_DQK, BLOCK_DVO, BLOCK_N, COMPILED,
+                dim_qk, dim_vo, causal, has_window, has_cap, has_alibi, logit_noise, BLOCK_DQK, BLOCK_DVO, BLOCK_N, COMPILED,
             )  # fmt: skip
     else:
         start = lo
@@ -257,7 +286,7 @@ def _attention(
             m_i, l_i, acc, noise_acc, noise_w = _key_block(
                 start, q, m_i, l_i, acc, noise_acc, noise_w, k_ptr, v_ptr, ints_ptr, page_start, kv_len, kv_head,
                 pos, row_valid, slope, cap, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, page_size, window_left,
-                head_dim_qk, head_dim_vo, causal, has_window, has_cap, has_alibi, logit_noise, BLOCK_DQK, BLOCK_DVO, BLOCK_N, COMPILED,
+                dim_qk, dim_vo, causal, has_window, has_cap, has_alibi, logit_noise, BLOCK_DQK, BLOCK_DVO, BLOCK_N, COMPILED,
             )  # fmt: skip
             start += BLOCK_N
 
@@ -274,7 +303,7 @@ def _attention(
     else:
         _finish(
             out_ptr, lse_ptr, noise_ptr, params_ptr, acc, l_i, m_i, noise_acc, noise_w, q_start, query, head, row_valid,
-            stride_ot, stride_oh, stride_lt, num_qo_heads, head_dim_vo, has_sinks, logit_noise, BLOCK_M, BLOCK_DVO, COMPILED,
+            stride_ot, stride_oh, stride_lt, num_qo_heads, dim_vo, has_sinks, logit_noise, BLOCK_M, BLOCK_DVO, COMPILED,
         )  # fmt: skip
 
 
@@ -288,11 +317,23 @@ def _merge(
     """One program: the rows of one split tile for one kv head. Merges the tile's partial states
     (scratch slots ``first .. first + count``, field 5 and 6 of its table row), in slot order, which
     is key order: a deterministic float64 merge, then the same epilogue as ``_attention``."""
-    has_sinks = (HAS_SINKS & STATIC_FLAGS) != 0 if HAS_SINKS & STATIC else (flags & HAS_SINKS) != 0
-    logit_noise = (LOGIT_NOISE & STATIC_FLAGS) != 0 if LOGIT_NOISE & STATIC else (flags & LOGIT_NOISE) != 0
-    group = STATIC_GROUP if STATIC_GROUP else group
-    head_dim_vo = STATIC_DVO if STATIC_DVO else head_dim_vo
-    tile, kv_head, info, q_start, qo_len, m_start, query, head, row_valid = _rows(ints_ptr, table_start, tl.program_id(0), num_kv_heads, group, BLOCK_M)
+    if HAS_SINKS & STATIC:
+        has_sinks: tl.constexpr = (HAS_SINKS & STATIC_FLAGS) != 0
+    else:
+        has_sinks = (flags & HAS_SINKS) != 0
+    if LOGIT_NOISE & STATIC:
+        logit_noise: tl.constexpr = (LOGIT_NOISE & STATIC_FLAGS) != 0
+    else:
+        logit_noise = (flags & LOGIT_NOISE) != 0
+    if STATIC_GROUP:
+        n_group: tl.constexpr = STATIC_GROUP
+    else:
+        n_group = group
+    if STATIC_DVO:
+        dim_vo: tl.constexpr = STATIC_DVO
+    else:
+        dim_vo = head_dim_vo
+    tile, kv_head, info, q_start, qo_len, m_start, query, head, row_valid = _rows(ints_ptr, table_start, tl.program_id(0), num_kv_heads, n_group, BLOCK_M)
     first = tl.load(info + 5)
     count = tl.load(info + 6)
     rows = tl.arange(0, BLOCK_M)
@@ -320,7 +361,7 @@ def _merge(
         i += 1
     _finish(
         out_ptr, lse_ptr, noise_ptr, params_ptr, acc, l_i, m_i, noise_acc, noise_w, q_start, query, head, row_valid,
-        stride_ot, stride_oh, stride_lt, num_qo_heads, head_dim_vo, has_sinks, logit_noise, BLOCK_M, BLOCK_DVO, COMPILED,
+        stride_ot, stride_oh, stride_lt, num_qo_heads, dim_vo, has_sinks, logit_noise, BLOCK_M, BLOCK_DVO, COMPILED,
     )  # fmt: skip
 
 
