@@ -1,10 +1,13 @@
 """Runtime option flags against the constexpr kernel they replaced (issue 12), on CUDA: the serving
 batch's time with each kernel, their ratio, and how many compiled variants each needs for a spread
-of group sizes x option combinations; where the runtime kernel costs >= 10%, each option compiled
-in alone (``FusedConfig.static_options``) says which one to keep constexpr.
+of group sizes x option combinations; each option compiled in alone (``FusedConfig.static_options``)
+says what its runtime test costs, and which to keep constexpr (>= 10%).
 
     python benchmarks/fused_oracle_speed.py --specializations
-    python benchmarks/fused_specializations.py [--repeat 5] [--attribute-budget 90] [--attribute]
+    python benchmarks/fused_specializations.py [--repeat 5] [--jobs 16]
+
+The variants compile first in ``--jobs`` parallel processes (into Triton's disk cache), then one
+process times them all.
 
 The constexpr kernel is ``fused_constexpr.py`` + ``fused_constexpr_kernel.py``: benchmark-only
 copies of ``oracle/fused.py`` and ``oracle/_fused_kernel.py`` at 9bc8e9c.
@@ -100,77 +103,100 @@ def count_variants() -> None:
     new_keys: set[tuple] = set()
     pools: dict[int, object] = {}  # per group size: the options change no tensor, so no key of theirs
     for case, noise in cases:
-        tensors = pools.setdefault(case.heads.group_size, make_tensors(case, "cuda"))
+        if case.heads.group_size not in pools:
+            pools[case.heads.group_size] = make_tensors(case, "cuda")
+        tensors = pools[case.heads.group_size]
         old_keys |= old_compile_keys(case, tensors, noise)
         new_keys |= compile_keys(case, tensors, logit_noise=noise)
+    tiles = {(name, dict((entry[0], entry[-1]) for entry in spec)["BLOCK_M"]) for name, spec, _ in new_keys}
     print(f"compiled variants for {len(cases)} cases ({len(GROUPS)} group sizes x {2 ** len(OPTIONS)} combinations of "
           f"{', '.join(OPTIONS)}; head dim 128, bf16, default config): constexpr kernel {len(old_keys)}, "
-          f"runtime-flag kernel {len(new_keys)}")  # fmt: skip
+          f"runtime-flag kernel {len(new_keys)} (kernel x tile height: {len(tiles)})")  # fmt: skip
 
 
-def serving_times(repeat: int) -> dict[bool, float]:
-    """Old vs new on the serving batch, without and with logit noise; returns new / old per noise."""
+# what the serving batch is timed with: the constexpr kernel, the runtime-flag kernel, every option
+# compiled in, and each option the serving batch exercises (or whose code it carries: the noise
+# accumulator, the split's partial store) compiled in alone; the options it never turns on (window,
+# soft cap, ALiBi, sinks) are in "every option static" only
+ATTRIBUTED = ("logit_noise", "partial", "causal", "head_dims", "group")
+VARIANTS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("constexpr kernel (9bc8e9c)", None),
+    ("runtime-flag kernel", ()),
+    ("every option static", STATIC_NAMES),
+    *((f"{name} static", (name,)) for name in ATTRIBUTED),
+)
+
+
+def _call(static: tuple[str, ...] | None, case: Case, tensors, noise: bool):  # type: ignore[no-untyped-def]
+    if static is None:
+        return _old(case, tensors, noise)
+    return _new(case, tensors, noise, replace(DEFAULT_CONFIG, static_options=static))
+
+
+def _warm(job: tuple[tuple[str, ...] | None, bool]) -> float:
+    """A worker process: one serving-batch call of a variant, which compiles it into Triton's disk
+    cache (``TRITON_CACHE_DIR``, shared with the parent)."""
+    static, noise = job
     case = serving_case()
     tensors = make_tensors(case, "cuda")
-    ratios = {}
+    return _first_call(lambda: _call(static, case, tensors, noise))
+
+
+def warm_up(jobs: int) -> None:
+    """Compile every variant in parallel processes: Triton compiles one kernel at a time per
+    process, and the float64 kernels take seconds each."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    work = [(static, noise) for _, static in VARIANTS for noise in (False, True) if static != () or noise]
+    start = time.perf_counter()
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            seconds = list(pool.map(_warm, work))
+    except Exception as exc:  # noqa: BLE001 - the timings below compile what is missing, serially
+        print(f"warm-up failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}): compiling in this process")
+        return
+    print(f"warm-up: {len(work)} variant x logit_noise calls in {min(jobs, len(work))} processes, {time.perf_counter() - start:.1f} s "
+          f"(one call, compiles included: {min(seconds):.1f}-{max(seconds):.1f} s)")  # fmt: skip
+
+
+def serving_times(repeat: int) -> None:
+    """Every variant on the serving batch, without and with logit noise: the runtime-flag kernel
+    against the constexpr one, and each option compiled in alone against the runtime-flag kernel."""
+    case = serving_case()
+    tensors = make_tensors(case, "cuda")
+    keep = set()
     for noise in (False, True):
-        old_first = _first_call(lambda: _old(case, tensors, noise))
-        new_first = _first_call(lambda: _new(case, tensors, noise))
-        old_t = timed(lambda: _old(case, tensors, noise), "cuda", repeat)
-        new_t = timed(lambda: _new(case, tensors, noise), "cuda", repeat)
+        first = {label: _first_call(lambda: _call(static, case, tensors, noise)) for label, static in VARIANTS}
+        times = {label: timed(lambda: _call(static, case, tensors, noise), "cuda", repeat) for label, static in VARIANTS}
+        old_t, new_t = times[VARIANTS[0][0]], times[VARIANTS[1][0]]
         a, b = _old(case, tensors, noise), _new(case, tensors, noise)
         same = torch.equal(a.out, b.out) and torch.equal(a.lse, b.lse) and (not noise or torch.equal(a.logit_noise, b.logit_noise))
         diff = float((a.out - b.out).abs().max())
-        ratios[noise] = new_t / old_t
         print(f"serving batch, logit_noise={noise}: constexpr kernel {old_t * 1e3:.3f} ms, runtime-flag kernel {new_t * 1e3:.3f} ms "
-              f"-> runtime / constexpr = {new_t / old_t:.3f} ({'< 10%: runtime flags stay' if new_t / old_t < 1 + THRESHOLD else '>= 10%'}); "
-              f"first call (compile or disk cache) {old_first:.1f} s vs {new_first:.1f} s; "
-              f"results {'bitwise equal' if same else f'differ, max |d out| {diff:.3g}'}")  # fmt: skip
-    return ratios
-
-
-def attribute(ratios: dict[bool, float], repeat: int, budget: float, force: bool) -> None:
-    """Each option compiled in alone: the runtime kernel's cost per option, where a ratio reached the
-    threshold (or ``force``); stops when ``budget`` seconds are spent."""
-    settings = [noise for noise, ratio in ratios.items() if ratio >= 1 + THRESHOLD or force]
-    if not settings:
-        print("every runtime flag costs < 10% together: static_options stays empty")
-        return
-    case = serving_case()
-    tensors = make_tensors(case, "cuda")
-    start, keep = time.perf_counter(), set()
-    names = ("logit_noise", "partial", "causal", "head_dims", "group", "sinks", "soft_cap", "alibi", "window")
-    assert set(names) == set(STATIC_NAMES)
-    for noise in settings:
-        runtime_t = timed(lambda: _new(case, tensors, noise), "cuda", repeat)
-        static_all = replace(DEFAULT_CONFIG, static_options=STATIC_NAMES)
-        all_t = timed(lambda: _new(case, tensors, noise, static_all), "cuda", repeat)
-        print(f"logit_noise={noise}: runtime-flag kernel {runtime_t * 1e3:.3f} ms; every option compiled in (static_options=all) "
-              f"{all_t * 1e3:.3f} ms -> runtime costs {runtime_t / all_t - 1:+.1%}")  # fmt: skip
-        for name in names:
-            if time.perf_counter() - start > budget:
-                print(f"  attribution budget ({budget:.0f} s) spent: {name} and after not measured")
-                break
-            config = replace(DEFAULT_CONFIG, static_options=(name,))
-            static_t = timed(lambda: _new(case, tensors, noise, config), "cuda", repeat)
-            cost = runtime_t / static_t - 1
-            if cost >= THRESHOLD:
-                keep.add(name)
-            print(f"  {name} compiled in: {static_t * 1e3:.3f} ms -> its runtime test costs {cost:+.1%}{'  KEEP STATIC' if cost >= THRESHOLD else ''}")
-    print(f"recommended FusedConfig.static_options: {tuple(sorted(keep))}")
+              f"-> runtime / constexpr = {new_t / old_t:.3f} ({'< 1.10' if new_t / old_t < 1 + THRESHOLD else '>= 1.10'}); "
+              f"results {'bitwise equal' if same else f'differ, max |d out| {diff:.3g}'}; "
+              f"first calls {first[VARIANTS[0][0]]:.2f} s vs {first[VARIANTS[1][0]]:.2f} s")  # fmt: skip
+        for label, static in VARIANTS[2:]:
+            cost = new_t / times[label] - 1
+            if cost >= THRESHOLD and static != STATIC_NAMES:
+                keep.update(static or ())
+            print(f"  {label}: {times[label] * 1e3:.3f} ms -> the runtime test costs {cost:+.1%}"
+                  f"{'  (>= 10%: keep static)' if cost >= THRESHOLD and static != STATIC_NAMES else ''}")  # fmt: skip
+    print(f"recommended FusedConfig.static_options (an option whose runtime test costs >= 10% in either setting): {tuple(sorted(keep))}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="timed runs after a warm-up; the best counts")
-    parser.add_argument("--attribute", action="store_true", help="time each option compiled in even when the runtime kernel costs < 10%%")
-    parser.add_argument("--attribute-budget", type=float, default=90.0, help="seconds for the per-option attribution (its compiles)")
+    parser.add_argument("--jobs", type=int, default=16, help="processes compiling the variants ahead (0: compile in this one)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
-    ratios = serving_times(args.repeat)
-    count_variants()
-    attribute(ratios, args.repeat, args.attribute_budget, args.attribute)
+    count_variants()  # no compile: first
+    if args.jobs > 0:
+        warm_up(args.jobs)
+    serving_times(args.repeat)
 
 
 if __name__ == "__main__":
