@@ -8,7 +8,9 @@ exp/log/tanh: ``tl.exp`` on float64 is only float32-accurate). A tile packs one 
 decode rows (qo_len 1) fill ``group_size`` rows of a 16-row tile; their long contexts are split
 into key chunks merged in float64 by a second kernel, on a side stream next to the prefill tiles.
 ``logit_noise`` (the reference's float32 rounding bound) rides along as a second accumulator. The
-host plans every tile and uploads the plan in one asynchronous copy: no stream syncs.
+host plans every tile and uploads the plan in one asynchronous copy: no stream syncs. Group size,
+head dims, page size and every option are runtime arguments of the kernel: a campaign compiles one
+kernel per tile height, padded head dims and dtypes, whatever it draws (``compile_keys`` names them).
 
 >>> from pa_oracle.oracle.case import Case, Layout, Heads
 >>> from pa_oracle.oracle.tensors import make_tensors
