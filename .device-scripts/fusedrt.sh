@@ -3,7 +3,7 @@
 #  1. benchmarks/fused_specializations.py (= fused_oracle_speed.py --specializations), fresh TRITON_CACHE_DIR:
 #     (a) the compiled variants each kernel needs for 256 cases (group sizes 1/2/4/8 x the 64 on/off combinations of
 #         causal, window, soft cap, alibi, sinks, logit noise; dim 128, bf16) -- counted, nothing compiled;
-#     (b) every timed variant compiled in 15 parallel processes (the 9bc8e9c constexpr kernel, benchmarks/fused_constexpr*.py;
+#     (b) every timed variant compiled in 15 parallel processes (the 9bc8e9c constexpr kernel, benchmarks/baseline/fused_constexpr*.py;
 #         the runtime-flag kernel; every option static; logit_noise / partial / causal / head_dims / group static alone);
 #     (c) the serving batch (64 requests, 32/8 heads, dim 128, bf16) with each, logit_noise off and on.
 #  2. the new CUDA tests first (Triton's own cache vs compile_keys; side stream; no sync; engines), then

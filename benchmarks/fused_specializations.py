@@ -9,7 +9,7 @@ says what its runtime test costs, and which to keep constexpr (>= 10%).
 The variants compile first in ``--jobs`` parallel processes (into Triton's disk cache), then one
 process times them all.
 
-The constexpr kernel is ``fused_constexpr.py`` + ``fused_constexpr_kernel.py``: benchmark-only
+The constexpr kernel is ``baseline/fused_constexpr.py`` + ``baseline/fused_constexpr_kernel.py``: benchmark-only
 copies of ``oracle/fused.py`` and ``oracle/_fused_kernel.py`` at 9bc8e9c.
 """
 
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import fused_constexpr as constexpr_oracle  # the sibling copies (benchmarks/ is sys.path[0])
-import fused_constexpr_kernel as constexpr_kernel
 import torch
+from baseline import fused_constexpr as constexpr_oracle  # benchmarks/baseline/ (benchmarks/ is sys.path[0])
+from baseline import fused_constexpr_kernel as constexpr_kernel
 from oracle_speed import serving_case, timed
 from pa_oracle.oracle import _fused_kernel as runtime_kernel
 from pa_oracle.oracle.case import Case, Heads, Layout, Options, alibi_slopes

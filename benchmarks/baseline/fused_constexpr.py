@@ -1,5 +1,5 @@
 """BENCHMARK-ONLY COPY of ``oracle/fused.py`` at 9bc8e9c (before issue 12 made the kernel's group,
-head dims and option flags runtime values), launching ``fused_constexpr_kernel`` (that commit's
+head dims and option flags runtime values), launching ``baseline.fused_constexpr_kernel`` (that commit's
 ``oracle/_fused_kernel.py``, verbatim): the baseline ``fused_oracle_speed.py --specializations``
 times the runtime-flag kernel against. Not imported by the package; only the kernel import differs.
 
@@ -123,7 +123,7 @@ def fused_reference(
     if tensors.q.device.type != "cuda" or unsupported_reason(case) is not None:
         return None
     try:
-        import fused_constexpr_kernel  # noqa: F401
+        from baseline import fused_constexpr_kernel  # noqa: F401
     except ImportError:
         return None
     if case.options.kv_dtype == "float8_e4m3fn" and torch.cuda.get_device_capability(tensors.q.device) < (8, 9):
@@ -173,7 +173,7 @@ def fused_attention(
     """The fused kernel on CUDA tensors, or on CPU tensors under Triton's interpreter
     (``TRITON_INTERPRET=1``; a test entry point). Raises ``CaseError`` for a case that
     ``unsupported_reason`` rejects and ``ImportError`` without Triton."""
-    import fused_constexpr_kernel as fk
+    from baseline import fused_constexpr_kernel as fk
 
     _check_lse_base(lse_base)
     reason = unsupported_reason(case)
@@ -268,7 +268,7 @@ def _plan(case: Case, block_ms: tuple[int, ...], config: FusedConfig, lse_base: 
     to tiles of the largest; within a launch the tiles of longer contexts come first, so the
     long programs start early. Small tiles are split into key chunks (``config.split_keys``) when
     one of them spans more than one chunk."""
-    from fused_constexpr_kernel import PARAMS, TILE_FIELDS
+    from baseline.fused_constexpr_kernel import PARAMS, TILE_FIELDS
 
     layout, heads, opts = case.layout, case.heads, case.options
     qo_indptr = np.asarray(layout.qo_indptr, dtype=np.int64)
