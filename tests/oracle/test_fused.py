@@ -415,7 +415,7 @@ def test_cuda_compiles_exactly_the_distinct_compile_keys() -> None:
 
     config = dataclasses.replace(_config("64x32w4-split64"), max_registers=254)
     every = _spread(head_dim=128)
-    spread = [every[4 * i + i % 4] for i in range(16)]  # every group size and page size, each option on and off
+    spread = [every[4 * i + i % 4] for i in range(16)]  # group sizes 1-4, page sizes 1, 5, 16, each option on and off
     before = _compiled_kernels(fk.attention) + _compiled_kernels(fk.merge)
     keys: set[tuple] = set()
     for case, noise in spread:
