@@ -5,6 +5,8 @@ of the serving batch, the cost of ``logit_noise``, and a config sweep.
     python benchmarks/fused_oracle_speed.py              # serving batch and fuzz-sized batch, then the sweep
     python benchmarks/fused_oracle_speed.py --no-sweep   # skip the config sweep
     python benchmarks/fused_oracle_speed.py --repeat 10
+    python benchmarks/fused_oracle_speed.py --specializations  # runtime flags vs the constexpr kernel
+                                                               # (issue 12; fused_specializations.py)
 
 FlashInfer (decode with tensor cores + FA2 prefill) is timed on the serving batch when installed.
 """
@@ -160,9 +162,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="timed runs after a warm-up; the best counts")
     parser.add_argument("--no-sweep", action="store_true", help="skip the config sweep")
+    parser.add_argument("--specializations", action="store_true", help="only the runtime-flag kernel vs the constexpr one (fused_specializations.py)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
+    if args.specializations:
+        from fused_specializations import main as specializations
+
+        specializations(["--repeat", str(args.repeat)])
+        return
     try:
         import flashinfer  # noqa: F401
 

@@ -8,7 +8,9 @@ exp/log/tanh: ``tl.exp`` on float64 is only float32-accurate). A tile packs one 
 decode rows (qo_len 1) fill ``group_size`` rows of a 16-row tile; their long contexts are split
 into key chunks merged in float64 by a second kernel, on a side stream next to the prefill tiles.
 ``logit_noise`` (the reference's float32 rounding bound) rides along as a second accumulator. The
-host plans every tile and uploads the plan in one asynchronous copy: no stream syncs.
+host plans every tile and uploads the plan in one asynchronous copy: no stream syncs. Group size,
+head dims, page size and every option are runtime arguments of the kernel: a campaign compiles one
+kernel per tile height, padded head dims and dtypes, whatever it draws (``compile_keys`` names them).
 
 >>> from pa_oracle.oracle.case import Case, Layout, Heads
 >>> from pa_oracle.oracle.tensors import make_tensors
@@ -34,6 +36,9 @@ MAX_HEAD_DIM = 256  # a 256-wide float64 row already costs 2 KiB of registers pe
 _MIN_DOT = 16  # tl.dot needs every tile dimension >= 16
 _MAX_ACC_ELEMENTS = 128 * 128  # float64 accumulator [BLOCK_M, BLOCK_DVO] per program: 128 KiB
 _SMALL_BLOCK_MS = (16, 32, 64)  # tiles for requests with few packed rows (decode, speculative)
+# the kernel's option bits (``pa_oracle.oracle._fused_kernel.FLAG_BITS``, which must agree: tested)
+_FLAG_BITS = {"causal": 1, "window": 2, "soft_cap": 4, "alibi": 8, "sinks": 16, "logit_noise": 32, "partial": 64}
+STATIC_NAMES = (*_FLAG_BITS, "group", "head_dims")
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,13 @@ class FusedConfig:
     with 1); 1 keeps a plain loop.
     ``max_registers`` is ptxas's per-thread register cap (``maxnreg``; 0: ptxas picks): left to
     itself ptxas caps some of these float64 tiles at 56-128 registers and spills kilobytes per
-    thread (seen compiling for sm_90 offline)."""
+    thread (seen compiling for sm_90 offline).
+    ``static_options`` names what is compiled into the kernel instead of passed at run time (one
+    more compiled variant per value): option flags (``STATIC_NAMES``: "causal", "window",
+    "soft_cap", "alibi", "sinks", "logit_noise", "partial"), "group" and "head_dims". None by
+    default: one compiled kernel serves every case of a tile shape and dtypes (issue 12); an
+    option whose runtime test cost >= 10% on the serving batch would be named here
+    (``benchmarks/fused_oracle_speed.py --specializations`` measures each)."""
 
     block_m: int = 128
     block_n: int = 64
@@ -62,8 +73,12 @@ class FusedConfig:
     split_keys: int = 512
     side_stream: bool = True
     max_registers: int = 255
+    static_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = sorted(set(self.static_options) - set(STATIC_NAMES))
+        if unknown:
+            raise ValueError(f"static_options takes {', '.join(STATIC_NAMES)}; got {', '.join(unknown)}")
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
             if value < _MIN_DOT or value & (value - 1):
@@ -149,7 +164,9 @@ class _Launch(NamedTuple):
 
 class _Plan(NamedTuple):
     """Host-built inputs of the launches: ``ints`` holds every tile table then the page table
-    (``kv_indices``, from ``pages_offset``), ``floats`` the float64 parameters."""
+    (``kv_indices``, from ``pages_offset``; a tile's field 3 indexes ``ints``), ``floats`` the
+    float64 parameters. The kernels take ``ints`` whole and a table's start as a runtime offset:
+    a sliced pointer's 16-byte alignment would be one more specialization."""
 
     ints: torch.Tensor
     floats: torch.Tensor
@@ -170,14 +187,46 @@ def fused_attention(
     ``unsupported_reason`` rejects and ``ImportError`` without Triton."""
     from pa_oracle.oracle import _fused_kernel as fk
 
+    device = tensors.q.device
+    if device.type != "cuda" and not fk.interpreting():
+        raise ValueError(f"the fused oracle runs on CUDA tensors (or under TRITON_INTERPRET=1), got {device}")
+    return _run(case, tensors, lse_base, logit_noise, config, _launch)
+
+
+def compile_keys(
+    case: Case, tensors: Tensors, *, logit_noise: bool = False, config: FusedConfig = DEFAULT_CONFIG
+) -> frozenset[tuple]:
+    """The Triton compile keys ``fused_attention`` would launch ``case`` with: one per compiled
+    kernel it needs (``pa_oracle.oracle._fused_kernel.specialization_key``), computed without
+    launching anything, on tensors of any device. A campaign's distinct keys are the kernels it
+    compiles."""
+    from pa_oracle.oracle import _fused_kernel as fk
+
+    keys: set[tuple] = set()
+
+    def record(name: str, grid: tuple[int], *args: object, **kwargs: object) -> None:
+        keys.add(fk.specialization_key(fk.RAW[name], fk.DO_NOT_SPECIALIZE[name], args, kwargs))
+
+    _run(case, tensors, "e", logit_noise, config, record)
+    return frozenset(keys)
+
+
+def _launch(name: str, grid: tuple[int], *args: object, **kwargs: object) -> None:
+    from pa_oracle.oracle import _fused_kernel as fk
+
+    getattr(fk, name)[grid](*args, **kwargs)
+
+
+def _run(case: Case, tensors: Tensors, lse_base: str, logit_noise: bool, config: FusedConfig, launch) -> Reference:  # type: ignore[no-untyped-def]
+    """Plan ``case`` and hand every kernel launch to ``launch(kernel name, grid, *args, **kwargs)``."""
+    from pa_oracle.oracle import _fused_kernel as fk
+
     _check_lse_base(lse_base)
     reason = unsupported_reason(case)
     if reason is not None:
         raise CaseError(f"the fused oracle does not support this case: {reason}")
     interpret = fk.interpreting()
     device = tensors.q.device
-    if device.type != "cuda" and not interpret:
-        raise ValueError(f"the fused oracle runs on CUDA tensors (or under TRITON_INTERPRET=1), got {device}")
     for name, t in tensors.as_dict().items():
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, q on {device}")
@@ -190,46 +239,58 @@ def fused_attention(
     block_dqk, block_dvo = (max(_MIN_DOT, 1 << (d - 1).bit_length()) for d in (heads.head_dim_qk, heads.head_dim_vo))
     plan = _plan(case, _block_ms(config, block_dvo), config, lse_base)
     ints, floats = upload(plan.ints, device), upload(plan.floats, device)
-    flags = dict(
-        GROUP=heads.group_size, HEAD_DIM_VO=heads.head_dim_vo, BLOCK_DVO=block_dvo,
-        HAS_SINKS=opts.sinks is not None, LOGIT_NOISE=logit_noise, COMPILED=not interpret,
+    on = {
+        "causal": opts.causal, "window": opts.window_left >= 0, "soft_cap": opts.logits_soft_cap > 0,
+        "alibi": opts.alibi_slopes is not None, "sinks": opts.sinks is not None, "logit_noise": logit_noise,
+    }  # fmt: skip
+    flags = sum(_FLAG_BITS[name] for name, value in on.items() if value)
+    static = sum(_FLAG_BITS[name] for name in config.static_options if name in _FLAG_BITS)
+    noise_static_off = static & _FLAG_BITS["logit_noise"] and not logit_noise
+    common = dict(
+        BLOCK_DVO=block_dvo, BLOCK_NOISE=16 if noise_static_off else block_dvo, COMPILED=not interpret,
+        STATIC_GROUP=heads.group_size if "group" in config.static_options else 0,
+        STATIC_DVO=heads.head_dim_vo if "head_dims" in config.static_options else 0,
     )  # fmt: skip
     if config.max_registers and not interpret:
-        flags["maxnreg"] = config.max_registers
+        common["maxnreg"] = config.max_registers
     side = _side_stream(device, config, plan)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        for launch in plan.launches:
-            small = launch.small
+        for item in plan.launches:
+            small = item.small
             with torch.cuda.stream(side) if small and side is not None else contextlib.nullcontext():
-                rows = launch.count * heads.num_kv_heads * launch.block_m
-                part = out.new_empty(3 if logit_noise else 2, rows) if launch.merges else out
-                part_acc = out.new_empty(2 if logit_noise else 1, rows, block_dvo) if launch.merges else out
-                if side is not None and small and launch.merges:
+                rows = item.count * heads.num_kv_heads * item.block_m
+                part = out.new_empty(3 if logit_noise else 2, rows) if item.merges else out
+                part_acc = out.new_empty(2 if logit_noise else 1, rows, block_dvo) if item.merges else out
+                if side is not None and small and item.merges:
                     for t in (part, part_acc):  # scratch freed on return, while the side stream may still use it
                         t.record_stream(side)
-                table = ints[launch.first * fk.TILE_FIELDS.value :]
-                fk.attention[(launch.count * heads.num_kv_heads,)](
-                    q, k_cache, v_cache, out, lse, noise if noise is not None else out, table, ints[plan.pages_offset :],
-                    floats, part, part_acc,
+                tile_flags = flags | (_FLAG_BITS["partial"] if item.merges else 0)
+                launch(
+                    "attention", (item.count * heads.num_kv_heads,),
+                    q, k_cache, v_cache, out, lse, noise if noise is not None else out, ints, floats, part, part_acc,
                     q.stride(0), q.stride(1),
                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                     v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                     out.stride(0), out.stride(1), lse.stride(0),
-                    heads.num_kv_heads, heads.num_qo_heads, case.layout.page_size, opts.window_left,
-                    part.stride(0), part_acc.stride(0),
-                    HEAD_DIM_QK=heads.head_dim_qk, BLOCK_DQK=block_dqk, BLOCK_M=launch.block_m, BLOCK_N=config.block_n,
-                    CAUSAL=opts.causal, HAS_WINDOW=opts.window_left >= 0, HAS_CAP=opts.logits_soft_cap > 0,
-                    HAS_ALIBI=opts.alibi_slopes is not None, PARTIAL=launch.merges > 0,
+                    item.first * fk.TILE_FIELDS.value, heads.num_kv_heads, heads.num_qo_heads, case.layout.page_size, opts.window_left,
+                    part.stride(0), part_acc.stride(0), heads.group_size, heads.head_dim_qk, heads.head_dim_vo, tile_flags,
+                    BLOCK_DQK=block_dqk, BLOCK_M=item.block_m, BLOCK_N=config.block_n,
                     PIPELINE=config.num_stages if config.num_stages > 1 and not interpret else 0,
+                    STATIC=static, STATIC_FLAGS=tile_flags & static,
+                    STATIC_DQK=heads.head_dim_qk if "head_dims" in config.static_options else 0,
                     num_warps=config.small_num_warps if small else config.num_warps,
-                    num_stages=config.num_stages, **flags,
+                    num_stages=config.num_stages, **common,
                 )  # fmt: skip
-                if launch.merges:
-                    fk.merge[(launch.merges * heads.num_kv_heads,)](
-                        out, lse, noise if noise is not None else out, ints[launch.merge_first * fk.TILE_FIELDS.value :],
-                        floats, part, part_acc, out.stride(0), out.stride(1), lse.stride(0),
+                if item.merges:
+                    merge_static = static & (_FLAG_BITS["sinks"] | _FLAG_BITS["logit_noise"])
+                    launch(
+                        "merge", (item.merges * heads.num_kv_heads,),
+                        out, lse, noise if noise is not None else out, ints, floats, part, part_acc,
+                        out.stride(0), out.stride(1), lse.stride(0), item.merge_first * fk.TILE_FIELDS.value,
                         heads.num_kv_heads, heads.num_qo_heads, part.stride(0), part_acc.stride(0),
-                        BLOCK_M=launch.block_m, num_warps=config.small_num_warps, **flags,
+                        heads.group_size, heads.head_dim_vo, flags,
+                        BLOCK_M=item.block_m, STATIC=merge_static, STATIC_FLAGS=flags & merge_static,
+                        num_warps=config.small_num_warps, **common,
                     )  # fmt: skip
         if side is not None:
             torch.cuda.current_stream(device).wait_stream(side)
@@ -312,6 +373,9 @@ def _plan(case: Case, block_ms: tuple[int, ...], config: FusedConfig, lse_base: 
         tables += [split, merge]
         launches.append(_Launch(block_m, small, first, len(split), first + len(split), len(merge)))
         first += len(split) + len(merge)
+    pages_offset = first * TILE_FIELDS.value
+    for table in tables:  # field 3: the request's first page-table entry, as an index into ``ints``
+        table[:, 3] += pages_offset
     pages = np.asarray(layout.kv_indices, dtype=np.int64)
     ints = np.concatenate([*(t.reshape(-1) for t in tables), pages, np.zeros(1, dtype=np.int64)])  # never empty
     q_scale = case.sm_scale * (opts.k_scale if opts.is_fp8 else 1.0)
@@ -320,7 +384,7 @@ def _plan(case: Case, block_ms: tuple[int, ...], config: FusedConfig, lse_base: 
     assert len(floats) == PARAMS.value and all(t.shape[1] == TILE_FIELDS.value for t in tables)
     zeros = (0.0,) * heads.num_qo_heads
     floats += [*(opts.alibi_slopes or zeros), *(opts.sinks or zeros)]
-    return _Plan(torch.from_numpy(ints), torch.tensor(floats, dtype=torch.float64), tuple(launches), first * TILE_FIELDS.value)
+    return _Plan(torch.from_numpy(ints), torch.tensor(floats, dtype=torch.float64), tuple(launches), pages_offset)
 
 
 def _chunks(table: np.ndarray, block_m: int, group: int, case: Case, split_keys: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -348,4 +412,4 @@ def _check_lse_base(lse_base: str) -> None:
         raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
 
 
-__all__ = ["DEFAULT_CONFIG", "FusedConfig", "fused_attention", "fused_reference", "unsupported_reason"]
+__all__ = ["DEFAULT_CONFIG", "STATIC_NAMES", "FusedConfig", "compile_keys", "fused_attention", "fused_reference", "unsupported_reason"]

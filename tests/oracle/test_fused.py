@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
+import itertools
 import os
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.oracle.case import KV_DTYPES, Case, CaseError, Heads, Layout, Options, alibi_slopes
-from pa_oracle.oracle.fused import DEFAULT_CONFIG, FusedConfig
+from pa_oracle.oracle.fused import DEFAULT_CONFIG, STATIC_NAMES, FusedConfig
 from pa_oracle.oracle.reference import Reference, reference
 from pa_oracle.oracle.tensors import Tensors, make_tensors
 
@@ -229,6 +231,75 @@ def test_config_rejects_tiles_tl_dot_cannot_take() -> None:
         FusedConfig(block_n=64, split_keys=96)
     with pytest.raises(ValueError, match="max_registers"):
         FusedConfig(max_registers=256)
+    with pytest.raises(ValueError, match="static_options takes .*got group_size"):
+        FusedConfig(static_options=("causal", "group_size"))
+
+
+@interpreted
+def test_interpreted_static_options_change_no_bit() -> None:
+    # every option compiled in (the constexpr kernel of old) against every option a runtime value
+    case = Case(_RAGGED, Heads(8, 2, 80, 80), Options(causal=True, window_left=3, logits_soft_cap=5.0, alibi_slopes=alibi_slopes(8), sinks=_SINKS), seed=6)
+    tensors = make_tensors(case)
+    from pa_oracle.oracle.fused import fused_attention
+
+    runtime = _config("64x16w4-split16")
+    static = dataclasses.replace(runtime, static_options=STATIC_NAMES)
+    for noise in (True, False):
+        a, b = (fused_attention(case, tensors, logit_noise=noise, config=c) for c in (runtime, static))
+        assert torch.equal(a.out, b.out) and torch.equal(a.lse, b.lse)
+        assert (a.logit_noise is None) == (not noise) and (not noise or torch.equal(a.logit_noise, b.logit_noise))
+
+
+# a spread of cases of one head dim and dtype: every group size 1..8, kv heads 1-2, page sizes 1, 5
+# and 16, and each of the 64 combinations of the six options a call can switch
+def _spread(head_dim: int = 64) -> list[tuple[Case, bool]]:
+    drawn = []
+    for i, bits in enumerate(itertools.product((False, True), repeat=6)):
+        causal, window, cap, alibi, sinks, noise = bits
+        group, kv_heads, page = (1, 2, 3, 4, 8)[i % 5], 1 + i % 2, (1, 5, 16)[i % 3]
+        heads = Heads(group * kv_heads, kv_heads, head_dim, head_dim)
+        options = Options(
+            causal=causal, window_left=4 if window else -1, logits_soft_cap=30.0 if cap else 0.0,
+            alibi_slopes=alibi_slopes(heads.num_qo_heads) if alibi else None, sinks=(0.5,) * heads.num_qo_heads if sinks else None,
+            q_dtype="bfloat16", kv_dtype="bfloat16",
+        )  # fmt: skip
+        drawn.append((Case(Layout.from_lengths([1, 1, 5, 3], [40, 7, 30, 2], page_size=page), heads, options, seed=i), noise))
+    return drawn
+
+
+def _by_tile_shape(keys: set[tuple]) -> dict[tuple, set[tuple]]:
+    """Compile keys grouped by what may tell kernels apart: the kernel, its tile (BLOCK_M, BLOCK_N,
+    the padded head dims), loop kind and launch options; every other part of a key must be one
+    value per group, or a case's group size, page size or option costs a compile."""
+    shaping = {"BLOCK_M", "BLOCK_N", "BLOCK_DQK", "BLOCK_DVO", "PIPELINE"}
+    groups: dict[tuple, set[tuple]] = {}
+    for name, spec, options in keys:
+        shape = tuple(entry for entry in spec if entry[0] in shaping)
+        groups.setdefault((name, shape, options), set()).add(spec)
+    return groups
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (pip install triton)")
+def test_group_sizes_page_sizes_and_options_share_one_compiled_kernel_per_tile_shape() -> None:
+    from pa_oracle.oracle import _fused_kernel as fk
+    from pa_oracle.oracle.fused import _FLAG_BITS, compile_keys
+
+    assert _FLAG_BITS == fk.FLAG_BITS, "fused.py and the kernel disagree on the option bits"
+    configs = (DEFAULT_CONFIG, _config("64x16w4-split16"))
+    keys = {key for case, noise in _spread() for config in configs for key in compile_keys(case, make_tensors(case), logit_noise=noise, config=config)}
+    groups = _by_tile_shape(keys)
+    varying = {group: specs for group, specs in groups.items() if len(specs) > 1}
+    assert not varying, f"{len(keys)} compile keys for {len(groups)} tile shapes; one shape's keys: {sorted(next(iter(varying.values())))[:2]}"
+    assert {name for name, _, _ in groups} == {"_attention", "_merge"} and len(groups) >= 6, "the spread must reach small, big and split tiles"
+    # the check can fail: the same spread with the group size and causal mask compiled in does
+    static = dataclasses.replace(configs[1], static_options=("group", "causal"))
+    compiled_in = {key for case, noise in _spread() for key in compile_keys(case, make_tensors(case), logit_noise=noise, config=static)}
+    assert any(len(specs) >= 10 for specs in _by_tile_shape(compiled_in).values())
+    # so can the int rule: a group size of 1 specializes unless do_not_specialize names it
+    fn, names = fk.RAW["attention"], list(inspect.signature(fk.RAW["attention"]).parameters)
+    for skip, same in ((fk.DO_NOT_SPECIALIZE["attention"], True), (set(fk.DO_NOT_SPECIALIZE["attention"]) - {"group"}, False)):
+        one, four = (fk.specialization_key(fn, skip, [g if name == "group" else 16 for name in names], {}) for g in (1, 4))
+        assert (one == four) == same
 
 
 def test_split_chunks_cover_exactly_the_blocks_a_tile_attends() -> None:
@@ -325,6 +396,36 @@ def test_cuda_kernel_does_not_sync_the_stream(logit_noise: bool) -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert fused is not None
     _assert_matches(fused, reference(case, tensors, logit_noise=logit_noise, engine="torch"), case)
+
+
+def _compiled_kernels(kernel: object) -> int:
+    """How many kernels a ``triton.jit`` function holds compiled (its in-memory cache, all devices)."""
+    caches = getattr(kernel, "device_caches", None)
+    assert caches is not None, "this Triton's JITFunction has no device_caches: count its compiled kernels another way"
+    return sum(len(cache[0]) for cache in caches.values())
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_compiles_exactly_the_distinct_compile_keys() -> None:
+    """Triton's own cache against ``compile_keys``: a spread of group sizes, page sizes and options
+    compiles one kernel per distinct key (a config no other test uses, so every key is new)."""
+    from pa_oracle.oracle import _fused_kernel as fk
+    from pa_oracle.oracle.fused import compile_keys, fused_reference
+
+    config = dataclasses.replace(_config("64x32w4-split64"), max_registers=254)
+    every = _spread(head_dim=128)
+    spread = [every[4 * i + i % 4] for i in range(16)]  # group sizes 1-4, page sizes 1, 5, 16, each option on and off
+    before = _compiled_kernels(fk.attention) + _compiled_kernels(fk.merge)
+    keys: set[tuple] = set()
+    for case, noise in spread:
+        tensors = make_tensors(case, "cuda")
+        keys |= compile_keys(case, tensors, logit_noise=noise, config=config)
+        fused = fused_reference(case, tensors, logit_noise=noise, config=config)
+        assert fused is not None
+        _assert_matches(fused, reference(case, tensors, logit_noise=noise, engine="torch"), case)
+    compiled = _compiled_kernels(fk.attention) + _compiled_kernels(fk.merge) - before
+    assert compiled == len(keys) == len(_by_tile_shape(keys)), f"{compiled} kernels compiled, {len(keys)} compile keys, {len(_by_tile_shape(keys))} tile shapes"
 
 
 def test_alibi_before_the_soft_cap_is_left_to_the_torch_engine() -> None:
