@@ -60,10 +60,11 @@ class FusedConfig:
     thread (seen compiling for sm_90 offline).
     ``static_options`` names what is compiled into the kernel instead of passed at run time (one
     more compiled variant per value): option flags (``STATIC_NAMES``: "causal", "window",
-    "soft_cap", "alibi", "sinks", "logit_noise", "partial"), "group" and "head_dims". None by
-    default: one compiled kernel serves every case of a tile shape and dtypes (issue 12); an
-    option whose runtime test cost >= 10% on the serving batch would be named here
-    (``benchmarks/fused_oracle_speed.py --specializations`` measures each)."""
+    "soft_cap", "alibi", "sinks", "logit_noise", "partial"), "group" and "head_dims". The default
+    keeps those whose runtime test cost >= 10% on the H200 serving batch (2026-12-01,
+    ``benchmarks/fused_oracle_speed.py --specializations``: logit_noise +70% / +20%, group +11%,
+    partial +12% with noise off; causal +8%, head_dims +10%/+1% and the others less): so a kernel is
+    compiled per group size, noise on/off and partial, and every other option is a runtime value."""
 
     block_m: int = 128
     block_n: int = 64
@@ -73,7 +74,7 @@ class FusedConfig:
     split_keys: int = 512
     side_stream: bool = True
     max_registers: int = 255
-    static_options: tuple[str, ...] = ()
+    static_options: tuple[str, ...] = ("group", "logit_noise", "partial")
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.static_options) - set(STATIC_NAMES))

@@ -177,3 +177,29 @@ def test_a_pod_that_swaps_decode_rows_is_caught_through_the_adapter() -> None:
         case = MIXED.replace(heads=Heads(4, 2, 64, 64), options=Options(causal=True, q_dtype="float16", kv_dtype="float16"))
         outcome = CHECK(backend, case)
     assert outcome.status == "fail" and "differ by more than" in outcome.message, outcome.message
+
+
+def test_keyless_rows_whose_sentinels_differ_are_the_oracle_checks_not_a_composition_finding(monkeypatch) -> None:
+    """The H200's cascade merged two -5e4 sentinel states (LSE +log 2 against its part's): both fail the
+    oracle alike on that row, so the check passes and leaves it to the oracle comparison."""
+    import math
+
+    import torch
+    from pa_oracle.backends.base import KernelOutput
+    from pa_oracle.fuzz.checks import composed
+    from pa_oracle.oracle.reference import reference
+    from pa_oracle.oracle.tensors import make_tensors
+
+    case = Case(Layout.from_lengths([1, 2], [0, 7], 4), Heads(2, 1, 16, 16), Options(causal=True), seed=1)
+    ref = reference(case, make_tensors(case))
+    lse = ref.lse.float().clone()
+    lse[0] = -34655.75  # request 0 has no key
+    good = KernelOutput(ref.out.to(torch.float32), lse)
+    shifted = KernelOutput(good.out.clone(), lse.clone())
+    shifted.lse[0] += math.log(2)
+    monkeypatch.setattr(composed, "run_supported", lambda backend, case, tensors, label: good)
+    monkeypatch.setattr(composed, "run_parts", lambda backend, case, tensors, like: (shifted, []))
+    outcome = CHECK(planted_composed.correct_cascade(), case)
+    assert outcome.status == "pass" and "both fail the oracle alike" in outcome.message, outcome.message
+    shifted.lse[1] += 1.0  # a row with keys: now the two differ where it counts
+    assert CHECK(planted_composed.correct_cascade(), case).status == "fail"
