@@ -22,23 +22,13 @@ import torch
 from pa_oracle.backends.base import Backend, register
 from pa_oracle.backends.sglang_extend import SglangExtend
 from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.visibility import attended
 
 
 def attended_masks(case: Case) -> list[np.ndarray]:
     """Per request the ``[qo_len, kv_len]`` keys the oracle attends: the case's mask AND causal AND window."""
-    masks = case.masks()
-    assert masks is not None, "a mask adapter runs mask cases only"
-    opts, out = case.options, []
-    for m in masks:
-        qo, kv = m.shape
-        q_pos, k_pos = np.arange(kv - qo, kv)[:, None], np.arange(kv)[None, :]
-        keep = m.copy()
-        if opts.causal:
-            keep &= k_pos <= q_pos
-        if opts.window_left >= 0:
-            keep &= k_pos >= q_pos - opts.window_left
-        out.append(keep)
-    return out
+    assert case.custom_mask is not None, "a mask adapter runs mask cases only"
+    return attended(case)
 
 
 def sglang_mask(case: Case) -> tuple[np.ndarray, list[int], bool]:

@@ -25,10 +25,10 @@ from pa_oracle.backends import get_backend
 from pa_oracle.backends.base import Backend, Capabilities, KernelOutput
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.checks.base import Check, check_outcome, compare_outputs, run_supported, tensors_for, worst_location
-from pa_oracle.fuzz.checks.masks import attended
 from pa_oracle.fuzz.run.runner import Outcome, judge
 from pa_oracle.oracle.case import Case, Layout
 from pa_oracle.oracle.tensors import Tensors
+from pa_oracle.oracle.visibility import attended
 from pa_oracle.oracle.tolerance import Tolerance
 
 NAME = "composed-vs-parts"

@@ -23,6 +23,7 @@ from pa_oracle.backends.base import Backend, Capabilities, Unsupported
 from pa_oracle.fuzz.checks.base import Check, case_key, check_outcome, tensors_for
 from pa_oracle.fuzz.run.runner import Outcome, judge
 from pa_oracle.oracle.case import Case, CustomMask
+from pa_oracle.oracle.visibility import attended, visible_keys
 from pa_oracle.oracle.tolerance import Tolerance
 
 
@@ -31,30 +32,6 @@ class Replannable(Protocol):
     """An adapter whose plan object can be planned again for another case of the same layout."""
 
     def replan(self, plan: Any, case: Case) -> Any: ...
-
-
-def visible_keys(case: Case) -> list[np.ndarray]:
-    """Per request the boolean ``[qo_len, kv_len]`` keys the case attends without its custom mask
-    (causal and window, bottom-right aligned as the oracle defines)."""
-    opts = case.options
-    out = []
-    for qo, kv in zip(case.layout.qo_lens, case.layout.kv_lens):
-        q_pos = np.arange(kv - qo, kv)[:, None]
-        k_pos = np.arange(kv)[None, :]
-        keep = np.ones((qo, kv), dtype=bool)
-        if opts.causal:
-            keep &= k_pos <= q_pos
-        if opts.window_left >= 0:
-            keep &= k_pos >= q_pos - opts.window_left
-        out.append(keep)
-    return out
-
-
-def attended(case: Case) -> list[np.ndarray]:
-    """What the case's attention sees: its visible keys, AND its mask where it has one."""
-    masks = case.masks()
-    visible = visible_keys(case)
-    return visible if masks is None else [v & m for v, m in zip(visible, masks)]
 
 
 def with_other_mask(case: Case) -> Case:
