@@ -57,8 +57,12 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_killed_campaign_resumes_at_the_next_chunk_and_draws_what_an_unbroken_one_draws(tmp_path, small_chunks) -> None:
     spec = "tests.test_campaign:interrupted_at_call_12"
     _calls["n"] = 0
-    with pytest.raises(KeyboardInterrupt):  # in this process: the call counter is this process's
-        campaign(tmp_path / "broken", UserKernel.from_spec(spec), 15, isolate=False)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's Python has it
+    try:
+        with pytest.raises(KeyboardInterrupt):  # in this process: the call counter is this process's
+            campaign(tmp_path / "broken", UserKernel.from_spec(spec), 15, isolate=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     killed = CampaignState.load(tmp_path / "broken" / "campaign.json").results[spec]
     assert (killed.chunks_done, killed.examples, len(killed.seen)) == (2, 10, 10), "the state is that of the last whole chunk"
     resumed = campaign(tmp_path / "broken", UserKernel.from_spec(spec), 15, resume=True, isolate=False).results[spec]

@@ -205,12 +205,17 @@ def test_triage_of_a_hang_reports_the_hang_without_minimizing(hang_finding: Path
     assert "not minimizing a hang" in result.output
 
 
+def _terminal_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_real_ctrl_c_stops_the_campaign_keeps_its_state_and_is_no_finding(tmp_path: Path) -> None:
     """SIGINT to the process group, as a terminal sends it: the worker ignores it, the parent stops."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pa_oracle", "fuzz", "--kernel", f"{MODULE}:slow_correct", "-n", "1000", *SMALL, "--out", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+        preexec_fn=_terminal_sigint,  # a shell starts the CLI with SIGINT at its default, whatever this test process inherited
     )
     try:
         state = tmp_path / "campaign.json"
