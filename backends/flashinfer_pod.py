@@ -42,19 +42,13 @@ def split_requests(layout: Layout) -> tuple[list[int], list[int]]:
 
 
 def sub_layout(layout: Layout, requests: list[int]) -> dict[str, list[int]]:
-    """``requests``' CSR layout (their own page ids in the same pool)."""
-    qo, kv, indices, last = [0], [0], [], []
-    for b in requests:
-        pages = layout.pages_of(b)
-        qo.append(qo[-1] + layout.qo_lens[b])
-        kv.append(kv[-1] + len(pages))
-        indices += pages
-        last.append(layout.kv_last_page_len[b])
-    return {"qo_indptr": qo, "kv_indptr": kv, "kv_indices": indices, "kv_last_page_len": last}
+    """``requests``' CSR layout (``Layout.subset``: their own page ids in the same pool), as lists."""
+    sub = layout.subset(requests)
+    return {name: list(getattr(sub, name)) for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")}
 
 
 def rows_of(layout: Layout, requests: list[int]) -> list[int]:
-    return [row for b in requests for row in range(layout.qo_indptr[b], layout.qo_indptr[b + 1])]
+    return layout.rows_of(requests)
 
 
 @register

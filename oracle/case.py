@@ -139,6 +139,21 @@ class Layout:
         width = max(self.num_pages_per_request, default=0)
         return [list(self.pages_of(b)) + [pad] * (width - n) for b, n in enumerate(self.num_pages_per_request)]
 
+    def subset(self, requests: list[int]) -> Layout:
+        """``requests`` (in that order) as a batch of their own: their own page ids, the same pool."""
+        qo, kv, indices = [0], [0], []
+        for b in requests:
+            pages = self.pages_of(b)
+            qo.append(qo[-1] + self.qo_lens[b])
+            kv.append(kv[-1] + len(pages))
+            indices += pages
+        return Layout(tuple(qo), tuple(kv), tuple(indices), tuple(self.kv_last_page_len[b] for b in requests),
+                      self.page_size, self.num_pages)
+
+    def rows_of(self, requests: list[int]) -> list[int]:
+        """The query rows of ``requests``, in that order."""
+        return [row for b in requests for row in range(self.qo_indptr[b], self.qo_indptr[b + 1])]
+
     def request_of_row(self, row: int) -> int:
         """The request that owns query row ``row``."""
         for b in range(self.batch_size):

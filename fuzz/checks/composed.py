@@ -62,22 +62,7 @@ def part_backend(spec: str) -> Backend:
 
 def sub_case(case: Case, requests: list[int]) -> Case:
     """``case`` reduced to ``requests`` (in order), over the same page pool."""
-    lay = case.layout
-    qo, kv, indices = [0], [0], []
-    for b in requests:
-        pages = lay.pages_of(b)
-        qo.append(qo[-1] + lay.qo_lens[b])
-        kv.append(kv[-1] + len(pages))
-        indices += pages
-    layout = Layout(tuple(qo), tuple(kv), tuple(indices), tuple(lay.kv_last_page_len[b] for b in requests),
-                    lay.page_size, lay.num_pages)
-    return case.replace(layout=layout, tensors_file=None, meta={})
-
-
-def rows_of(layout: Layout, requests: list[int]) -> torch.Tensor:
-    """The case's query rows of ``requests``, in order."""
-    rows = [row for b in requests for row in range(layout.qo_indptr[b], layout.qo_indptr[b + 1])]
-    return torch.tensor(rows, dtype=torch.long)
+    return case.replace(layout=case.layout.subset(requests), tensors_file=None, meta={})
 
 
 def run_parts(backend: Backend, case: Case, tensors: Tensors, like: KernelOutput) -> tuple[KernelOutput, list[tuple[str, Case, Tensors | None]]]:
@@ -90,7 +75,7 @@ def run_parts(backend: Backend, case: Case, tensors: Tensors, like: KernelOutput
         requests = part_requests(case.layout, part.requests)
         if not requests:
             continue
-        rows = rows_of(case.layout, requests)
+        rows = torch.tensor(case.layout.rows_of(requests), dtype=torch.long)
         sub = sub_case(case, requests)
         sub_tensors = Tensors(tensors.q[rows.to(tensors.q.device)], tensors.k_cache, tensors.v_cache, tensors.storage,
                               tensors.pool, tensors.kv_cache)
