@@ -76,6 +76,7 @@ class Plan(NamedTuple):
     buckets: list[Bucket]
     slots: torch.Tensor  # [total_kv] flat pool slot (page * page_size + slot) of every key token
     max_kv: int  # the widest bucket's key columns
+    empty_rows: bool = True  # whether some query row attends no key (its out is 0, its LSE -inf), known on the host
 
 
 class _Pieces(NamedTuple):
@@ -243,4 +244,5 @@ def plan_buckets(case: Case, device: torch.device) -> Plan:
             q_pos=tensors["q_pos"], first=tensors["first"], last=tensors["last"],
             row_first=hb.row_first, row_last=hb.row_last, first_key=hb.first_key, masked=hb.masked,
         ))
-    return Plan(buckets, slots, max((b.max_kv for b in buckets), default=0))
+    rows_with_keys = sum(int((np.maximum(hb.row_first, 0) <= hb.row_last).sum()) for hb in host)
+    return Plan(buckets, slots, max((b.max_kv for b in buckets), default=0), rows_with_keys < case.layout.total_q)

@@ -408,20 +408,25 @@ def plain_controls(
         k, v = _kv_of(keys, bucket, cols), _kv_of(values, bucket, cols)
         if v.element_size() < 4:  # CPU BLAS multiplies 16-bit floats 4-8x faster with v laid out [D, kv]
             v = v.transpose(-1, -2).contiguous().transpose(-1, -2)
+        may_be_empty = bucket.has_empty_rows(cols.start, cols.stop)  # else the empty-row passes are the identity
         for (variant_q, logit_scale), (out, lse) in zip(variants, results):
             s = _logits(case, bucket, _bucket_inputs(case, bucket, variant_q), k, cols, logit_scale, alibi, columns)
             n_keys = s.shape[-1]
             if sink is not None:
                 s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
-            empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
+            empty = None
+            if may_be_empty:
+                empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
             bucket_lse = torch.logsumexp(s[..., :n_keys], dim=-1)
-            p = torch.softmax(torch.where(empty[..., None], 0.0, s), dim=-1)
+            p = torch.softmax(s if empty is None else torch.where(empty[..., None], 0.0, s), dim=-1)
             if case.options.q_is_fp8:
                 p = fp8_probabilities(p, torch_dtype(case.options.kv_dtype))
             p = p.to(dtype)
             bucket_out = _weigh(p[..., :n_keys], v)
-            _put_rows(out, bucket, torch.where(empty[..., None], 0.0, bucket_out))
-            _put_rows(lse, bucket, torch.where(empty, float("-inf"), bucket_lse))
+            if empty is not None:
+                bucket_out, bucket_lse = torch.where(empty[..., None], 0.0, bucket_out), torch.where(empty, float("-inf"), bucket_lse)
+            _put_rows(out, bucket, bucket_out)
+            _put_rows(lse, bucket, bucket_lse)
     return results
 
 

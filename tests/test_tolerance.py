@@ -85,3 +85,22 @@ def test_the_stats_are_the_masked_reductions_bit_for_bit() -> None:
     assert verdict.out.max_error == float("inf") and verdict.out.mismatches == 1
     assert verdict.lse.numel < ref.lse.numel()  # the empty row is left out
     assert verdict.failures[0].startswith("out has 1 non-finite elements (NaN 1)")
+
+
+def test_knowing_the_empty_rows_on_the_host_changes_no_verdict() -> None:
+    # ``empty_rows`` (``Plan.empty_rows``) skips passes or a wait: the verdict, stats and error
+    # tensors must be those of the comparison that finds the empty rows on the device itself
+    full = Case(Layout.from_lengths([3, 1], [20, 7], 4), Heads(4, 2, 16, 16), Options(q_dtype="bfloat16", kv_dtype="bfloat16"))
+    for case, known in ((CASE, True), (full, False)):
+        tensors = make_tensors(case)
+        ref = reference(case, tensors, logit_noise=True)
+        controls = [plain_attention(case, tensors, torch.bfloat16, reorder_ops=r) for r in (False, True)]
+        out, lse = ref.out.to(torch.bfloat16), ref.lse.float() + 1e-4
+        out[0, 1, 2] += 0.05
+        if known:
+            lse[3] = 1.0  # the empty request's row with a finite LSE: still caught
+        verdicts = [compare(case, out=out, lse=lse, ref=ref, controls=controls, empty_rows=hint) for hint in (None, known)]
+        a, b = verdicts
+        assert not a.passed and (a.failures, a.out, a.lse) == (b.failures, b.out, b.lse)
+        assert torch.equal(a.error, b.error) and torch.equal(a.lse_error, b.lse_error)
+        assert any("empty rows have lse" in f for f in b.failures) == known

@@ -68,6 +68,17 @@ def test_tiling_changes_no_result_beyond_rounding(case: Case, rows: int) -> None
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(case=cases(ALL_OPTIONS, SMALL_HEADS), rows=st.sampled_from([None, 3]))
+def test_the_plan_knows_on_the_host_whether_a_row_attends_no_key(case: Case, rows: int | None) -> None:
+    # ``Plan.empty_rows`` lets the comparison skip its empty-row passes: it must be exactly
+    # "some reference LSE is -inf" (tiled or not: a tile's rows are still the request's rows)
+    with _tile_every(rows) if rows else _never_tile():
+        plan = buckets.plan_buckets(case, torch.device("cpu"))
+        ref = reference(case, make_tensors(case), plan=plan)
+    assert plan.empty_rows == bool(torch.isneginf(ref.lse).any())
+
+
 @settings(max_examples=25, deadline=None)
 @given(case=cases(ALL_OPTIONS, SMALL_HEADS), chunk=st.sampled_from([None, 16]))
 def test_bucketing_changes_no_result_beyond_rounding(case: Case, chunk: int | None) -> None:
