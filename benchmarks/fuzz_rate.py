@@ -128,7 +128,7 @@ def judge_pass(backend: Backend, supported: list[Case], ahead: bool) -> tuple[fl
     start, cpu = time.perf_counter(), time.thread_time()
     for i, case in enumerate(supported):
         if ahead and i + 1 < len(supported):
-            AHEAD.prepare(supported[i + 1])
+            AHEAD.prepare(supported[i + 1], backend.device)
         check_case(backend, case)
     sync(device)
     seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu

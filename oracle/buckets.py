@@ -224,18 +224,36 @@ def _to_device(arrays: list[np.ndarray], device: torch.device) -> list[torch.Ten
     return [part.view(a.shape) for part, a in zip(flat.split(sizes), arrays)]
 
 
-def plan_buckets(case: Case, device: torch.device) -> Plan:
-    """Every index of the call, built on the host and moved to ``device`` at once."""
-    heads, kind = case.heads, device.type if device.type in _PAD_FREE else "cpu"
+class HostPlan(NamedTuple):
+    """``plan_buckets``' host half (numpy only, no device: it can be made in a background thread)."""
+
+    device_type: str  # the device type it was planned for (the padding budget differs)
+    buckets: list[_HostBucket]
+    arrays: list[np.ndarray]  # ``token_slots``, then each bucket's arrays in order
+    empty_rows: bool
+
+
+def host_plan(case: Case, device_type: str) -> HostPlan:
+    """The bucket plan of ``case`` for a ``device_type`` device, on the host."""
+    heads, kind = case.heads, device_type if device_type in _PAD_FREE else "cpu"
     key_width = _KV_PAD_WEIGHT[kind] * heads.num_kv_heads * (heads.head_dim_qk + heads.head_dim_vo)
-    pieces = _pieces(case, device.type)
+    pieces = _pieces(case, device_type)
     order, groups = _groups(pieces, _PAD_FREE[kind], heads.num_qo_heads, key_width)
     sorted_pieces = [field[order] for field in pieces]
     host = [hb for a, b in groups if (hb := _bucket_on_host(case, *(f[a:b] for f in sorted_pieces))) is not None]
     arrays = [token_slots(case)] + [a for hb in host for a in hb.arrays.values()]
-    slots, *moved = _to_device(arrays, device)
+    rows_with_keys = sum(int((np.maximum(hb.row_first, 0) <= hb.row_last).sum()) for hb in host)
+    return HostPlan(device_type, host, arrays, rows_with_keys < case.layout.total_q)
+
+
+def plan_buckets(case: Case, device: torch.device, host: HostPlan | None = None) -> Plan:
+    """Every index of the call, built on the host (or ``host``, its ``host_plan`` made earlier for
+    this device type) and moved to ``device`` at once."""
+    if host is None or host.device_type != device.type:
+        host = host_plan(case, device.type)
+    slots, *moved = _to_device(host.arrays, device)
     buckets, at = [], 0
-    for hb in host:
+    for hb in host.buckets:
         tensors = dict(zip(hb.arrays, moved[at : at + len(hb.arrays)]))
         at += len(hb.arrays)
         buckets.append(Bucket(
@@ -244,5 +262,4 @@ def plan_buckets(case: Case, device: torch.device) -> Plan:
             q_pos=tensors["q_pos"], first=tensors["first"], last=tensors["last"],
             row_first=hb.row_first, row_last=hb.row_last, first_key=hb.first_key, masked=hb.masked,
         ))
-    rows_with_keys = sum(int((np.maximum(hb.row_first, 0) <= hb.row_last).sum()) for hb in host)
-    return Plan(buckets, slots, max((b.max_kv for b in buckets), default=0), rows_with_keys < case.layout.total_q)
+    return Plan(buckets, slots, max((b.max_kv for b in buckets), default=0), host.empty_rows)

@@ -86,6 +86,25 @@ def test_a_draw_is_taken_once_and_only_by_its_case() -> None:
     assert ahead.take(CASE) is None, "a draw serves one call"
 
 
+def test_the_bucket_plan_made_ahead_is_the_plan_and_serves_only_its_case() -> None:
+    from pa_oracle.oracle.buckets import plan_buckets
+
+    ahead = DrawAhead(enabled=True)
+    causal = dataclasses.replace(CASE, options=dataclasses.replace(CASE.options, causal=True))
+    ahead.prepare(CASE)
+    assert ahead.take(CASE) is not None
+    assert ahead.take_plan(causal) is None, "same draw key, other options: planned again"
+    ahead.prepare(CASE)
+    ahead.take(CASE)
+    host = ahead.take_plan(CASE)
+    assert host is not None and ahead.take_plan(CASE) is None, "a plan serves one call"
+    made, fresh = plan_buckets(CASE, torch.device("cpu"), host), plan_buckets(CASE, torch.device("cpu"))
+    assert made.max_kv == fresh.max_kv and made.empty_rows == fresh.empty_rows and torch.equal(made.slots, fresh.slots)
+    for a, b in zip(made.buckets, fresh.buckets, strict=True):
+        assert (a.nb, a.max_q, a.max_kv, a.contiguous, a.masked) == (b.nb, b.max_q, b.max_kv, b.contiguous, b.masked)
+        assert torch.equal(a.first, b.first) and torch.equal(a.last, b.last)
+
+
 def test_a_case_passed_over_leaves_no_draw_behind() -> None:
     ahead = DrawAhead(enabled=True)
     ahead.prepare(CASE)

@@ -1,7 +1,8 @@
 """Host tensors drawn ahead: while a worker judges one case, a background thread draws the host half
 of the next queued case's tensors (its float64 ``randn`` from the seed and the casts:
-``host_draw``), the largest host cost of a judged case the device does not wait on. torch's
-operators release the GIL, so the draw runs beside the judge.
+``host_draw``), the largest host cost of a judged case the device does not wait on, and its
+oracle's bucket plan (``host_plan``, numpy). torch's operators release the GIL, so the draw runs
+beside the judge.
 
 The values are exactly ``make_tensors``' (the same ``host_draw`` makes them). A draw is used only
 for a case with its ``draw_key`` and only once; one prepared for a case that is never judged
@@ -17,7 +18,11 @@ from __future__ import annotations
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
+import torch
+
+from pa_oracle.oracle.buckets import HostPlan, host_plan
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import HostDraw, draw_key, host_draw
 
@@ -38,7 +43,8 @@ class DrawAhead:
     def __init__(self, enabled: bool | None = None) -> None:
         self.mode = mode_from_env() if enabled is None else "on" if enabled else "off"
         self._executor: ThreadPoolExecutor | None = None
-        self._prepared: deque[tuple[tuple, Future[HostDraw]]] = deque()  # (draw_key, its draw), oldest first
+        self._prepared: deque[tuple[tuple, Future[_Prepared]]] = deque()  # (draw_key, its draw), oldest first
+        self._taken_plan: tuple[Case, HostPlan] | None = None  # the last taken case and its host plan
         self.taken = 0  # cases that got a prepared draw (for tests and benchmarks)
 
     @property
@@ -53,13 +59,15 @@ class DrawAhead:
         """Whether a worker should draw ahead for a backend on ``device`` (None: the CPU)."""
         return self.mode == "on" or (self.mode == "auto" and (device or "cpu") != "cpu")
 
-    def prepare(self, case: Case) -> None:
-        """Start drawing ``case``'s host tensors in the background (nothing for a sidecar case)."""
+    def prepare(self, case: Case, device: str | None = None) -> None:
+        """Start drawing ``case``'s host tensors, and planning its buckets for ``device`` (None:
+        the CPU), in the background (nothing for a sidecar case)."""
         if not self.enabled or case.tensors_file is not None:
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pa-oracle-draw-ahead")
-        self._prepared.append((draw_key(case), self._executor.submit(host_draw, case)))
+        device_type = torch.device(device or "cpu").type
+        self._prepared.append((draw_key(case), self._executor.submit(_prepare, case, device_type)))
         while len(self._prepared) > KEPT:
             self._prepared.popleft()[1].cancel()  # if not started yet, never made
 
@@ -78,14 +86,22 @@ class DrawAhead:
                 break
             future.cancel()
         try:
-            draw = future.result()
+            prepared = future.result()
         except Exception:  # noqa: BLE001 - the direct draw raises it again, in the case's own judge
             return None
         self.taken += 1
-        return draw
+        self._taken_plan = None if prepared.plan is None else (case, prepared.plan)
+        return prepared.draw
+
+    def take_plan(self, case: Case) -> HostPlan | None:
+        """The host bucket plan prepared with the draw ``take`` last gave, if that was for this
+        very ``case`` object (the plan reads options a draw does not), else None."""
+        taken, self._taken_plan = self._taken_plan, None
+        return taken[1] if taken is not None and taken[0] is case else None
 
     def clear(self) -> None:
         """Drop every prepared draw."""
+        self._taken_plan = None
         while self._prepared:
             self._prepared.popleft()[1].cancel()
 
@@ -93,6 +109,15 @@ class DrawAhead:
     def prepared(self) -> int:
         """Draws prepared and not taken."""
         return len(self._prepared)
+
+
+class _Prepared(NamedTuple):
+    draw: HostDraw
+    plan: HostPlan | None  # None for a custom-mask case (planned one request at a time)
+
+
+def _prepare(case: Case, device_type: str) -> _Prepared:
+    return _Prepared(host_draw(case), None if case.custom_mask is not None else host_plan(case, device_type))
 
 
 AHEAD = DrawAhead()  # the process's draws ahead: the worker prepares, ``check_case`` takes

@@ -193,11 +193,12 @@ def _draw_next(conn: Connection, inbox: collections.deque[Any], backends: dict[s
             if isinstance(request[1], Case):
                 return  # parsed and prepared while an earlier case was judged
             backend = backends.get(request[0])
-            if not AHEAD.wanted(getattr(backend, "device", None)):
+            device = getattr(backend, "device", None)
+            if not AHEAD.wanted(device):
                 return
             case = Case.from_json(request[1])
             inbox[i] = (request[0], case, *request[2:])  # its turn takes the parsed case
-            AHEAD.prepare(case)
+            AHEAD.prepare(case, device)
         except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn parses, draws and reports
             pass
         return

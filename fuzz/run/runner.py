@@ -132,7 +132,7 @@ def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Toleran
     On CUDA the reference is computed by the fused kernel (``pa_oracle.oracle.fused``); a failing verdict is
     computed again against the torch reference, the definition, which alone decides a finding.
     """
-    plan = shared_plan(case, tensors)  # the reference's buckets, the controls' too
+    plan = shared_plan(case, tensors, AHEAD.take_plan(case))  # the reference's buckets, the controls' too (planned ahead, if it was)
     ref = reference(case, tensors, logit_noise=True, plan=plan)
     controls = plain_controls(case, tensors, torch_dtype(case.options.out_dtype), plan=plan)
     empty_rows = None if plan is None else plan.empty_rows  # known on the host: saves the device a pass or a wait
