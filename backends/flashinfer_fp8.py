@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from pa_oracle.backends.base import Backend, CompileKey, KernelOutput, register
-from pa_oracle.backends.flashinfer import _FLASHINFER, _URI_DTYPE, FlashInferPrefillFA3
+from pa_oracle.backends.flashinfer import _FLASHINFER, _URI_DTYPE, FlashInferPrefillFA3, build_modules
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors
 
@@ -58,7 +58,7 @@ class FlashInferPrefillFA3FP8(FlashInferPrefillFA3):
         return [fp8_prefill_uri(key)]
 
     def build_variants(self, keys: list[CompileKey]) -> list[CompileKey] | None:
-        from flashinfer.jit import build_jit_specs, gen_batch_prefill_module
+        from flashinfer.jit import gen_batch_prefill_module
 
         specs = []
         for key in keys:
@@ -66,7 +66,7 @@ class FlashInferPrefillFA3FP8(FlashInferPrefillFA3):
             dtypes = (getattr(torch, v[f]) for f in ("q_dtype", "kv_dtype", "o_dtype"))
             dim = v["head_dim_qk"]
             specs.append(gen_batch_prefill_module("fa3", *dtypes, torch.int32, dim, dim, 0, bool(v["window"]), False, False))
-        build_jit_specs(specs, skip_prebuilt=True)
+        build_modules(specs)
         return [key for key in keys if self.built_reason(key) is not None]
 
     def _common_plan_kwargs(self, case: Case) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, CompileKey, KernelOutput, register
-from pa_oracle.backends.flashinfer import _URI_DTYPE, LN_2, _workspace, built_module
+from pa_oracle.backends.flashinfer import _URI_DTYPE, LN_2, _workspace, build_modules, built_module
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors
 
@@ -62,8 +62,8 @@ class FlashInferMLA(Backend):
         return built_module(self.mla_uri(key))
 
     def build_variants(self, keys: list[CompileKey]) -> list[CompileKey] | None:
-        """The modules of ``keys`` in one ninja run (``flashinfer.jit.build_jit_specs``)."""
-        from flashinfer.jit import build_jit_specs, gen_batch_mla_module
+        """The modules of ``keys`` (``build_modules``)."""
+        from flashinfer.jit import gen_batch_mla_module
 
         (qk, vo), = self.capabilities.mla_dims or ((576, 512),)
         specs = []
@@ -73,7 +73,7 @@ class FlashInferMLA(Backend):
             v = dict(key)
             q, kv = getattr(torch, v["q_dtype"]), getattr(torch, v["kv_dtype"])
             specs.append(gen_batch_mla_module(self.backend, q, kv, q, torch.int32, vo, qk - vo, False))
-        build_jit_specs(specs, skip_prebuilt=True)
+        build_modules(specs)
         return [key for key in keys if self.built_reason(key) is not None]
 
     def unsupported_reason(self, case: Case) -> str | None:

@@ -1,6 +1,6 @@
 """``pa-oracle warmup``: build, before a campaign, the kernel variants (compile keys) it will draw from.
 
-A FlashInfer backend builds its modules in one ninja run (``flashinfer.jit.build_jit_specs``,
+A FlashInfer backend builds each of its modules with its own ninja run (``backends.flashinfer.build_modules``,
 ``MAX_JOBS`` compiler jobs side by side) into its JIT cache, where a later campaign finds them free;
 another adapter compiles by judging one case drawn inside each key (Triton and inductor keep what
 they compiled in ``TRITON_CACHE_DIR`` / ``TORCHINDUCTOR_CACHE_DIR``, which makes the campaign's own

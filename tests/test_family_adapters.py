@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import sys
 
 import numpy as np
@@ -109,18 +111,19 @@ def test_mla_variants_are_planned_and_built_ahead(monkeypatch: pytest.MonkeyPatc
     assert plan_variants(backend, Limits(), budget=1.0, seed=0).chosen  # a small budget still runs one key
     calls: list[tuple] = []
 
-    class Spec:
+    class Spec:  # a JitSpec: built by its own build() (its ninja log where build_and_load looks), never build_jit_specs
+        aot_path = Path("/nonexistent/aot.so")
+
         def __init__(self, *args):  # type: ignore[no-untyped-def]
             self.args = args
 
-    def build(specs, skip_prebuilt=True):  # type: ignore[no-untyped-def]
-        for spec in specs:
-            calls.append(spec.args)
-            backend_name, q, kv, o, idx, ckv, kpe, profiler = spec.args
+        def build(self, need_lock: bool = False) -> None:
+            calls.append(self.args)
+            backend_name, q, kv, o, idx, ckv, kpe, profiler = self.args
             key = (("q_dtype", str(q).removeprefix("torch.")), ("kv_dtype", str(kv).removeprefix("torch.")))
             built.add(backend.mla_uri(key))
 
-    monkeypatch.setitem(sys.modules, "flashinfer.jit", _module("flashinfer.jit", build_jit_specs=build, gen_batch_mla_module=Spec))
+    monkeypatch.setitem(sys.modules, "flashinfer.jit", _module("flashinfer.jit", gen_batch_mla_module=Spec))
     assert backend.build_variants(plan.chosen) == plan.chosen
     assert all(args[0] == "fa3" and args[3] == args[1] and args[4] is torch.int32 and args[5:] == (512, 64, False) for args in calls)
     again = plan_variants(backend, Limits(), budget=0, seed=0)
