@@ -34,6 +34,7 @@ from pa_oracle.oracle.result import LOG2_E, Reference
 from pa_oracle.oracle.rope import rotated
 from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, torch_dtype, upload
 
+_EXPONENT_BITS = 0x7FF0000000000000  # of a float64
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 # float64 bytes live per KV chunk (logits and their softmax, K, V). On CPU each block then stays
 # under glibc's 32 MiB mmap threshold (bigger ones are mapped afresh and page-faulted in every time),
@@ -55,8 +56,9 @@ def half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     info = torch.finfo(dtype)
     # The largest power of two <= |x|, read off the exponent bits (0 for float64 subnormals, whose
     # spacing clamps to the smallest one anyway): several times cheaper than frexp and pow.
-    binade = (x.view(torch.int64) & 0x7FF0000000000000).view(torch.float64)
-    binade = torch.where((x == 0) | ~torch.isfinite(x), 0.5, binade)
+    exponent = x.view(torch.int64) & _EXPONENT_BITS
+    # 0, and inf or nan (all exponent bits set; isfinite would cost 4 operators more)
+    binade = torch.where((x == 0) | (exponent == _EXPONENT_BITS), 0.5, exponent.view(torch.float64))
     spacing = binade.mul_(2.0 ** -_MANTISSA_BITS[dtype]).clamp_(min=info.smallest_normal * info.eps)
     return spacing.div_(2)
 
