@@ -14,9 +14,11 @@ start=$(date +%s)
 import sglang, torch, triton
 print(f"# sglang {sglang.__version__} triton {triton.__version__} torch {torch.__version__}")
 PY
-  # e5m2: 150 cases in at most 16 kernel variants; e4m3 (the control of the claim: same mechanism,
-  # already tolerated): 60 in at most 6. Same seed: the e4m3 draws are the e5m2 draws' cases.
+  # First the golden e4m3 case (its H200 error is on record: max 0.01945, mean 0.006765; the model predicts
+  # exactly that). Then e5m2: 150 cases in at most 16 kernel variants (compiles); then e4m3, the control of
+  # the claim (same mechanisms, already tolerated): 60 in at most 6. One seed: e4m3 draws e5m2's cases.
   timeout -k 5 140 python benchmarks/sglang_fp8_model.py \
+    --case golden/cases/sglang-extend-fp8-kv.json \
     --kv-dtype float8_e5m2:150:16 --kv-dtype float8_e4m3fn:60:6 \
     --only q_dtypes=bfloat16 --only head_dims=64,128 --only head_dim_vo_may_differ=false \
     --time-budget 75 --seed 0 --table "$dir/cases.tsv" 2>>"$dir/stderr.log"
