@@ -54,14 +54,24 @@ BLOCK_N = 64  # _get_block_sizes_for_extend_attention: BLOCK_N on sm_90 (Hopper)
 BACKEND = "sglang-extend-mask"
 
 
-def rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` rounded as a Triton downcast to ``dtype`` (via float32, RTNE; fp8 saturating, as the
-    ``cvt.rn.satfinite`` conversions do), back in float64."""
+def rounded(x: torch.Tensor, dtype: torch.dtype, mode: str = "rtne") -> torch.Tensor:
+    """``x`` rounded as a Triton downcast to ``dtype`` (via float32; RTNE, or ``mode="rtz"`` toward
+    zero for an fp8 ``dtype``; fp8 saturating, as the ``cvt.rn.satfinite`` conversions do), back in
+    float64."""
     x32 = x.to(torch.float32)
-    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        big = torch.finfo(dtype).max
-        x32 = x32.clamp(-big, big)
-    return x32.to(dtype).to(torch.float64)
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return x32.to(dtype).to(torch.float64)
+    info = torch.finfo(dtype)
+    x32 = x32.clamp(-info.max, info.max)
+    if mode == "rtne":
+        return x32.to(dtype).to(torch.float64)
+    if mode != "rtz":
+        raise ValueError(f"mode must be 'rtne' or 'rtz', got {mode!r}")
+    a = x32.to(torch.float64).abs()
+    _, exponent = torch.frexp(a)  # a = m * 2**exponent, m in [0.5, 1)
+    mantissa_bits = round(-np.log2(info.eps))
+    spacing = torch.ldexp(torch.ones_like(a), exponent - 1 - mantissa_bits).clamp(min=info.smallest_normal * info.eps)
+    return torch.floor(a / spacing) * spacing * torch.sign(x32.to(torch.float64))
 
 
 def _fp32(value: float, on: bool) -> float:
@@ -75,12 +85,13 @@ def _blocks(prefix: int, extend: int, block_n: int) -> list[slice]:
 
 
 def modelled_output(
-    case: Case, tensors: Tensors, *, roundings: Collection[str] = KERNEL, block_n: int = BLOCK_N
+    case: Case, tensors: Tensors, *, roundings: Collection[str] = KERNEL, block_n: int = BLOCK_N, q_rounding: str = "rtne"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 ``(out [total_q, Hq, Dvo], lse [total_q, Hq])`` of ``extend_attention_fwd`` as the
     ``sglang-extend(-mask)`` adapters call it on ``case``, with the kernel's ``roundings`` (a subset
     of ``MECHANISMS``) applied. ``lse`` is natural-log over the keys (the sink excluded, as the
-    oracle's); a row with no key gives out 0 and lse -inf."""
+    oracle's); a row with no key gives out 0 and lse -inf. ``q_rounding="rtz"``: the alternative
+    hypothesis that ``q.to(k.dtype)`` truncates (Triton asks for RTNE)."""
     unknown = set(roundings) - set(MECHANISMS)
     if unknown:
         raise ValueError(f"roundings: unknown mechanisms {sorted(unknown)}; known: {MECHANISMS}")
@@ -112,7 +123,7 @@ def modelled_output(
             continue
         prefix = kv - qo
         q = tensors.q[rows].view(qo, hkv, group, -1).permute(1, 2, 0, 3)  # [Hkv, G, qo, D] stored dtype
-        q_prefix = rounded(q, cache_dtype) if on("q_to_cache") and cache_dtype != q_dtype else q.to(f64)
+        q_prefix = rounded(q, cache_dtype, q_rounding) if on("q_to_cache") and cache_dtype != q_dtype else q.to(f64)
         k, v = keys[toks].permute(1, 0, 2), values[toks].permute(1, 0, 2)  # [Hkv, kv, D]
         k_pre, v_pre = k[:, :prefix].to(f64), v[:, :prefix].to(f64)  # stored values; scales after the dots
         k_ext, v_ext = _extend_rows(k[:, prefix:], k_scale, fp8, q_dtype, on("extend_kv")), _extend_rows(v[:, prefix:], v_scale, fp8, q_dtype, on("extend_kv"))
@@ -252,7 +263,9 @@ def few_variants(drawn: list[Case], max_variants: int) -> list[Case]:
     return [c for c in drawn if _kernel_key(c) in kept]
 
 
-ABLATIONS = {"model": KERNEL, "no_q": KERNEL - {"q_to_cache"}, "no_p": KERNEL - {"p_to_cache"}}  # kernel vs each
+# the kernel against each: the model, without one rounding, and with q truncated instead of rounded
+ABLATIONS: dict[str, dict] = {"model": {}, "no_q": {"roundings": KERNEL - {"q_to_cache"}},
+                              "no_p": {"roundings": KERNEL - {"p_to_cache"}}, "q_rtz": {"q_rounding": "rtz"}}
 COLUMNS = ("oracle", "allowed", *ABLATIONS, "beyond_store", "model_oracle")
 
 
@@ -271,7 +284,7 @@ def judged_row(backend: object, case: Case) -> dict | str:
         return f"{outcome.status}: {outcome.message[:100]}"
     tensors = make_tensors(case, backend.device or "cuda")  # type: ignore[attr-defined]
     kernel = outcome.output.out.to(tensors.q.device)
-    models = {name: modelled_output(case, tensors, roundings=r)[0] for name, r in ABLATIONS.items()}
+    models = {name: modelled_output(case, tensors, **kwargs)[0] for name, kwargs in ABLATIONS.items()}
     row: dict = {"status": outcome.status, "oracle": verdict.out.max_error, "allowed": verdict.out.limit_max}
     row.update({name: max_abs(kernel, out) for name, out in models.items()})
     # what the bf16 (fp16) store of the output cannot explain: past half an ulp of the model's value
@@ -307,8 +320,8 @@ def measure(kv_dtype: str, drawn: Iterable[Case], time_budget: float, explained:
         lines.append(f"  passing: kernel-vs-model max {noise[-1]:.3g} median {noise[len(noise) // 2]:.3g} (past the store's "
                      f"half ulp max {max(r['beyond_store'] for r in passing):.3g}); kernel-vs-oracle max "
                      f"{max(r['oracle'] for r in passing):.3g}")
-    lines.append("  failing, the 8 least explained then the 4 largest: oracle_err allowed | kernel-vs-model, -no_q, -no_p "
-                 "(each / oracle_err) | model-vs-oracle")
+    lines.append("  failing, the 8 least explained then the 4 largest: oracle_err allowed | kernel-vs-model, -no_q, -no_p, "
+                 "q_rtz (each / oracle_err) | model-vs-oracle")
     distinct = list({(r["oracle"], r["model"]): r for r in failing}.values())  # storages of one case give one result
     least = sorted(distinct, key=lambda r: -r["model"] / r["oracle"])[:8]
     for r in least + [r for r in sorted(distinct, key=lambda r: -r["oracle"]) if r not in least][:4]:
@@ -323,7 +336,8 @@ def measure(kv_dtype: str, drawn: Iterable[Case], time_budget: float, explained:
         lines.append(f"  {verdict}: kernel-vs-model / kernel-vs-oracle at most {worst['model']:.3f} over the {len(failing)} "
                      f"failing cases ({over} at >= {explained}); past the output store's half ulp at most {beyond:.3f}")
         lines.append(f"  ablations, (min, max) of that ratio: without q_to_cache ({best['no_q']:.2f}, {worst['no_q']:.2f}), "
-                     f"without p_to_cache ({best['no_p']:.2f}, {worst['no_p']:.2f})")
+                     f"without p_to_cache ({best['no_p']:.2f}, {worst['no_p']:.2f}), q truncated ({best['q_rtz']:.2f}, "
+                     f"{worst['q_rtz']:.2f})")
     return lines
 
 

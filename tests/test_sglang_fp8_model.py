@@ -175,3 +175,12 @@ def test_unknown_mechanisms_are_refused() -> None:
     case = next(iter(model.draw_for("float8_e5m2", 1, 0, "declared")))
     with pytest.raises(ValueError, match="unknown mechanisms"):
         model.modelled_output(case, make_tensors(case), roundings={"q_to_fp8"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e5m2, torch.float8_e4m3fn])
+def test_truncation_the_alternative_hypothesis_rounds_toward_zero_onto_the_fp8_grid(dtype: torch.dtype) -> None:
+    x = torch.linspace(-3, 3, 4001, dtype=torch.float32).double()  # the casts start from float32
+    down, nearest = model.rounded(x, dtype, "rtz"), model.rounded(x, dtype)
+    assert torch.equal(down.float().to(dtype).double(), down)  # on the grid
+    assert (down.abs() <= x.abs()).all() and ((nearest - x).abs() <= (down - x).abs()).all()
+    assert 0.3 < (down != nearest).double().mean() < 0.7
