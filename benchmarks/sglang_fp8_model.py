@@ -374,6 +374,25 @@ def path_backend(path: Path) -> str:
     return found.get("backend") or BACKEND
 
 
+def paired_line(table: list[str]) -> str:
+    """The kernel's error on e5m2 over its error on e4m3 for the cases drawn in both (one seed draws
+    the same cases but for the fp8 dtype): e5m2's rounding step is twice e4m3's."""
+    import statistics
+
+    by_dtype: dict[str, dict[str, float]] = collections.defaultdict(dict)
+    for line in table[1:]:
+        fields = line.split("\t")
+        kv_dtype, oracle, summary = fields[0], float(fields[2]), fields[-1]
+        by_dtype[kv_dtype][summary.replace(kv_dtype, "fp8")] = oracle
+    e5, e4 = by_dtype.get("float8_e5m2", {}), by_dtype.get("float8_e4m3fn", {})
+    ratios = sorted(e5[k] / e4[k] for k in e5.keys() & e4.keys() if e4[k] > 0)
+    if not ratios:
+        return "paired: no case judged in both fp8 dtypes"
+    quart = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+    return (f"paired: {len(ratios)} cases judged in both fp8 dtypes: kernel-vs-oracle e5m2 / e4m3 median "
+            f"{statistics.median(ratios):.2f} (quartiles {quart[0]:.2f}, {quart[1]:.2f})")
+
+
 def _specs(raw: list[str]) -> list[tuple[str, int, int]] | str:
     """``DTYPE:COUNT:VARIANTS`` items as (kv dtype, cases, kernel variants), or what is wrong."""
     specs = []
@@ -427,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
         if args.table:  # after each dtype: a run cut short keeps what it judged
             args.table.write_text("\n".join(table) + "\n")
+    if len(specs) > 1:
+        print(paired_line(table), flush=True)
     return 0
 
 
