@@ -128,3 +128,35 @@ def test_mla_variants_are_planned_and_built_ahead(monkeypatch: pytest.MonkeyPatc
     assert all(args[0] == "fa3" and args[3] == args[1] and args[4] is torch.int32 and args[5:] == (512, 64, False) for args in calls)
     again = plan_variants(backend, Limits(), budget=0, seed=0)
     assert again is not None and set(plan.chosen) <= set(again.free)  # a later campaign finds them built
+
+
+def test_flashinfer_modules_are_built_each_by_its_own_ninja_side_by_side(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # build_jit_specs' one ninja run logs in the JIT folder, and a later build_and_load recompiles: each
+    # JitSpec builds itself (its log where build_and_load looks), the MAX_JOBS shared, prebuilt ones skipped
+    import os
+    import threading
+
+    from pa_oracle.backends.flashinfer import build_modules
+
+    seen: list[tuple[str, str | None]] = []
+    barriers = {"a": threading.Barrier(3, timeout=10), "alone": threading.Barrier(1)}  # the three are built at once
+
+    class Spec:
+        def __init__(self, name: str, prebuilt: bool) -> None:
+            self.name, self.aot_path = name, tmp_path / (f"{name}.so" if prebuilt else "missing.so")
+            if prebuilt:
+                self.aot_path.touch()
+
+        def build(self, need_lock: bool = False) -> None:
+            assert need_lock, "another process may build the same module"
+            seen.append((self.name, os.environ.get("MAX_JOBS")))
+            barriers.get(self.name, barriers["a"]).wait()
+
+    monkeypatch.setenv("MAX_JOBS", "16")
+    build_modules([Spec("a", False), Spec("aot", True), Spec("b", False), Spec("c", False)])
+    assert sorted(seen) == [("a", "5"), ("b", "5"), ("c", "5")]
+    assert os.environ["MAX_JOBS"] == "16"
+    monkeypatch.delenv("MAX_JOBS")
+    seen.clear()
+    build_modules([Spec("alone", False)])
+    assert seen == [("alone", None)] and "MAX_JOBS" not in os.environ
