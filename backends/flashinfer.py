@@ -147,12 +147,16 @@ def build_modules(specs: list[Any]) -> None:
             spec.build(need_lock=True)
         return
     total = os.environ.get("MAX_JOBS", "")
-    jobs = int(total) if total.isdigit() else (os.cpu_count() or 1)
-    os.environ["MAX_JOBS"] = str(max(1, jobs // len(todo)))  # read by each ninja run (flashinfer.jit.cpp_ext)
+    jobs = int(total) if total.isdigit() and int(total) > 0 else (os.cpu_count() or 1)
+    workers = min(len(todo), jobs)  # never more compiler jobs at once than MAX_JOBS (nvcc takes GBs each)
+    os.environ["MAX_JOBS"] = str(max(1, jobs // workers))  # read by each ninja run (flashinfer.jit.cpp_ext)
     try:
-        with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="pa-oracle-build") as pool:
-            for future in [pool.submit(spec.build, need_lock=True) for spec in todo]:
-                future.result()
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pa-oracle-build") as pool:
+            futures = [(spec, pool.submit(spec.build, need_lock=True)) for spec in todo]
+        failed = [(spec, future.exception()) for spec, future in futures if future.exception() is not None]
+        if failed:  # every build has ended (the pool waited): name each failure, raise the first
+            names = ", ".join(getattr(spec, "name", "?") for spec, _ in failed)
+            raise RuntimeError(f"{len(failed)} of {len(todo)} FlashInfer module builds failed ({names})") from failed[0][1]
     finally:
         if total:
             os.environ["MAX_JOBS"] = total

@@ -419,7 +419,8 @@ def plain_controls(
                 s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1)], dim=-1)
             empty = None
             if may_be_empty:
-                empty = torch.isinf(s.amax(-1)) if sink is None else torch.isinf(s[..., :-1].amax(-1))
+                # -inf: every key masked (a +inf max is an overflow of ``dtype``: left non-finite, the case is not judged)
+                empty = torch.isneginf(s.amax(-1)) if sink is None else torch.isneginf(s[..., :-1].amax(-1))
             bucket_lse = torch.logsumexp(s[..., :n_keys], dim=-1)
             p = torch.softmax(s if empty is None else torch.where(empty[..., None], 0.0, s), dim=-1)
             if case.options.q_is_fp8:
@@ -524,7 +525,7 @@ def _masked_attention(
 def _plain_state(s: torch.Tensor, v: torch.Tensor, sink: torch.Tensor | None, dtype: torch.dtype) -> _State:
     """``plain_attention``'s softmax of ``s`` [..., kv] (sink column appended) and weighting in ``dtype``."""
     n_keys = s.shape[-1]
-    empty = torch.isinf(s.amax(-1))
+    empty = torch.isneginf(s.amax(-1))  # every key masked; a +inf max (overflow) stays non-finite
     lse = torch.where(empty, float("-inf"), torch.logsumexp(s, dim=-1))
     if sink is not None:
         s = torch.cat([s, sink[..., None].expand(*s.shape[:-1], 1).to(s.dtype)], dim=-1)

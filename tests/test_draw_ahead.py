@@ -204,3 +204,14 @@ def test_by_default_a_worker_does_not_draw_ahead_for_a_cpu_backend(monkeypatch: 
     monkeypatch.delenv("PA_ORACLE_DRAW_AHEAD", raising=False)
     outcomes, taken = judged_in_a_worker([dataclasses.replace(CASE, seed=seed) for seed in range(3)])
     assert taken == 0 and all(outcome.status == "pass" for outcome in outcomes)
+
+
+def test_a_case_taking_the_draw_of_another_with_its_key_plans_its_own_buckets() -> None:
+    # the worker prepares the next queued case while the current one (never prepared) is judged:
+    # when both have one draw key, the current one takes the next one's draw (the same values),
+    # never its bucket plan (made for its options: here non-causal, where the current one is causal)
+    ahead = DrawAhead(enabled=True)
+    causal = dataclasses.replace(CASE, options=dataclasses.replace(CASE.options, causal=True))
+    ahead.prepare(CASE)
+    assert ahead.take(causal) is not None
+    assert ahead.take_plan(causal) is None, "a plan made for another case object"

@@ -160,3 +160,35 @@ def test_flashinfer_modules_are_built_each_by_its_own_ninja_side_by_side(monkeyp
     seen.clear()
     build_modules([Spec("alone", False)])
     assert seen == [("alone", None)] and "MAX_JOBS" not in os.environ
+
+
+def test_flashinfer_module_builds_never_run_more_at_once_than_max_jobs_and_each_failure_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    # 12 modules under MAX_JOBS=4 are 4 ninjas at a time of one job each (12 side by side would be
+    # 12 nvcc processes of GBs each); a failed build does not hide another's
+    import threading
+    import time
+
+    from pa_oracle.backends.flashinfer import build_modules
+
+    lock, live, peak = threading.Lock(), [0], [0]
+
+    class Spec:
+        def __init__(self, name: str) -> None:
+            self.name, self.aot_path = name, tmp_path / "missing.so"
+
+        def build(self, need_lock: bool = False) -> None:
+            with lock:
+                live[0] += 1
+                peak[0] = max(peak[0], live[0])
+            time.sleep(0.05)
+            with lock:
+                live[0] -= 1
+            if self.name in ("m3", "m7"):
+                raise RuntimeError(f"Ninja build failed: {self.name}")
+
+    monkeypatch.setenv("MAX_JOBS", "4")
+    with pytest.raises(RuntimeError, match=r"2 of 12 FlashInfer module builds failed \(m3, m7\)"):
+        build_modules([Spec(f"m{i}") for i in range(12)])
+    assert peak[0] == 4

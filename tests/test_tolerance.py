@@ -104,3 +104,22 @@ def test_knowing_the_empty_rows_on_the_host_changes_no_verdict() -> None:
         assert not a.passed and (a.failures, a.out, a.lse) == (b.failures, b.out, b.lse)
         assert torch.equal(a.error, b.error) and torch.equal(a.lse_error, b.lse_error)
         assert any("empty rows have lse" in f for f in b.failures) == known
+
+
+def test_a_control_row_whose_logits_overflow_is_never_taken_for_an_empty_one() -> None:
+    # q.k = 160000 overflows float16 (finite in float64): the float16 control cannot be computed.
+    # A zeroed control row (taken for one with no key) would widen the limit to |ref| and pass an
+    # all-zero kernel; whether or not the bucket has a truly empty row (causal qo > kv), no verdict
+    import pytest
+    from pa_oracle.oracle.case import CaseError
+
+    for qo, kv, causal in ((2, 1, True), (1, 1, False)):
+        case = Case(Layout.from_lengths([qo], [kv], 4), Heads(1, 1, 16, 16), Options(q_dtype="float16", kv_dtype="float16", causal=causal))
+        tensors = make_tensors(case)
+        tensors.q.fill_(100.0)
+        tensors.k_cache.fill_(100.0)
+        ref = reference(case, tensors, logit_noise=True)
+        controls = [plain_attention(case, tensors, torch.float16, reorder_ops=r) for r in (False, True)]
+        assert torch.isfinite(ref.out).all()
+        with pytest.raises(CaseError, match="overflow"):
+            compare(case, out=torch.zeros_like(ref.out, dtype=torch.float16), lse=None, ref=ref, controls=controls)

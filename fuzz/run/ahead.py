@@ -90,7 +90,8 @@ class DrawAhead:
         except Exception:  # noqa: BLE001 - the direct draw raises it again, in the case's own judge
             return None
         self.taken += 1
-        self._taken_plan = None if prepared.plan is None else (case, prepared.plan)
+        # the plan reads options the draw key does not: it serves only the very case it was made for
+        self._taken_plan = (case, prepared.plan) if prepared.plan is not None and prepared.case is case else None
         return prepared.draw
 
     def take_plan(self, case: Case) -> HostPlan | None:
@@ -112,12 +113,13 @@ class DrawAhead:
 
 
 class _Prepared(NamedTuple):
+    case: Case  # the case object it was prepared for (another with its draw key shares the draw only)
     draw: HostDraw
     plan: HostPlan | None  # None for a custom-mask case (planned one request at a time)
 
 
 def _prepare(case: Case, device_type: str) -> _Prepared:
-    return _Prepared(host_draw(case), None if case.custom_mask is not None else host_plan(case, device_type))
+    return _Prepared(case, host_draw(case), None if case.custom_mask is not None else host_plan(case, device_type))
 
 
 AHEAD = DrawAhead()  # the process's draws ahead: the worker prepares, ``check_case`` takes
