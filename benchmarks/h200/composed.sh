@@ -59,7 +59,7 @@ for name in ("flashinfer-pod", "flashinfer-cascade", "flashinfer-prefill-fa3-fp8
     print(name, "parts:", [tuple(p) for p in b.parts], "unavailable:", b.unavailable_reason())
 PY
 FP8=(-b flashinfer-prefill-fa3-fp8 --only head_dims=128 --only o_dtypes=bfloat16 --only window_left=false)
-POD=(-b flashinfer-pod --only q_dtypes=bfloat16 --only kv_dtypes= --only head_dims=128 --only window_left=false)
+POD=(-b flashinfer-pod --only q_dtypes=bfloat16 --only kv_dtypes= --only head_dims=128 --only window_left=false --only max_group_size=16)  # 32: the recorded decode-tile finding
 CAS=(-b flashinfer-cascade --only q_dtypes=bfloat16 --only kv_dtypes= --only head_dims=128 --only logits_soft_cap=false)  # the fa2 module POD's warmup built
 # 1. the fp8 module compiles in the background (10 of 16 cores) while POD's builds with the rest
 WARM_FP8=""
