@@ -24,7 +24,7 @@ from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.coverage import declared
 from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
-from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding
+from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding, save_unjudged
 from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk
 from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
@@ -219,7 +219,8 @@ def fuzz_backend(
         if outcome.status == "error":
             if not searching:
                 reject()  # a shrink candidate the oracle cannot judge is no smaller failure
-            stopped.append(f"the oracle could not judge case {case.case_id} ({case.summary()}): {outcome.message}")
+            stopped.append(f"the oracle could not judge case {case.case_id} ({case.summary()}){_saved_at(outcome, backend, out_dir)}: "
+                           f"{outcome.message}")
             raise _Stop
         if searching:
             _count(result, outcome)
@@ -389,6 +390,12 @@ def _count(result: BackendResult, outcome: Outcome) -> None:
         result.coverage.add(outcome.case)
     if outcome.status == "pass" and outcome.verdict is not None and outcome.verdict.out is not None:
         result.worst_ratio = max(result.worst_ratio, outcome.verdict.out.ratio)
+
+
+def _saved_at(outcome: Outcome, backend: Backend, out_dir: Path | None) -> str:
+    """Where a case the oracle could not judge was saved, as a clause of the note (``save_unjudged``)."""
+    folder = None if out_dir is None else save_unjudged(outcome, backend, out_dir)
+    return "" if folder is None else f" (saved in {folder})"
 
 
 def _record_finding(
@@ -563,7 +570,7 @@ def judge_one(
     result.seconds = time.monotonic() - start
     if outcome.status == "error":
         result.status = "incomplete"
-        result.notes.append(f"the oracle could not judge case {case.case_id}: {outcome.message}")
+        result.notes.append(f"the oracle could not judge case {case.case_id}{_saved_at(outcome, backend, out_dir)}: {outcome.message}")
         return result
     _count(result, outcome)
     if outcome.is_finding:

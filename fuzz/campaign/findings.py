@@ -104,6 +104,26 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
     return SavedFinding(folder, original.case_id, repro(folder))
 
 
+def save_unjudged(outcome: Outcome, backend: Backend, out_dir: Path) -> Path | None:
+    """Save a case the oracle could not judge (a tool error, never a finding) as
+    ``BACKEND/unjudged-CASE_ID/{case.json,tensors.npz,error.txt}``, so it can be replayed and the
+    error read without running the campaign again. None when it cannot be written (the error is
+    still reported where the campaign reports it)."""
+    meta = {**finding_meta(outcome, backend, None), "found_by": "pa-oracle (the oracle could not judge this case)"}
+    try:
+        tensors = make_tensors(outcome.case, "cpu")
+        saved = saved_form(outcome.case, tensors, meta)
+
+        def write(tmp: Path, final: Path) -> None:
+            write_case(saved, tensors, tmp)
+            (tmp / "error.txt").write_text(outcome.message + "\n")
+
+        return publish_folder(Path(out_dir) / safe_name(backend.name), f"unjudged-{saved.case_id}", write,
+                              already_saved=lambda folder: holds_case(folder / "case.json", saved))
+    except Exception:  # noqa: BLE001 - saving is a courtesy: the tool error itself is what the campaign reports
+        return None
+
+
 OUTPUT_FILE = "output.npz"
 
 
