@@ -19,7 +19,9 @@ are not counted: it runs outside the counting mode, which a compiled kernel cann
 thread while a case is judged (as an isolated worker does: ``pa_oracle.fuzz.run.ahead``), against
 the same pass without, alternating; ``--isolated`` judges through a campaign's worker process with
 ``--queue`` cases queued, in three fresh workers: as before this change (no drawing ahead, a
-pass's per-element errors sent back), drawing ahead only, and as now (``ISOLATED``).
+pass's per-element errors sent back), drawing ahead only, and as now (``ISOLATED``). ``--threads N``
+judges the cases in N threads, the kernel calls one at a time (a design question: does the host work of
+two judged cases overlap?), against one thread, and says whether every verdict is the same.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import argparse
 import cProfile
 import os
 import pstats
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -151,6 +155,56 @@ def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple
     finally:
         AHEAD.mode = mode
     return (min(w for w, _ in off), min(c for _, c in off)), (min(w for w, _ in on), min(c for _, c in on)), taken
+
+
+class _OneKernelAtATime:  # not a Backend subclass: its defaults would shadow the wrapped adapter's
+    """``backend`` whose ``plan`` and the ``run`` after it hold one lock between them (an adapter's
+    plan may fill buffers its run reads: two threads must not interleave them); the rest of a judged
+    case (tensors, the oracle, the comparison) runs unlocked, beside another thread's."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.__dict__["_inner"], self.__dict__["_lock"], self.__dict__["_held"] = backend, threading.Lock(), threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def plan(self, case: Case) -> Any:
+        self._lock.acquire()
+        self._held.locked = True
+        try:
+            return self._inner.plan(case)
+        except BaseException:
+            self._release()
+            raise
+
+    def run(self, plan: Any, tensors: Tensors) -> Any:
+        try:
+            return self._inner.run(plan, tensors)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if getattr(self._held, "locked", False):
+            self._held.locked = False
+            self._lock.release()
+
+
+def threaded_pass(backend: Backend, supported: list[Case], threads: int) -> tuple[float, list[tuple[str, str]]]:
+    """(wall seconds, each case's (status, message)) of judging ``supported`` in ``threads`` threads,
+    the kernel calls one at a time (``_OneKernelAtATime``), no drawing ahead: whether the host work of
+    two judged cases overlaps (torch releases the GIL in its operators) enough to be worth a design."""
+    device = backend.device or "cpu"
+    locked: Any = _OneKernelAtATime(backend) if threads > 1 else backend
+    mode, AHEAD.enabled = AHEAD.mode, False
+    try:
+        sync(device)
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            outcomes = list(pool.map(lambda case: check_case(locked, case), supported))
+        sync(device)
+        return time.perf_counter() - start, [(o.status, o.message) for o in outcomes]
+    finally:
+        AHEAD.mode = mode
 
 
 ISOLATED = {  # how --isolated judges: (draws ahead, a pass's per-element errors come back)
@@ -334,6 +388,8 @@ def main() -> None:
     parser.add_argument("--isolated", action="store_true",
                         help="time the cases through a worker process, with and without drawing ahead")
     parser.add_argument("--queue", type=int, default=8, help="cases queued in the worker with --isolated (default 8)")
+    parser.add_argument("--threads", type=int, default=0, metavar="N",
+                        help="also judge the cases in N threads (kernel calls one at a time) against 1, and compare the verdicts")
     args = parser.parse_args()
     for name in args.backend:
         backend = narrow(get_backend(name), tuple(args.only))
@@ -366,6 +422,16 @@ def main() -> None:
                 f"  through a worker, {args.queue} queued ({count} judged): "
                 + ", ".join(f"{label} {rate:.1f} cases/s" for label, rate in rates.items())
                 + f" -> now/before {rates['now'] / rates['before']:.2f}x",
+                flush=True,
+            )
+        if args.threads > 1:
+            supported = [case for case in drawn if backend.unavailable_reason() is None and backend.unsupported_reason(case) is None]
+            one, alone = min((threaded_pass(backend, supported, 1) for _ in range(2)), key=lambda r: r[0])
+            many, together = min((threaded_pass(backend, supported, args.threads) for _ in range(2)), key=lambda r: r[0])
+            same = sum(a == b for a, b in zip(alone, together))
+            print(
+                f"  in {args.threads} threads (kernel calls one at a time): {len(supported) / many:.1f} cases/s against "
+                f"{len(supported) / one:.1f} in one -> {one / many:.2f}x; the same verdict and message on {same} of {len(supported)} cases",
                 flush=True,
             )
         if args.stages:
