@@ -61,3 +61,8 @@ for backend in sdpa-efficient flashinfer-decode-tc; do
     | grep -v -i warning | tail -3 | tee -a "$log"
   echo "(exit ${PIPESTATUS[0]})" | tee -a "$log"
 done
+# session 8: do two judged cases' host work overlap in two threads (the kernel calls one at a time)? Success for
+# the design: "-> 1.3x" or more with "the same verdict and message on N of N cases".
+for backend in sdpa-efficient flashinfer-decode-tc; do
+  timeout 60 python benchmarks/fuzz_rate.py -b "$backend" -n 150 --threads 2 2>&1 | grep -v -i warning | tail -2 | tee -a "$log"
+done
