@@ -105,6 +105,26 @@ def test_a_campaign_draws_inside_the_planned_variants() -> None:
     assert key_label(plan.chosen[0]) in plan.lines()[0]
 
 
+def test_a_partly_failed_ahead_of_time_build_still_counts_the_keys_it_built() -> None:
+    built: set = set()
+
+    class BuildsOneThenFails(_DtypeKeyed):
+        def built_reason(self, key):  # type: ignore[no-untyped-def]
+            return "cached" if key in built else None
+
+        def build_variants(self, keys):  # type: ignore[no-untyped-def]
+            built.add(keys[0])
+            raise RuntimeError(f"1 of {len(keys)} FlashInfer module builds failed")
+
+    backend: Backend = BuildsOneThenFails()
+    plan = plan_variants(backend, Limits(max_batch=2, max_kv_len=20), budget=10.0, seed=3)
+    assert plan is not None and len(plan.chosen) >= 2
+    said: list[str] = []
+    plan.prebuild(said.append)
+    assert "ahead-of-time build failed (RuntimeError" in said[-1]
+    assert set(plan.compiled) == {plan.chosen[0]} and plan.spent == plan.ahead  # the built one is free for the campaign
+
+
 def test_fuzz_sized_cases_stay_below_the_fused_threshold() -> None:
     limits = Limits()
     largest = Case(

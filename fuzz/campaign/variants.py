@@ -111,8 +111,8 @@ class VariantPlan:
         return 0.0
 
     def prebuild(self, progress: Any = None) -> None:
-        """Build the chosen keys ahead of the first case where the adapter can (FlashInfer: one parallel
-        ninja run); what it builds is counted against the budget."""
+        """Build the chosen keys ahead of the first case where the adapter can (FlashInfer: its modules
+        side by side); what it builds is counted against the budget, also when some build failed."""
         todo = [k for k in self.chosen if k not in self.compiled]
         if not todo or type(self.backend).build_variants is Backend.build_variants:
             return  # nothing to build, or no ahead-of-time build: each key compiles on its first case
@@ -124,7 +124,7 @@ class VariantPlan:
         except Exception as exc:  # noqa: BLE001 - a failed ahead-of-time build: the first case compiles (or fails) as usual
             if progress:
                 progress(f"  ahead-of-time build failed ({type(exc).__name__}: {exc}); cases compile on first use")
-            return
+            built = [key for key in todo if self.backend.built_reason(key) is not None]  # those that did build
         if built is None:
             return
         seconds = time.monotonic() - start
