@@ -199,8 +199,15 @@ def threaded_pass(backend: Backend, supported: list[Case], threads: int) -> tupl
     try:
         sync(device)
         start = time.perf_counter()
+        def judged(case: Case) -> Any:
+            try:
+                return check_case(locked, case)
+            finally:  # a plan whose run never came (check_case raised between them) must not keep the lock
+                if threads > 1:
+                    locked._release()
+
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            outcomes = list(pool.map(lambda case: check_case(locked, case), supported))
+            outcomes = list(pool.map(judged, supported))
         sync(device)
         return time.perf_counter() - start, [(o.status, o.message) for o in outcomes]
     finally:
