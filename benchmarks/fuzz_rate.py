@@ -160,7 +160,9 @@ def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple
 class _OneKernelAtATime:  # not a Backend subclass: its defaults would shadow the wrapped adapter's
     """``backend`` whose ``plan`` and the ``run`` after it hold one lock between them (an adapter's
     plan may fill buffers its run reads: two threads must not interleave them); the rest of a judged
-    case (tensors, the oracle, the comparison) runs unlocked, beside another thread's."""
+    case (tensors, the oracle, the comparison) runs unlocked, beside another thread's. ``judge``
+    releases the lock whatever ``check_case`` did between plan and run (``plan_inputs`` or the
+    fingerprint raising, e.g. a late CUDA error, leaves it held: the other threads would wait forever)."""
 
     def __init__(self, backend: Backend) -> None:
         self.__dict__["_inner"], self.__dict__["_lock"], self.__dict__["_held"] = backend, threading.Lock(), threading.local()
@@ -188,26 +190,26 @@ class _OneKernelAtATime:  # not a Backend subclass: its defaults would shadow th
             self._held.locked = False
             self._lock.release()
 
+    def judge(self, case: Case) -> Any:
+        """``check_case`` on this backend; the lock is this thread's no longer when it returns or raises."""
+        try:
+            return check_case(self, case)
+        finally:
+            self._release()
+
 
 def threaded_pass(backend: Backend, supported: list[Case], threads: int) -> tuple[float, list[tuple[str, str]]]:
     """(wall seconds, each case's (status, message)) of judging ``supported`` in ``threads`` threads,
     the kernel calls one at a time (``_OneKernelAtATime``), no drawing ahead: whether the host work of
     two judged cases overlaps (torch releases the GIL in its operators) enough to be worth a design."""
     device = backend.device or "cpu"
-    locked: Any = _OneKernelAtATime(backend) if threads > 1 else backend
+    judge_case: Callable[[Case], Any] = _OneKernelAtATime(backend).judge if threads > 1 else (lambda case: check_case(backend, case))
     mode, AHEAD.enabled = AHEAD.mode, False
     try:
         sync(device)
         start = time.perf_counter()
-        def judged(case: Case) -> Any:
-            try:
-                return check_case(locked, case)
-            finally:  # a plan whose run never came (check_case raised between them) must not keep the lock
-                if threads > 1:
-                    locked._release()
-
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            outcomes = list(pool.map(judged, supported))
+            outcomes = list(pool.map(judge_case, supported))
         sync(device)
         return time.perf_counter() - start, [(o.status, o.message) for o in outcomes]
     finally:

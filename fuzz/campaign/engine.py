@@ -219,7 +219,7 @@ def fuzz_backend(
         if outcome.status == "error":
             if not searching:
                 reject()  # a shrink candidate the oracle cannot judge is no smaller failure
-            stopped.append(f"the oracle could not judge case {case.case_id} ({case.summary()}){_saved_at(outcome, backend, out_dir)}: "
+            stopped.append(f"the oracle could not judge case {case.case_id} ({case.summary()}){_saved_at(outcome, backend, out_dir, kernel_spec)}: "
                            f"{outcome.message}")
             raise _Stop
         if searching:
@@ -392,10 +392,16 @@ def _count(result: BackendResult, outcome: Outcome) -> None:
         result.worst_ratio = max(result.worst_ratio, outcome.verdict.out.ratio)
 
 
-def _saved_at(outcome: Outcome, backend: Backend, out_dir: Path | None) -> str:
-    """Where a case the oracle could not judge was saved, as a clause of the note (``save_unjudged``)."""
-    folder = None if out_dir is None else save_unjudged(outcome, backend, out_dir)
-    return "" if folder is None else f" (saved in {folder})"
+def _saved_at(outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_spec: str | None) -> str:
+    """Where a case the oracle could not judge was saved (``save_unjudged``), or why it was not, as a
+    clause of the note: saving it is a courtesy, the tool error is what the campaign reports."""
+    if out_dir is None:
+        return ""
+    spec = kernel_spec or (backend.name if isinstance(backend, UserKernel) else None)
+    try:
+        return f" (saved in {save_unjudged(outcome, backend, out_dir, spec)})"
+    except Exception as exc:  # noqa: BLE001 - never turn the tool error into another failure
+        return f" (not saved under {out_dir}: {type(exc).__name__}: {exc})"
 
 
 def _record_finding(
@@ -570,7 +576,7 @@ def judge_one(
     result.seconds = time.monotonic() - start
     if outcome.status == "error":
         result.status = "incomplete"
-        result.notes.append(f"the oracle could not judge case {case.case_id}{_saved_at(outcome, backend, out_dir)}: {outcome.message}")
+        result.notes.append(f"the oracle could not judge case {case.case_id}{_saved_at(outcome, backend, out_dir, kernel_spec)}: {outcome.message}")
         return result
     _count(result, outcome)
     if outcome.is_finding:

@@ -104,24 +104,25 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
     return SavedFinding(folder, original.case_id, repro(folder))
 
 
-def save_unjudged(outcome: Outcome, backend: Backend, out_dir: Path) -> Path | None:
+def save_unjudged(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
     """Save a case the oracle could not judge (a tool error, never a finding) as
     ``BACKEND/unjudged-CASE_ID/{case.json,tensors.npz,error.txt}``, so it can be replayed and the
-    error read without running the campaign again. None when it cannot be written (the error is
-    still reported where the campaign reports it)."""
-    meta = {**finding_meta(outcome, backend, None), "found_by": "pa-oracle (the oracle could not judge this case)"}
-    try:
-        tensors = make_tensors(outcome.case, "cpu")
-        saved = saved_form(outcome.case, tensors, meta)
+    error read without running the campaign again: its meta names the user kernel (``kernel``) and
+    a check beyond the oracle (``check``, which ``pa-oracle replay`` judges it through), and
+    ``error.txt`` starts with the command that re-runs it. Raises what writing it raised."""
+    meta = {**finding_meta(outcome, backend, kernel_spec), "found_by": "pa-oracle (the oracle could not judge this case)"}
+    if outcome.check != ORACLE_CHECK:
+        meta["check"] = outcome.check
+    tensors = make_tensors(outcome.case, "cpu")
+    saved = saved_form(outcome.case, tensors, meta)
 
-        def write(tmp: Path, final: Path) -> None:
-            write_case(saved, tensors, tmp)
-            (tmp / "error.txt").write_text(outcome.message + "\n")
+    def write(tmp: Path, final: Path) -> None:
+        write_case(saved, tensors, tmp)
+        repro = repro_command(str(final / "case.json"), backend.name, kernel_spec, outcome.check)
+        (tmp / "error.txt").write_text(f"To re-run it: {repro}\n\n{outcome.message}\n")
 
-        return publish_folder(Path(out_dir) / safe_name(backend.name), f"unjudged-{saved.case_id}", write,
-                              already_saved=lambda folder: holds_case(folder / "case.json", saved))
-    except Exception:  # noqa: BLE001 - saving is a courtesy: the tool error itself is what the campaign reports
-        return None
+    return publish_folder(Path(out_dir) / safe_name(backend.name), f"unjudged-{saved.case_id}", write,
+                          already_saved=lambda folder: holds_case(folder / "case.json", saved))
 
 
 OUTPUT_FILE = "output.npz"

@@ -150,7 +150,9 @@ def run_case(qo_lens, kv_lens, hq, hkv):
     canary = CanaryTorch(torch)
     flashinfer.pod.torch = canary
     try:
-        (out_p, lse_p), (out_d, lse_d) = wrapper.run(qc[rows["p"]], kv, qc[rows["d"]], kv, causal_p=False, return_lse=True)
+        # ((out_p, out_d), (lse_p, lse_d)): what pod.py returns with return_lse (0.6.18.post1 pod.py:1354,
+        # 0.7.2.post1 pod.py:1350); its docstring says ((out_p, lse_p), (out_d, lse_d))
+        (out_p, out_d), (lse_p, lse_d) = wrapper.run(qc[rows["p"]], kv, qc[rows["d"]], kv, causal_p=False, return_lse=True)
     finally:
         flashinfer.pod.torch = torch
     sync()
