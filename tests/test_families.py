@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given, settings, seed
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.backends.flashinfer_mask import effective_masks
@@ -92,7 +92,8 @@ def test_family_strategies_draw_trees_masks_and_mla_within_capabilities() -> Non
     caps = get_backend("flex-families").capabilities
     seen = set()
 
-    @settings(max_examples=80, deadline=None)
+    @seed(0)  # a coverage claim over 80 draws: random seeds missed a kind about 1 run in 6
+    @settings(max_examples=80, deadline=None, database=None)
     @given(case=cases(caps, Limits(max_batch=3, max_kv_len=20)))
     def draw(case: Case) -> None:
         assert caps.unsupported_reason(case) is None
