@@ -141,6 +141,7 @@ def test_storages_are_drawn_only_from_what_the_kernel_declares() -> None:
     seen: list[Storage | None] = []
     caps = Capabilities(storages=("combined", "pool_offset"), mla=(False, True), mla_dims=((12, 8),))
 
+    @seed(0)  # the coverage claim after the draws must not depend on a random seed
     @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(cases(caps, Limits(max_batch=2, max_kv_len=20)))
     def draw(case: Case) -> None:

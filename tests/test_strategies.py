@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, find, given, settings, seed
 from hypothesis import strategies as st
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.fuzz.draw.strategies import Limits, cases, layouts
@@ -90,6 +90,7 @@ def test_a_mixed_batch_kernel_gets_a_decode_and_a_prefill_request_in_every_batch
     caps = Capabilities(mixed_batch=True, empty_requests=False)
     seen: list[tuple[int, ...]] = []
 
+    @seed(0)  # the coverage claim after the draws must not depend on a random seed
     @settings(max_examples=150, database=None, suppress_health_check=list(HealthCheck))
     @given(layouts(caps))
     def check(layout: Layout) -> None:
