@@ -286,30 +286,6 @@ def test_an_output_the_oracle_cannot_judge_stops_the_backend_as_incomplete(monke
     assert "INCOMPLETE (the oracle could not judge case" in result.line()
 
 
-def test_a_case_the_oracle_cannot_judge_is_saved_beside_the_findings_to_replay(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # a tool error is never a finding, but its case must come back (a GPU run's log may cut the message)
-    from pa_oracle.oracle.tensors import load_case
-
-    real, seen = pa_oracle.fuzz.run.runner.judge, []
-
-    def breaks_on_the_second(case: Case, *args: Any, **kwargs: Any) -> Any:
-        seen.append(case)
-        if len(seen) == 2:
-            raise RuntimeError("an oracle bug")
-        return real(case, *args, **kwargs)
-
-    monkeypatch.setattr(pa_oracle.fuzz.run.runner, "judge", breaks_on_the_second)
-    (tmp_path / "mine.txt").write_text("the user's")
-    result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), examples=10, limits=TINY, isolate=False, out_dir=tmp_path)
-    assert result.status == "incomplete" and not result.findings
-    (folder,) = tmp_path.glob("*/unjudged-*")
-    assert f"(saved in {folder})" in result.notes[-1]
-    saved = load_case(folder / "case.json")
-    assert saved.layout == seen[1].layout and saved.heads == seen[1].heads and saved.options == seen[1].options
-    assert "RuntimeError: an oracle bug" in (folder / "error.txt").read_text()
-    assert (tmp_path / "mine.txt").read_text() == "the user's"
-
-
 def test_an_internal_error_stops_the_backend_as_incomplete_and_the_campaign_goes_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     real = pa_oracle.fuzz.run.runner.check_case
 

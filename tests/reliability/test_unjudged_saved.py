@@ -27,7 +27,8 @@ MODULE = "tests.reliability.bad_kernels"
 TINY = Limits(max_batch=2, max_kv_len=12, max_qo_len=4, max_kv_heads=2, max_qo_heads=4, head_dims=(8, 16))
 
 
-def _oracle_breaks_on_the_second_case(monkeypatch: pytest.MonkeyPatch) -> None:
+def _oracle_breaks_on_the_second_case(monkeypatch: pytest.MonkeyPatch) -> list[Case]:
+    """The cases judged, as they come; judging the second raises (a stand-in for an oracle bug)."""
     real, seen = pa_oracle.fuzz.run.runner.judge, []
 
     def breaks(case: Case, *args: Any, **kwargs: Any) -> Any:
@@ -37,6 +38,20 @@ def _oracle_breaks_on_the_second_case(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(case, *args, **kwargs)
 
     monkeypatch.setattr(pa_oracle.fuzz.run.runner, "judge", breaks)
+    return seen
+
+
+def test_the_unjudged_case_is_the_one_the_oracle_broke_on_and_nothing_else_is_touched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a tool error is never a finding, but its case must come back (a GPU run's log may cut the message)
+    seen = _oracle_breaks_on_the_second_case(monkeypatch)
+    (tmp_path / "mine.txt").write_text("the user's")
+    result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), examples=10, limits=TINY, isolate=False, out_dir=tmp_path)
+    assert result.status == "incomplete" and not result.findings
+    (folder,) = tmp_path.glob("*/unjudged-*")
+    saved = load_case(folder / "case.json")
+    assert (saved.layout, saved.heads, saved.options) == (seen[1].layout, seen[1].heads, seen[1].options)
+    assert "RuntimeError: an oracle bug" in (folder / "error.txt").read_text()
+    assert (tmp_path / "mine.txt").read_text() == "the user's"
 
 
 def test_a_user_kernels_unjudged_case_replays_on_that_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
