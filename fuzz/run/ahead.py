@@ -44,7 +44,7 @@ class DrawAhead:
         self.mode = mode_from_env() if enabled is None else "on" if enabled else "off"
         self._executor: ThreadPoolExecutor | None = None
         self._prepared: deque[tuple[tuple, Future[_Prepared]]] = deque()  # (draw_key, its draw), oldest first
-        self._taken_plan: tuple[Case, HostPlan] | None = None  # the last taken case and its host plan
+        self._taken: _Prepared | None = None  # what ``take`` last gave a draw from (its plan for ``take_plan``)
         self.taken = 0  # cases that got a prepared draw (for tests and benchmarks)
 
     @property
@@ -90,19 +90,18 @@ class DrawAhead:
         except Exception:  # noqa: BLE001 - the direct draw raises it again, in the case's own judge
             return None
         self.taken += 1
-        # the plan reads options the draw key does not: it serves only the very case it was made for
-        self._taken_plan = (case, prepared.plan) if prepared.plan is not None and prepared.case is case else None
+        self._taken = prepared
         return prepared.draw
 
     def take_plan(self, case: Case) -> HostPlan | None:
         """The host bucket plan prepared with the draw ``take`` last gave, if that was for this
         very ``case`` object (the plan reads options a draw does not), else None."""
-        taken, self._taken_plan = self._taken_plan, None
-        return taken[1] if taken is not None and taken[0] is case else None
+        taken, self._taken = self._taken, None
+        return taken.plan if taken is not None and taken.case is case else None
 
     def clear(self) -> None:
         """Drop every prepared draw."""
-        self._taken_plan = None
+        self._taken = None
         while self._prepared:
             self._prepared.popleft()[1].cancel()
 
