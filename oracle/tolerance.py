@@ -99,6 +99,11 @@ class _Reads:
         return self._values[slot]
 
 
+def _finite_elements(ref: torch.Tensor) -> torch.Tensor:
+    """The flat indices of ``ref``'s finite elements, in logical order (one wait on CUDA)."""
+    return torch.isfinite(ref).reshape(-1).nonzero().squeeze(1)
+
+
 class _Pending:
     """``_stats``' reductions of one output, queued on a ``_Reads``; ``finish`` makes the stats.
 
@@ -134,7 +139,7 @@ class _Pending:
     def finish(self, tol: Tolerance) -> tuple[ErrorStats, torch.Tensor]:
         """The stats and the error tensor (0 where the reference is not finite)."""
         if self.all_finite is not None and not math.isfinite(self.reads.value(self.all_finite)):
-            rows = torch.isfinite(self.ref).reshape(-1).nonzero().squeeze(1)
+            rows = _finite_elements(self.ref)
             exact = _Pending(self.name, self.kernel, self.controls, self.ref, self.dtype, self.logit_noise, _Reads(), rows)
             return exact.finish(tol)
         if self.numel == 0:
@@ -199,8 +204,8 @@ def compare(
         failures.append(f"out dtype is {out.dtype}, expected {out_dtype}")
     out = out.to(ref_out.device)
     reads = _Reads()  # every scalar below comes back in one copy
-    known_full = empty_rows is False  # no row is empty: its checks have nothing to find
-    empty = None if known_full else torch.isinf(ref_lse)  # [total_q, Hq]: no key to attend
+    # [total_q, Hq]: no key to attend; None when the host knows no row is empty (nothing for the checks to find)
+    empty = None if empty_rows is False else torch.isinf(ref_lse)
     finite_out = reads.count(torch.isfinite(out))
     nonzero_empty = None if empty is None else reads.count((out != 0).any(-1) & empty)
     out_pending = _Pending("out", out, [c[0] for c in controls], ref_out, out_dtype, ref.logit_noise, reads)
@@ -214,8 +219,8 @@ def compare(
             else:
                 wrong_empty = empty & ~(lse64 == float("-inf"))
                 wrong_empties, bad_lse = reads.count(wrong_empty), reads.count(~empty & ~torch.isfinite(lse64))
-            # rows known to be empty: the finite reference rows, selected at once (one wait, not two)
-            rows = torch.isfinite(ref_lse).reshape(-1).nonzero().squeeze(1) if empty_rows else None
+            # some rows known to be empty: the finite reference rows, selected at once (one wait, not two)
+            rows = _finite_elements(ref_lse) if empty_rows else None
             lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, None, reads, rows)
     if reads.value(finite_out) < out.numel():
         failures.append(f"out has {out.numel() - int(reads.value(finite_out))} non-finite elements (NaN {int(torch.isnan(out).sum())})")
