@@ -51,8 +51,11 @@ def warm_backend(backend: Backend, count: int, at: int, limits: Limits, echo=cli
         for key in plan.chosen:
             began = time.monotonic()
             outcome = check_case(backend, one_case(backend, key, limits, at))
-            echo(f"  {key_label(key)}: {outcome.status} in {time.monotonic() - began:.1f}s")
-            if outcome.status not in ("error", "crash"):
+            took = time.monotonic() - began
+            if outcome.status in ("error", "crash"):
+                echo(f"  {key_label(key)}: not built in {took:.1f}s ({outcome.status}: {outcome.message.splitlines()[0][:200]})")
+            else:  # the verdict of the case judged to compile it is no campaign's: a campaign judges and reports
+                echo(f"  {key_label(key)}: built in {took:.1f}s (its case judged {outcome.status}; a campaign reports verdicts)")
                 built.append(key)
     echo(f"{backend.name}: built {len(built)} of {len(plan.chosen)} in {time.monotonic() - start:.1f}s")
     return built

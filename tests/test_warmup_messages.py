@@ -1,0 +1,26 @@
+"""``pa-oracle warmup`` names a key built by judging one case as built, whatever that case's verdict (a warm-up
+is no campaign), and a key whose case errored or crashed as not built, with the reason."""
+
+from __future__ import annotations
+
+import pytest
+from pa_oracle.backends import get_backend
+from pa_oracle.fuzz import warmup
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.fuzz.run.runner import Outcome
+
+
+@pytest.mark.parametrize(("status", "built"), [("pass", True), ("fail", True), ("error", False), ("crash", False)])
+def test_a_judged_compile_reports_built_or_not_by_its_status(monkeypatch: pytest.MonkeyPatch, status: str, built: bool) -> None:
+    backend = get_backend("flex")  # builds by judging a case (no ahead-of-time build)
+    monkeypatch.setattr(backend, "build_variants", lambda keys: None)
+    monkeypatch.setattr(warmup, "check_case", lambda b, case: Outcome(case, b.name, status, f"{status.upper()}: why\ntrace"))
+    lines: list[str] = []
+    keys = warmup.warm_backend(backend, 1, 0, Limits(), echo=lines.append)
+    assert len(keys) == int(built)
+    key_line = next(line for line in lines if line.startswith("  "))
+    if built:
+        assert "built in" in key_line and f"judged {status}" in key_line
+    else:
+        assert key_line.split(": ", 1)[1].startswith("not built") and f"{status.upper()}: why" in key_line and "trace" not in key_line
+    assert lines[-1].startswith(f"flex: built {int(built)} of 1")
