@@ -192,7 +192,7 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
     if raised is None:
         inputs = backend.plan_inputs(plan)
         before = tensors.fingerprint(inputs)
-        result, raised = call_kernel(lambda: backend.run(plan, tensors))
+        result, raised = call_kernel(lambda: finished(backend.run(plan, tensors), tensors.q.device))
     if raised is not None:
         return _raised(backend, case, raised)
     problem = contract_problem(result, tensors.q.device)
@@ -239,6 +239,15 @@ def _traceback_text(exc: BaseException) -> str:
         return "".join(traceback.format_exception(exc, limit=-4))
     except BaseException:  # noqa: BLE001 - formatting calls the exception's __str__ again
         return f"{type(exc).__name__} (no traceback: formatting it raised)\n"
+
+
+def finished(result: T, device: torch.device) -> T:
+    """``result`` once the device has run the kernel: a fault it left behind (an illegal address, reported
+    asynchronously) is raised here, as the kernel's crash, and not later by the oracle's first read of the
+    output, which would make it a tool error (an SGLang Triton kernel's did, H200, 2026-12-01)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return result
 
 
 def call_kernel(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
