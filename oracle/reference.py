@@ -32,7 +32,7 @@ from pa_oracle.oracle.buckets import Bucket, HostPlan, Plan, plan_buckets
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.result import LOG2_E, Reference
 from pa_oracle.oracle.rope import rotated
-from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, torch_dtype, upload
+from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, query_values, torch_dtype, upload
 
 _EXPONENT_BITS = 0x7FF0000000000000  # of a float64
 _MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
@@ -432,6 +432,26 @@ def plain_controls(
             _put_rows(out, bucket, bucket_out)
             _put_rows(lse, bucket, bucket_lse)
     return results
+
+
+FP8_DOT_BITS = 12  # what an fp8 tensor-core dot keeps of sum_i |q_i k_i| (fp8_logit_noise)
+
+
+def fp8_logit_noise(case: Case, tensors: Tensors) -> torch.Tensor:
+    """A bound on how far an fp8 tensor-core kernel's logits, and so its LSE, may be from exact: [total_q, Hq].
+
+    Hopper's fp8 MMA does not accumulate in full float32: it keeps about 14 bits (DeepSeek-V3 technical report,
+    section 3.3.2, measured on H800). On the H200, FlashInfer's fa3 fp8 prefill's one-key rows (LSE = the logit) err
+    up to 2^-12.5 of ``A = sm_scale * sum_i |q_i k_i|`` (6,144 rows, 2026-12-01: ``benchmarks/h200/fp8_logits.py``).
+    The bound is ``2^-FP8_DOT_BITS * sm_scale * |q_row| * max_j |k_j|`` (Euclidean norms; ``A`` is at most that,
+    by Cauchy-Schwarz), the key norm's maximum over the case's keys of the row's KV head: an LSE is a p-weighted
+    mean of its logits, so it errs by no more than its worst logit."""
+    heads = case.heads
+    keys, _ = gather_kv(case, tensors, torch.float64)
+    q = query_values(case, tensors, torch.float64)
+    key_norm = keys.norm(dim=-1).amax(0) if keys.shape[0] else keys.new_zeros(heads.num_kv_heads)  # [Hkv]
+    per_q_head = key_norm.repeat_interleave(heads.group_size)  # [Hq]
+    return q.norm(dim=-1) * per_q_head * (case.sm_scale * 2.0**-FP8_DOT_BITS)
 
 
 def fp8_probabilities(p: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:

@@ -184,6 +184,7 @@ def compare(
     controls: list[tuple[torch.Tensor, torch.Tensor]],
     tolerance: Tolerance = Tolerance(),
     empty_rows: bool | None = None,
+    lse_noise: torch.Tensor | None = None,
 ) -> Verdict:
     """Judge a kernel's ``out`` (and natural-log ``lse`` if it returns one) against the reference.
 
@@ -192,6 +193,8 @@ def compare(
     some row attends no key, when the caller knows it on the host (``Plan.empty_rows``): False skips
     the empty-row checks (there is nothing for them to find), True reduces the LSE over its finite
     reference rows at once instead of after finding that some are not. The verdict is the same.
+    ``lse_noise`` [total_q, Hq] widens the LSE's floor where the kernel's logits are less precise than
+    float32 (an fp8 tensor-core dot: ``pa_oracle.oracle.reference.fp8_logit_noise``).
     """
     ref_out, ref_lse = ref.out, ref.lse
     failures: list[str] = []
@@ -221,7 +224,7 @@ def compare(
                 wrong_empties, bad_lse = reads.count(wrong_empty), reads.count(~empty & ~torch.isfinite(lse64))
             # some rows known to be empty: the finite reference rows, selected at once (one wait, not two)
             rows = _finite_elements(ref_lse) if empty_rows else None
-            lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, None, reads, rows)
+            lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, lse_noise, reads, rows)
     if reads.value(finite_out) < out.numel():
         failures.append(f"out has {out.numel() - int(reads.value(finite_out))} non-finite elements (NaN {int(torch.isnan(out).sum())})")
     if nonzero_empty is not None and reads.value(nonzero_empty):

@@ -27,7 +27,7 @@ import torch
 from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
 from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.oracle.case import Case, CaseError
-from pa_oracle.oracle.reference import plain_controls, reference, shared_plan
+from pa_oracle.oracle.reference import fp8_logit_noise, plain_controls, reference, shared_plan
 from pa_oracle.oracle.tensors import Tensors, make_tensors, torch_dtype
 from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
 
@@ -136,11 +136,14 @@ def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Toleran
     ref = reference(case, tensors, logit_noise=True, plan=plan)
     controls = plain_controls(case, tensors, torch_dtype(case.options.out_dtype), plan=plan)
     empty_rows = None if plan is None else plan.empty_rows  # known on the host: saves the device a pass or a wait
-    verdict = compare(case, out=result.out, lse=result.lse, ref=ref, controls=controls, tolerance=tolerance, empty_rows=empty_rows)
+    lse_noise = fp8_logit_noise(case, tensors) if case.options.q_is_fp8 and result.lse is not None else None
+    verdict = compare(case, out=result.out, lse=result.lse, ref=ref, controls=controls, tolerance=tolerance, empty_rows=empty_rows,
+                      lse_noise=lse_noise)
     if verdict.passed or ref.engine == "torch":
         return verdict
     definition = reference(case, tensors, logit_noise=True, engine="torch", plan=plan)
-    again = compare(case, out=result.out, lse=result.lse, ref=definition, controls=controls, tolerance=tolerance, empty_rows=empty_rows)
+    again = compare(case, out=result.out, lse=result.lse, ref=definition, controls=controls, tolerance=tolerance, empty_rows=empty_rows,
+                    lse_noise=lse_noise)
     if again.passed:
         raise OracleDisagreement(
             f"the fused oracle failed the kernel ({verdict.headline()}) but the torch reference passes it: "
