@@ -96,6 +96,7 @@ class LogitGateResult:
     thresholds: Thresholds
     worst: list[WorstToken] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
+    numerics: dict[str, str] = field(default_factory=dict)  # torch's process-wide precision switches (``numerics``)
 
     @property
     def failures(self) -> list[str]:
@@ -143,6 +144,8 @@ class LogitGateResult:
             ]
         if self.versions:
             lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(self.versions.items()))]
+        if self.numerics:
+            lines += ["", "Numerics: " + ", ".join(f"{k} {v}" for k, v in sorted(self.numerics.items()))]
         return "\n".join(lines) + "\n"
 
 
@@ -388,7 +391,27 @@ def run_logit_gate(
         thresholds=thresholds,
         worst=[WorstToken(t, p, decode(g), kl, decode(r), decode(s)) for kl, t, p, g, r, s in candidates[:worst]],
         versions=_versions(reference_impl, backend_impl),
+        numerics=numerics(),
     )
+
+
+def numerics() -> dict[str, str]:
+    """torch's process-wide switches that change float32 matmul precision (TF32, bf16 passes) and its thread
+    count, as they were during the gate: a float32 gate is calibrated at full precision, so a switch another
+    library or test flipped explains a failure (one CI run measured mean KL 8.8e-08 where 2e-12 is usual)."""
+    found = {"threads": str(torch.get_num_threads())}
+    try:
+        found["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    except RuntimeError:  # torch >= 2.9 refuses the legacy getter once the new API was used
+        found["float32_matmul_precision"] = "mixed legacy and fp32_precision settings"
+    for name in ("", "cuda.matmul", "mkldnn.matmul", "mkldnn.conv", "cudnn.conv"):
+        where = torch.backends
+        for part in filter(None, name.split(".")):
+            where = getattr(where, part, None)
+        value = getattr(where, "fp32_precision", None)
+        if value is not None:
+            found[f"{name or 'backends'}.fp32_precision"] = str(value)
+    return found
 
 
 def _versions(*implementations: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ def test_correct_backend_passes_and_writes_its_report(tiny_dir, gsm8k_dir, tmp_p
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["passed"] is True and summary["texts"] == 3 and summary["dtype"] == "float32"
+    assert summary["numerics"]["float32_matmul_precision"] == "highest"  # what the float32 thresholds assume
     assert json.loads((tmp_path / "result.json").read_text()) == summary
     assert "PASS" in (tmp_path / "report.md").read_text()
 
