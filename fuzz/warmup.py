@@ -53,7 +53,8 @@ def warm_backend(backend: Backend, count: int, at: int, limits: Limits, echo=cli
             outcome = check_case(backend, one_case(backend, key, limits, at))
             took = time.monotonic() - began
             if outcome.status in ("error", "crash"):
-                echo(f"  {key_label(key)}: not built in {took:.1f}s ({outcome.status}: {outcome.message.splitlines()[0][:200]})")
+                why = outcome.message.splitlines()[0][:200] if outcome.message else ""
+                echo(f"  {key_label(key)}: not built in {took:.1f}s ({outcome.status}: {why})")
             else:  # the verdict of the case judged to compile it is no campaign's: a campaign judges and reports
                 echo(f"  {key_label(key)}: built in {took:.1f}s (its case judged {outcome.status}; a campaign reports verdicts)")
                 built.append(key)

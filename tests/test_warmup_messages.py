@@ -24,3 +24,12 @@ def test_a_judged_compile_reports_built_or_not_by_its_status(monkeypatch: pytest
     else:
         assert key_line.split(": ", 1)[1].startswith("not built") and f"{status.upper()}: why" in key_line and "trace" not in key_line
     assert lines[-1].startswith(f"flex: built {int(built)} of 1")
+
+
+def test_a_crash_without_a_message_is_still_named_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = get_backend("flex")
+    monkeypatch.setattr(backend, "build_variants", lambda keys: None)
+    monkeypatch.setattr(warmup, "check_case", lambda b, case: Outcome(case, b.name, "crash", ""))
+    lines: list[str] = []
+    assert warmup.warm_backend(backend, 1, 0, Limits(), echo=lines.append) == []
+    assert any(line.startswith("  ") and "not built" in line and "(crash: )" in line for line in lines)
