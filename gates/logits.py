@@ -405,7 +405,7 @@ def numerics() -> dict[str, str]:
     except RuntimeError:  # torch >= 2.9 refuses the legacy getter once the new API was used
         found["float32_matmul_precision"] = "mixed legacy and fp32_precision settings"
     for name in ("", "cuda.matmul", "mkldnn.matmul", "mkldnn.conv", "cudnn.conv"):
-        where = torch.backends
+        where: Any = torch.backends
         for part in filter(None, name.split(".")):
             where = getattr(where, part, None)
         value = getattr(where, "fp32_precision", None)
