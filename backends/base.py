@@ -387,6 +387,7 @@ VARIANT_FIELDS: dict[str, Callable[[Case], Any]] = {
     "soft_cap": lambda case: case.options.logits_soft_cap > 0,
     "sinks": lambda case: case.options.sinks is not None,
     "rope": lambda case: case.options.rope is not None,  # FlashInfer compiles per pos_encoding_mode
+    "mla": lambda case: case.heads.mla,  # an MLA key's head dims are one of its ``mla_dims`` pairs
 }
 
 

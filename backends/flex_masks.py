@@ -7,6 +7,9 @@ one extra key per request (zero K and V) whose score ``score_mod`` replaces by `
 which every query of the request sees: it adds ``exp(sink)`` to the denominator only. Flex's
 LSE then includes the sink, so sink cases return no LSE (neither does compiled flex on CPU).
 MLA runs as MQA over the latent cache with V its first ``d_ckv`` dims (flex takes Dv != Dqk).
+As in ``flex``, every option (causal, window, mask, cap, ALiBi, sinks, scale) is a tensor the mods read,
+so a campaign compiles once per shape signature (dtype, head dims, heads), not once per option value.
+A case of no family (no mask, MLA or sinks) runs too: the same mods, with an all-True mask and no sink key.
 Runs on CPU (inductor C++) too: this is the families' CPU-testable real kernel.
 """
 
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from pa_oracle.backends.base import Capabilities, KernelOutput, register
-from pa_oracle.backends.flex import Flex, _bucket, _compiled_flex
+from pa_oracle.backends.flex import Flex, _bucket, _compiled_flex, block_mask_of
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors, token_addresses
 
@@ -31,17 +34,13 @@ class FlexFamilies(Flex):
         mla_dims=((12, 8), (24, 16), (80, 64)),
     )
 
+    compile_fields = ("q_dtype", "mla", *Flex.compile_fields[1:])  # "mla": the key's dims are an MLA pair or not
+
     def __init__(self) -> None:
         if self.device == "cuda":  # Triton flex: dims >= 16, powers of two are its fast path
             self.capabilities = self.capabilities.replace(  # type: ignore[misc]
                 head_dims=(16, 32, 64, 128, 80, 576, 192), returns_lse=True, mla_dims=((80, 64), (576, 512), (192, 128)),
             )
-
-    def unsupported_reason(self, case: Case) -> str | None:
-        reason = super().unsupported_reason(case)
-        if reason is None and case.custom_mask is None and not case.heads.mla and case.options.sinks is None:
-            return "unsupported: a case of no family (no mask, MLA or sinks) is the plain flex backend's"
-        return reason
 
     def plan(self, case: Case) -> dict[str, Any]:
         lay, device = case.layout, self.device
@@ -69,50 +68,39 @@ class FlexFamilies(Flex):
             "q_pos": put(local_q + (kv - qo)[doc_q] if len(doc_q) else local_q, lq, 0),
             "doc_k": put(doc_k, lk, -2),
             "k_pos": put(k_pos, lk, 0),
-            "kv_len": torch.from_numpy(np.append(kv, 0).astype(np.int64)).to(device),
-            "mask_offset": torch.from_numpy(np.append(offset, 0).astype(np.int64)).to(device),
-            "mask": torch.from_numpy(flat).to(device),
+            # the per-request tables and the flat mask padded too: a tensor the mods read is guarded on its shape
+            "kv_len": put(kv, _bucket(batch + 1, 16), 0),
+            "mask_offset": put(offset, _bucket(batch + 1, 16), 0),
+            "mask": torch.from_numpy(np.concatenate([flat, np.zeros(_bucket(len(flat), 1 << 16) - len(flat), bool)])).to(device),
+            "last_bit": len(flat) - 1,
         }
 
     def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         case: Case = plan["case"]
         opts, device = case.options, tensors.q.device
         doc_q, local_q, q_pos, doc_k, k_pos = (plan[n] for n in ("doc_q", "local_q", "q_pos", "doc_k", "k_pos"))
         kv_len, mask_offset, mask = plan["kv_len"], plan["mask_offset"], plan["mask"]
-        causal, window, masked = opts.causal, opts.window_left, case.custom_mask is not None
-        last_bit = mask.numel() - 1
+        # every option is a tensor the mods read (a Python value would be a guard: one compile per value)
+        as_tensor = lambda value: torch.tensor(value, device=device)  # noqa: E731
+        causal, window, last_bit = as_tensor(opts.causal), as_tensor(opts.window_left), as_tensor(plan["last_bit"])
 
         def mask_mod(b, h, qi, kv):  # type: ignore[no-untyped-def]
             same = doc_q[qi] == doc_k[kv]
-            sink = k_pos[kv] < 0
-            keep = same
-            if causal:
-                keep = keep & (k_pos[kv] <= q_pos[qi])
-            if window >= 0:
-                keep = keep & (k_pos[kv] >= q_pos[qi] - window)
-            if masked:
-                doc = doc_q[qi].clamp(min=0)
-                bit = (mask_offset[doc] + local_q[qi] * kv_len[doc] + k_pos[kv]).clamp(0, last_bit)
-                keep = keep & mask[bit]
-            return keep | (same & sink)
+            keep = same & (~causal | (k_pos[kv] <= q_pos[qi])) & ((window < 0) | (k_pos[kv] >= q_pos[qi] - window))
+            doc = doc_q[qi].clamp(min=0)  # no mask: one True bit at 0 (``plan``)
+            bit = torch.minimum((mask_offset[doc] + local_q[qi] * kv_len[doc] + k_pos[kv]).clamp(min=0), last_bit)
+            return (keep & mask[bit]) | (same & (k_pos[kv] < 0))  # a sink key: every query of its request sees it
 
-        cap = torch.tensor(opts.logits_soft_cap, device=device)
-        slopes = torch.tensor(opts.alibi_slopes or [0.0], device=device)
-        sink_logits = torch.tensor(opts.sinks or [0.0], device=device)
-        use_cap, use_alibi, use_sinks = opts.logits_soft_cap > 0, opts.alibi_slopes is not None, opts.sinks is not None
-        score_mod = None
-        if use_cap or use_alibi or use_sinks:
+        scale, cap = as_tensor(case.sm_scale), as_tensor(opts.logits_soft_cap)
+        slopes = as_tensor(opts.alibi_slopes or [0.0] * case.heads.num_qo_heads)
+        use_sinks = opts.sinks is not None
+        sink_logits = as_tensor(opts.sinks or [0.0] * case.heads.num_qo_heads)
 
-            def score_mod(s, b, h, qi, kv):  # type: ignore[no-untyped-def]
-                if use_cap:
-                    s = cap * torch.tanh(s / cap)
-                if use_alibi:
-                    s = s - slopes[h] * (q_pos[qi] - k_pos[kv]).abs()
-                if use_sinks:
-                    s = torch.where(k_pos[kv] < 0, sink_logits[h].to(s.dtype), s)
-                return s
+        def score_mod(s, b, h, qi, kv):  # type: ignore[no-untyped-def]
+            s = s * scale
+            s = torch.where(cap > 0, cap * torch.tanh(s / cap), s)  # cap 0: s itself
+            s = s - slopes[h] * (q_pos[qi] - k_pos[kv]).abs()  # no ALiBi: slopes 0
+            return torch.where(k_pos[kv] < 0, sink_logits[h].to(s.dtype), s)  # only sink keys have k_pos < 0
 
         lq, lk = len(doc_q), len(doc_k)
         pages, slots = (t.to(device) for t in token_addresses(case))
@@ -125,7 +113,8 @@ class FlexFamilies(Flex):
         else:
             v = tensors.v_cache.new_zeros(lk, *tensors.v_cache.shape[2:])
             v[: len(pages)] = tensors.v_cache[pages, slots]
-        block_mask = create_block_mask(mask_mod, 1, 1, lq, lk, device=str(device))
+        real_keys = len(pages) + (case.layout.batch_size if use_sinks else 0)
+        block_mask = block_mask_of(mask_mod, lq, lk, device, used=(case.layout.total_q, real_keys))
         want_lse = device.type == "cuda"
         result = _compiled_flex()(
             q.transpose(0, 1)[None],
@@ -133,7 +122,7 @@ class FlexFamilies(Flex):
             v.transpose(0, 1)[None].contiguous() if case.heads.mla else v.transpose(0, 1)[None],
             score_mod=score_mod,
             block_mask=block_mask,
-            scale=case.sm_scale,
+            scale=1.0,
             enable_gqa=True,
             return_lse=want_lse,
         )

@@ -3,12 +3,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, seed
+from hypothesis import HealthCheck, given, settings, seed
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.backends.flashinfer_mask import effective_masks
 from pa_oracle.backends.user import UserKernel, capabilities_of
-from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.fuzz.draw.strategies import Limits, cases, variant_keys
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case, CustomMask, Heads, Layout, Options
 from pa_oracle.oracle.tensors import make_tensors
@@ -104,6 +104,46 @@ def test_family_strategies_draw_trees_masks_and_mla_within_capabilities() -> Non
     assert {(False, None), (True, None), (False, "tree"), (False, "bits"), (True, "tree")} <= seen
 
 
-def test_flex_families_leaves_plain_cases_to_flex() -> None:
-    reason = get_backend("flex-families").unsupported_reason(Case(LAYOUT, Heads(2, 1, 8, 8)))
-    assert reason is not None and "plain flex" in reason
+def test_flex_families_compiles_once_per_shape_signature() -> None:
+    """Cases of one compile key that differ in every option, the mask, the sinks, the batch and the
+    lengths run on the first case's compiled kernel: a Python value in the mods would be a guard."""
+    backend = get_backend("flex-families")
+    heads = Heads(4, 2, 8, 8)
+    first = Case(LAYOUT, heads, Options(causal=True), seed=1, custom_mask=TREE)
+    others = [
+        Case(LAYOUT, heads, Options(sinks=SINKS, window_left=3, logits_soft_cap=5.0, sm_scale=0.3), seed=2),
+        Case(Layout.from_lengths([1, 2, 5], [7, 2, 30], 4), heads, Options(window_left=0), seed=3),
+        Case(Layout.from_lengths([3], [3], 2), heads, Options(causal=True), seed=4,
+             custom_mask=CustomMask.from_dense([np.eye(3, dtype=bool)])),
+    ]
+    assert {backend.compile_key(c) for c in [first, *others]} == {backend.compile_key(first)}
+    assert check_case(backend, first).status == "pass"
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    for case in others:
+        outcome = check_case(backend, case)
+        assert outcome.status == "pass", outcome.message
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames  # nothing compiled again
+
+
+def test_flex_families_draws_inside_mla_and_plain_keys() -> None:
+    backend = get_backend("flex-families")
+    keys = variant_keys(backend.capabilities, Limits(), backend.compile_fields)
+    mla = [k for k in keys if dict(k)["mla"]][:2]
+    plain = [k for k in keys if not dict(k)["mla"]][:2]
+    assert mla and plain and all(dict(k)["num_kv_heads"] == 1 for k in mla)
+    drawn = [c for key in (mla, plain) for c in _draw_all(cases(backend.capabilities, Limits(), variants=key))]
+    assert {backend.compile_key(c) for c in drawn} == set(mla + plain)
+    assert {c.heads.mla for c in drawn} == {True, False}
+
+
+def _draw_all(strategy) -> list[Case]:  # type: ignore[no-untyped-def]
+    drawn: list[Case] = []
+
+    @seed(5)
+    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(case: Case) -> None:
+        drawn.append(case)
+
+    collect()
+    return drawn

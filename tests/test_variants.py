@@ -28,7 +28,7 @@ def _draw(strategy, count: int = 40, at: int = 7) -> list[Case]:  # type: ignore
     return drawn
 
 
-@pytest.mark.parametrize("name", ["flex", "flashinfer-prefill-fa2", "flashinfer-decode", "vllm-flashinfer"])
+@pytest.mark.parametrize("name", ["flex", "flex-families", "flashinfer-prefill-fa2", "flashinfer-decode", "vllm-flashinfer"])
 def test_restricted_draws_stay_inside_the_keys_and_vary_the_rest(name: str) -> None:
     backend = get_backend(name)
     keys = variant_keys(backend.capabilities, Limits(), backend.compile_fields)[3:5]

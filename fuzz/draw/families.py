@@ -19,6 +19,8 @@ EXTENDING: a new family is one more ``draw`` in ``extend`` behind its own ``Capa
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -54,8 +56,13 @@ def tree_parents(draw: st.DrawFn, max_depth: int = MAX_TREE_DEPTH, max_width: in
     return tuple(parents)
 
 
-def _mla_heads(draw: st.DrawFn, case: Case, caps: Capabilities) -> Heads:
-    dims = [d for d in MLA_DIMS if caps.mla_dims is None or d in caps.mla_dims] or list(caps.mla_dims or ())
+def mla_dims(caps: Capabilities) -> list[tuple[int, int]]:
+    """The (head_dim_qk, head_dim_vo) pairs an MLA case of ``caps`` is drawn with."""
+    return [d for d in MLA_DIMS if caps.mla_dims is None or d in caps.mla_dims] or list(caps.mla_dims or ())
+
+
+def _mla_heads(draw: st.DrawFn, case: Case, caps: Capabilities, pinned: Mapping[str, Any]) -> Heads:
+    dims = [(qk, vo) for qk, vo in mla_dims(caps) if pinned.get("head_dim_qk", qk) == qk and pinned.get("head_dim_vo", vo) == vo]
     qk, vo = draw(st.sampled_from(dims), label="mla dims")
     return Heads(case.heads.num_qo_heads, 1, qk, vo, mla=True)
 
@@ -83,10 +90,14 @@ def _arbitrary_mask(draw: st.DrawFn, case: Case) -> CustomMask:
 
 
 @st.composite
-def extend(draw: st.DrawFn, case: Case, caps: Capabilities, max_prefix: int = 64) -> Case:
-    """``case`` made MLA and/or masked as ``caps`` admits (module docstring)."""
-    if True in caps.mla and (False not in caps.mla or draw(st.booleans(), label="mla")):
-        case = case.replace(heads=_mla_heads(draw, case, caps))
+def extend(
+    draw: st.DrawFn, case: Case, caps: Capabilities, max_prefix: int = 64, pinned: Mapping[str, Any] = {}
+) -> Case:
+    """``case`` made MLA and/or masked as ``caps`` admits (module docstring); inside a compile key's
+    ``pinned`` values (its ``mla`` and head dims) when the campaign draws inside one."""
+    mla = pinned["mla"] if "mla" in pinned else True in caps.mla and (False not in caps.mla or draw(st.booleans(), label="mla"))
+    if mla:
+        case = case.replace(heads=_mla_heads(draw, case, caps, pinned))
         if case.options.is_fp8:  # one latent cache holds V too: one scale
             case = case.replace(options=_same_scale(case))
     if True in caps.custom_mask and (False not in caps.custom_mask or draw(st.booleans(), label="custom mask")):

@@ -166,6 +166,15 @@ def _head_dims(caps: Capabilities, limits: Limits) -> list[int]:
     return [d for d in limits.head_dims if caps.head_dims is None or d in caps.head_dims] or list(caps.head_dims or ())
 
 
+def _key_dims(caps: Capabilities, limits: Limits, vo: bool) -> list[int]:
+    """The head dims (``vo``: V's) a compile key may name: the drawn ones, and those of the MLA pairs
+    where ``caps`` draws MLA (an MLA-only kernel: those alone)."""
+    dims = [] if caps.mla == (True,) else _head_dims(caps, limits)
+    if True in caps.mla:
+        dims += [pair[vo] for pair in families.mla_dims(caps) if pair[vo] not in dims]
+    return dims
+
+
 @st.composite
 def options(
     draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilities = Capabilities(), pinned: Mapping[str, Any] = {},
@@ -249,7 +258,7 @@ def cases(
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     case = Case(layout, head, opts, seed=seed, distribution=distribution)
     if caps.custom_mask != (False,) or caps.mla != (False,):  # off by default: existing kernels draw as before
-        case = draw(families.extend(case, caps, max_prefix=limits.max_kv_len), label="families")
+        case = draw(families.extend(case, caps, max_prefix=limits.max_kv_len, pinned=pinned), label="families")
     if storages.wants_storage(caps):  # off by default: a kernel declaring only "contiguous" draws as before
         case = draw(storages.storage(case, caps), label="storage")
     return case
@@ -262,8 +271,8 @@ def field_values(caps: Capabilities, limits: Limits, field: str) -> list[Any]:
         "q_dtype": list(caps.q_dtypes),
         "kv_dtype": list(dict.fromkeys(kv for q in caps.q_dtypes for kv in caps.accepted_kv_dtypes(q))),
         "o_dtype": list(dict.fromkeys(o for q in caps.q_dtypes for o in _out_dtypes(caps, q))),
-        "head_dim_qk": _head_dims(caps, limits),
-        "head_dim_vo": _head_dims(caps, limits),
+        "head_dim_qk": _key_dims(caps, limits, vo=False),
+        "head_dim_vo": _key_dims(caps, limits, vo=True),
         "num_kv_heads": list(range(1, limits.max_kv_heads + 1)),
         "group_size": [g for g in GROUP_SIZES if g <= limits.max_qo_heads and g <= (caps.max_group_size or g)],
         "causal": sorted(caps.causal),
@@ -272,6 +281,7 @@ def field_values(caps: Capabilities, limits: Limits, field: str) -> list[Any]:
         "soft_cap": [False, True] if caps.logits_soft_cap else [False],
         "sinks": [False, True] if caps.sinks else [False],
         "rope": sorted(caps.rope),
+        "mla": sorted(caps.mla),
     }
     if field not in VARIANT_FIELDS or field not in values:
         raise ValueError(f"unknown compile-key field {field!r}; known: {sorted(values)}")
@@ -291,11 +301,25 @@ def _drawable(caps: Capabilities, limits: Limits, v: Mapping[str, Any]) -> bool:
         return False  # q is drawn freely: the KV dtype must go with every q dtype
     if "o_dtype" in v and not all(v["o_dtype"] in _out_dtypes(caps, q) for q in ([v["q_dtype"]] if "q_dtype" in v else caps.q_dtypes)):
         return False
-    if "head_dim_vo" in v and not caps.head_dim_vo_may_differ and v["head_dim_vo"] != v.get("head_dim_qk", v["head_dim_vo"]):
+    mla = v["mla"] if "mla" in v else True if caps.mla == (True,) else None  # an MLA-only kernel's keys are MLA keys
+    if mla is True and not _mla_drawable(caps, v):
+        return False
+    if mla is False and not all(v[f] in _head_dims(caps, limits) for f in ("head_dim_qk", "head_dim_vo") if f in v):
+        return False
+    if (mla is not True and "head_dim_vo" in v and not caps.head_dim_vo_may_differ
+            and v["head_dim_vo"] != v.get("head_dim_qk", v["head_dim_vo"])):
         return False
     if "group_size" in v and v["group_size"] * v.get("num_kv_heads", 1) > limits.max_qo_heads:
         return False
     return True
+
+
+def _mla_drawable(caps: Capabilities, v: Mapping[str, Any]) -> bool:
+    """Whether an MLA case has these pinned values: one latent KV head, dims of an MLA pair."""
+    pairs = families.mla_dims(caps)
+    return v.get("num_kv_heads", 1) == 1 and any(
+        v.get("head_dim_qk", qk) == qk and v.get("head_dim_vo", vo) == vo for qk, vo in pairs
+    )
 
 
 def variant_keys(caps: Capabilities, limits: Limits, fields: Sequence[str]) -> list[CompileKey]:
