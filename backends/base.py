@@ -385,6 +385,8 @@ VARIANT_FIELDS: dict[str, Callable[[Case], Any]] = {
     "alibi": lambda case: case.options.alibi_slopes is not None,
     "window": lambda case: case.options.window_left >= 0,
     "soft_cap": lambda case: case.options.logits_soft_cap > 0,
+    "window_left": lambda case: case.options.window_left,  # the value: a Triton constexpr compiles per value
+    "logits_soft_cap": lambda case: case.options.logits_soft_cap,  # likewise
     "sinks": lambda case: case.options.sinks is not None,
     "rope": lambda case: case.options.rope is not None,  # FlashInfer compiles per pos_encoding_mode
     "mla": lambda case: case.heads.mla,  # an MLA key's head dims are one of its ``mla_dims`` pairs

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
+from pa_oracle.backends.base import Backend, Capabilities, CompileKey, KernelOutput, register
 from pa_oracle.oracle.case import FP8_DTYPES, Case, Layout
 from pa_oracle.oracle.tensors import Tensors, token_addresses
 
@@ -107,6 +107,11 @@ class SglangExtend(Backend):
     description = "SGLang Triton extend_attention_fwd: paged prefix via kv_indices + contiguous extend K/V"
     capabilities = _SGLANG_EXTEND
     family = "sglang-triton-extend"
+    # Triton compiles ``_fwd_kernel`` per dtype and per constexpr (0.5.10.post1: Lq, Lv, IS_CAUSAL, HAS_SINK and the
+    # values of SLIDING_WINDOW_SIZE and logit_cap); the int arguments' ==1 / %16 specializations (kv_group_num,
+    # strides) add at most a few more per key, which the campaign counts as compiling when it sees them
+    compile_fields = ("q_dtype", "kv_dtype", "head_dim_qk", "head_dim_vo", "causal", "window_left", "logits_soft_cap", "sinks")
+    compile_seconds = 4.0
 
     def __init__(self) -> None:
         try:
@@ -132,6 +137,11 @@ class SglangExtend(Backend):
         if reason is None and case.options.window_left == 0:
             return "unsupported: window_left=0 (SGLang's sliding_window_size enables a window only when > 0)"
         return reason
+
+    def built_reason(self, key: CompileKey) -> str | None:
+        if dict(key).get("window_left") == 0:
+            return "refused: window_left=0 (SGLang's sliding_window_size enables a window only when > 0)"
+        return None  # Triton's own cache is not read: a key's first case is counted as compiling
 
     def plan(self, case: Case) -> dict[str, Any]:
         device = self.device or "cuda"

@@ -35,12 +35,14 @@ class SglangDecodeMLA(_SglangDecode):
     description = "SGLang Triton decode_attention_fwd on the MLA latent cache (576/512), four KV splits"
     num_kv_splits = 4
     capabilities = _SGLANG.replace(**_MLA)
+    compile_fields = ("q_dtype", "group_size", "logits_soft_cap", "sinks")  # one latent head, the one dims pair
 
 
 @register
 class SglangExtendMLA(SglangExtend):
     name = "sglang-extend-mla"
     description = "SGLang Triton extend_attention_fwd on the MLA latent cache (576/512)"
+    compile_fields = ("q_dtype", "causal", "window_left", "logits_soft_cap", "sinks")  # the one dims pair
 
     def __init__(self) -> None:
         super().__init__()

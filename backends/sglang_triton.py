@@ -37,6 +37,11 @@ class _SglangDecode(Backend):
     capabilities = _SGLANG
     contract = _SGLANG_CONTRACT
     family = "sglang-triton-decode"
+    # Triton compiles both stages per dtype and constexpr (0.5.10.post1: kv_group_num, q_head_num, Lk, Lv, the value of
+    # logit_cap; stage 2 HAS_SINK); the int arguments' ==1 / %16 specializations may add a few more per key
+    compile_fields = ("q_dtype", "kv_dtype", "head_dim_qk", "head_dim_vo", "num_kv_heads", "group_size",
+                      "logits_soft_cap", "sinks")
+    compile_seconds = 4.0
 
     def unavailable_reason(self) -> str | None:
         try:

@@ -17,7 +17,10 @@ The model applies exactly the roundings ``_fwd_kernel`` of sglang 0.5.10.post1
 - ``p_to_q_dtype`` (line 523, extend stage): the same with ``v_extend``'s dtype, q's;
 - ``extend_kv``: the adapter's ``k_extend``/``v_extend``, ``(stored.float() * scale).to(q.dtype)``;
 - ``fp32_constants``: ``sm_scale * k_scale`` (line 391), ``sm_scale`` (497), ``logit_cap`` and the
-  sinks as the float32 numbers the kernel holds.
+  sinks as the float32 numbers the kernel holds;
+- ``tanh_fp32`` (lines 108-110, 394, 500): the soft cap ``logit_cap * tanh(qk / logit_cap)`` with
+  ``tanh(x) = 2 * sigmoid(2x) - 1``, in float32 (its cancellation near 0 moves the capped logits by far
+  more than float32's own rounding, enough to flip an fp8 rounding of ``p``).
 
 The running max is taken per ``BLOCK_N`` key block (prefix blocks from the first prefix key, then
 extend blocks from the first extend key), as the kernel's online softmax does, because it sets
@@ -52,7 +55,7 @@ from pa_oracle.oracle.case import FP8_DTYPES, Case
 from pa_oracle.oracle.tensors import Tensors, token_addresses
 from pa_oracle.oracle.visibility import attended
 
-MECHANISMS = ("q_to_cache", "p_to_cache", "p_to_q_dtype", "extend_kv", "fp32_constants")
+MECHANISMS = ("q_to_cache", "p_to_cache", "p_to_q_dtype", "extend_kv", "fp32_constants", "tanh_fp32")
 KERNEL = frozenset(MECHANISMS)  # every rounding the kernel (and the adapter) applies
 EXACT = frozenset()  # none: the oracle's definition
 BLOCK_N = 64  # _get_block_sizes_for_extend_attention: BLOCK_N on sm_90 (Hopper) for Lq <= 256
@@ -136,7 +139,10 @@ def modelled_output(
             torch.matmul(q_prefix, k_pre[:, None].transpose(-1, -2)) * prefix_scale,
             torch.matmul(q.to(f64), k_ext[:, None].transpose(-1, -2)) * extend_scale,
         ], dim=-1)  # [Hkv, G, qo, kv]
-        if cap > 0:
+        if cap > 0 and on("tanh_fp32"):
+            f32_cap = torch.tensor(cap, dtype=torch.float32, device=device)
+            s = (f32_cap * (2 * torch.sigmoid(2 * (s.float() / f32_cap)) - 1)).to(f64)
+        elif cap > 0:
             s = torch.tanh(s / cap) * cap
         s = s.masked_fill(~torch.from_numpy(allowed).to(device), float("-inf"))
         o, row_lse = _online_softmax(s, _blocks(prefix, qo, block_n), prefix, (v_pre, v_scale), v_ext,

@@ -28,7 +28,7 @@ def _draw(strategy, count: int = 40, at: int = 7) -> list[Case]:  # type: ignore
     return drawn
 
 
-@pytest.mark.parametrize("name", ["flex", "flex-families", "flashinfer-prefill-fa2", "flashinfer-decode", "vllm-flashinfer"])
+@pytest.mark.parametrize("name", ["flex", "flex-families", "sglang-extend", "sglang-decode-mla", "flashinfer-prefill-fa2", "flashinfer-decode", "vllm-flashinfer"])
 def test_restricted_draws_stay_inside_the_keys_and_vary_the_rest(name: str) -> None:
     backend = get_backend(name)
     keys = variant_keys(backend.capabilities, Limits(), backend.compile_fields)[3:5]
@@ -155,3 +155,22 @@ def test_flex_block_mask_is_torchs(lq: int, lk: int, used: tuple[int, int] | Non
     ours = block_mask_of(mask_mod, lq, lk, torch.device("cpu"), used=used)
     assert torch.equal(ours.to_dense(), theirs.to_dense())
     assert all(torch.equal(a, b) for a, b in zip(ours.as_tuple(), theirs.as_tuple()) if isinstance(a, torch.Tensor))
+
+
+def test_keys_naming_option_values_pin_them_and_keep_them_off_half_the_time() -> None:
+    """SGLang's Triton kernels compile per window and soft-cap value: its keys name the values, a case
+    drawn inside one has exactly them, and the plans' keys have each option off about half the time
+    (as an unrestricted draw has it), not in one key of 1 + the number of values."""
+    backend = get_backend("sglang-extend")
+    keys = [k for k in variant_keys(backend.capabilities, Limits(), backend.compile_fields)
+            if dict(k)["window_left"] > 0 and dict(k)["logits_soft_cap"] > 0][:2]
+    for case in _draw(cases(backend.capabilities, Limits(), variants=keys)):
+        assert backend.compile_key(case) in keys
+        assert (case.options.window_left, case.options.logits_soft_cap) in {
+            (dict(k)["window_left"], dict(k)["logits_soft_cap"]) for k in keys}
+    chosen = [dict(k) for s in range(30) for k in plan_variants(backend, Limits(), budget=40, seed=s).chosen]
+    assert 0.35 < sum(k["window_left"] < 0 for k in chosen) / len(chosen) < 0.65
+    assert 0.35 < sum(k["logits_soft_cap"] == 0 for k in chosen) / len(chosen) < 0.65
+    assert not any(k["window_left"] == 0 for k in chosen)  # refused: SGLang cannot express window_left 0
+    assert key_label((("head_dim_qk", 64), ("window_left", 17), ("logits_soft_cap", 30.0))) == "hd64 window17 cap30"
+    assert key_label((("window_left", -1), ("logits_soft_cap", 0.0))) == "(one variant)"

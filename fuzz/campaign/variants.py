@@ -11,6 +11,7 @@ compile key (layouts, lengths, page tables, data, seeds) is restricted.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 from pa_oracle.backends.base import Backend, CompileKey
-from pa_oracle.fuzz.draw.strategies import Limits, cases, variant_keys
+from pa_oracle.fuzz.draw.strategies import Limits, cases, field_values, variant_keys
 from pa_oracle.oracle.case import Case
 
 COMPILE_SHARE = 0.3  # default compile budget: this share of --time-budget
@@ -43,9 +44,13 @@ def key_label(key: CompileKey) -> str:
             parts.append(f"kv{value}")
         elif name == "group_size":
             parts.append(f"g{value}")
+        elif name == "window_left":
+            parts.append(f"window{value}" if value >= 0 else "")
+        elif name == "logits_soft_cap":
+            parts.append(f"cap{value:g}" if value else "")
         else:
             parts.append(str(value))
-    return " ".join(parts) or "(one variant)"
+    return " ".join(p for p in parts if p) or "(one variant)"
 
 
 @dataclass
@@ -162,7 +167,7 @@ def plan_variants(
     keys = [k for k, why in reasons.items() if not (why or "").startswith(REFUSED)]  # no case of them runs
     free = {k: why for k in keys if (why := reasons[k]) is not None}
     unbuilt = [k for k in keys if k not in free]
-    random.Random(f"variants:{backend.name}").shuffle(unbuilt)  # one fixed order per backend
+    _shuffle(unbuilt, backend, limits)  # one fixed order per backend
     cost = compile_seconds or backend.compile_seconds
     count = min(len(unbuilt), int(budget // cost) if cost > 0 else len(unbuilt))
     if not free and unbuilt:
@@ -170,6 +175,29 @@ def plan_variants(
     start = (seed * max(count, 1)) % max(len(unbuilt), 1)
     chosen = [unbuilt[(start + i) % len(unbuilt)] for i in range(count)]
     return VariantPlan(backend, len(keys), free, chosen, budget)
+
+
+# fields whose key names an option's value (a Triton constexpr), and the value that means "off"
+VALUE_FIELDS = {"window_left": -1, "logits_soft_cap": 0.0}
+
+
+def _shuffle(keys: list[CompileKey], backend: Backend, limits: Limits) -> None:
+    """Shuffle ``keys`` in place, the same way every run. Keys naming an option's value are weighted
+    so that the option is off in half of the order, as the unrestricted strategies draw it, not in
+    one key of 1 + (the number of values)."""
+    rng = random.Random(f"variants:{backend.name}")
+    valued = [f for f in backend.compile_fields if f in VALUE_FIELDS]
+    if not valued:
+        rng.shuffle(keys)  # as before value fields existed: the same order, so the same cases
+        return
+    on_values = {f: len(field_values(backend.capabilities, limits, f)) - 1 for f in valued}
+
+    def weight(key: CompileKey) -> float:
+        v = dict(key)
+        return math.prod(0.5 if v[f] == VALUE_FIELDS[f] else 0.5 / on_values[f] for f in valued)
+
+    scores = {key: rng.random() ** (1.0 / weight(key)) for key in keys}  # weighted order (Efraimidis-Spirakis)
+    keys.sort(key=lambda key: -scores[key])
 
 
 def compile_budget(time_budget: float | None, asked: float | None) -> float | None:

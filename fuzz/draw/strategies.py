@@ -34,6 +34,8 @@ PAGE_SIZES = (16, 1, 2, 3, 5, 8, 32, 64, 128, 256)  # shrinks toward the first
 GROUP_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
 HEAD_DIMS = (16, 8, 32, 64, 24, 40, 80, 128)
 SOFT_CAPS = (30.0, 1.0, 5.0, 50.0)
+# the windows a compile key may name (a kernel compiling per window value): small ones cut often
+WINDOW_VALUES = (0, 1, 2, 3, 5, 8, 17, 32, 63, 128, 255)
 SM_SCALES = (0.5, 0.05, 1.0, 0.3)
 FP8_SCALES = (1.0, 0.75, 0.5, 0.25, 2.0)
 QO_MODES = ("decode", "speculative", "chunked_prefill", "full_prefill", "qo_above_kv", "no_queries")
@@ -192,10 +194,14 @@ def options(
         o_dtype = _pick(draw, pinned, "o_dtype", lambda: st.sampled_from(caps.o_dtypes))
     causal = _pick(draw, pinned, "causal", lambda: st.sampled_from(sorted(caps.causal)))
     window_left = -1
-    if _switch(draw, pinned, "window", caps.window_left, "sliding window"):
+    if "window_left" in pinned:  # a kernel that compiles per window value (a Triton constexpr)
+        window_left = pinned["window_left"]
+    elif _switch(draw, pinned, "window", caps.window_left, "sliding window"):
         window_left = draw(st.integers(0, max(max_kv_len, 1)), label="window_left")
     soft_cap = 0.0
-    if _switch(draw, pinned, "soft_cap", caps.logits_soft_cap, "soft cap"):
+    if "logits_soft_cap" in pinned:  # likewise per cap value
+        soft_cap = pinned["logits_soft_cap"]
+    elif _switch(draw, pinned, "soft_cap", caps.logits_soft_cap, "soft cap"):
         soft_cap = draw(st.sampled_from(SOFT_CAPS), label="logits_soft_cap")
     slopes = alibi_slopes(num_qo_heads) if _switch(draw, pinned, "alibi", caps.alibi, "alibi") else None
     sinks = None
@@ -251,6 +257,8 @@ def cases(
             raise ValueError("variants: no compile key to draw from")
         key = draw(st.sampled_from(list(variants)), label="compile key")
         pinned = dict(redirect(key) if redirect else key)
+        if "group_size" in pinned and pinned.get("mla", caps.mla == (True,)) is True:
+            pinned.setdefault("num_kv_heads", 1)  # an MLA case has one latent head: its group is all its qo heads
     layout = draw(layouts(caps, limits), label="layout")
     head = draw(heads(caps, limits, pinned), label="heads")
     opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps, pinned, head.head_dim_qk), label="options")
@@ -279,6 +287,8 @@ def field_values(caps: Capabilities, limits: Limits, field: str) -> list[Any]:
         "alibi": [False, True] if caps.alibi else [False],
         "window": [False, True] if caps.window_left else [False],
         "soft_cap": [False, True] if caps.logits_soft_cap else [False],
+        "window_left": [-1, *WINDOW_VALUES] if caps.window_left else [-1],
+        "logits_soft_cap": [0.0, *SOFT_CAPS] if caps.logits_soft_cap else [0.0],
         "sinks": [False, True] if caps.sinks else [False],
         "rope": sorted(caps.rope),
         "mla": sorted(caps.mla),
