@@ -6,6 +6,12 @@ The wrapper is a JIT variant fixed at construction (dtypes, head dims, sliding w
 the variant's extra arguments. Its LSE is not returned: whether it includes the sink is not
 documented, and the output alone shows a sink ignored or misindexed. Only cases with sinks are
 drawn (a case without is the plain prefill's).
+
+Compiled variants (0.6.18 ``attention/_core.py``): one JIT module per
+``batch_prefill_attention_sink_{q dtype}_swa_{window}_{backend}``. That name holds neither the head dims
+nor the KV dtype, while the generated sources (``batch_prefill_config.inc``) do: one folder, rebuilt
+whenever another head dim is asked for. So a key is "cached" only when the folder's config is for its
+head dim, and a campaign's keys differ in head dim from one another at most as its drawing chooses.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pa_oracle.backends.base import KernelOutput, register
-from pa_oracle.backends.flashinfer import _FLASHINFER, FlashInferPrefillFA2, _workspace
+from pa_oracle.backends.base import CompileKey, KernelOutput, register
+from pa_oracle.backends.flashinfer import _FLASHINFER, _URI_DTYPE, FlashInferPrefillFA2, _workspace
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors
 
@@ -27,6 +33,28 @@ class FlashInferSinks(FlashInferPrefillFA2):
         sinks=True, alibi=False, logits_soft_cap=False, kv_dtypes=None, fp8_scales=False, returns_lse=False,
     )
     cuda_graphs = False
+    compile_fields = ("q_dtype", "head_dim_qk", "window", "sinks")
+
+    def sink_uri(self, key: CompileKey) -> str:
+        """The name FlashInfer 0.6.18 gives the sink module of ``key`` (no head dims, no KV dtype in it)."""
+        v = dict(key)
+        return f"batch_prefill_attention_sink_{_URI_DTYPE[v['q_dtype']]}_swa_{bool(v['window'])}_fa2"
+
+    def modules(self, key: CompileKey) -> list[str]:
+        return [self.sink_uri(key)]
+
+    def built_reason(self, key: CompileKey) -> str | None:
+        v = dict(key)
+        if not v["sinks"]:
+            return "refused: no sinks (the sink wrapper is tested on sink cases only)"
+        try:
+            from flashinfer.jit import env
+        except Exception:  # noqa: BLE001 - no flashinfer here: nothing is known to be built
+            return None
+        uri = self.sink_uri(key)
+        config = env.FLASHINFER_GEN_SRC_DIR / uri / "batch_prefill_config.inc"
+        built = (env.FLASHINFER_JIT_DIR / uri / f"{uri}.so").exists() and config.exists()
+        return "cached" if built and f"HEAD_DIM_QK = {v['head_dim_qk']};" in config.read_text() else None
 
     def unsupported_reason(self, case: Case) -> str | None:
         reason = super().unsupported_reason(case)

@@ -174,3 +174,12 @@ def test_keys_naming_option_values_pin_them_and_keep_them_off_half_the_time() ->
     assert not any(k["window_left"] == 0 for k in chosen)  # refused: SGLang cannot express window_left 0
     assert key_label((("head_dim_qk", 64), ("window_left", 17), ("logits_soft_cap", 30.0))) == "hd64 window17 cap30"
     assert key_label((("window_left", -1), ("logits_soft_cap", 0.0))) == "(one variant)"
+
+
+def test_the_sink_wrapper_draws_sink_keys_only_and_names_its_module() -> None:
+    backend = get_backend("flashinfer-sinks")
+    plan = plan_variants(backend, Limits(), budget=1000, seed=0)
+    assert plan.space > 0 and all(dict(k)["sinks"] for k in plan.keys)
+    assert all(c.options.sinks is not None for c in _draw(plan.strategy(Limits()), count=20))
+    key = (("q_dtype", "bfloat16"), ("head_dim_qk", 64), ("window", True), ("sinks", True))
+    assert backend.sink_uri(key) == "batch_prefill_attention_sink_bf16_swa_True_fa2"  # 0.6.18: no head dim in it
