@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import operator
+
 from pa_oracle.oracle.case import (
     DISTRIBUTIONS, FP8_DTYPES, KV_DTYPES, KV_LAYOUTS, KV_STORAGES, Q_DTYPES, Q_STORAGES, ROPE_STYLES, Case, Storage,
 )
@@ -40,6 +42,8 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     # FlashInfer MLA's causal tile bound drops a key some row needs (``mla_causal_tile_lost_keys``), per backend
     "mla_causal_tile_key_lost_fa2": bool,
     "mla_causal_tile_key_lost_fa3": bool,
+    # SGLang's Triton extend pads head_dim_qk to a wider block than head_dim_vo (``sglang_extend_blocks``)
+    "sglang_extend_qk_block_above_vo": bool,
     "rope": ("none", *ROPE_STYLES),  # the case's RoPE pairing (oracle.case.Rope), "none" without RoPE
     # where the tensors lie in memory (oracle.case.Storage)
     "kv_storage": KV_STORAGES,  # separate K and V, or one [pages, 2, ...] tensor
@@ -88,6 +92,7 @@ def case_features(case: Case) -> dict[str, Feature]:
         "mask_empty_row": _mask_empty_row(case),
         "mla_causal_tile_key_lost_fa2": bool(mla_causal_tile_lost_keys(case, "fa2")),
         "mla_causal_tile_key_lost_fa3": bool(mla_causal_tile_lost_keys(case, "fa3")),
+        "sglang_extend_qk_block_above_vo": operator.gt(*sglang_extend_blocks(heads.head_dim_qk, heads.head_dim_vo)),
         "rope": "none" if opts.rope is None else opts.rope.style,
         "kv_storage": storage.kv,
         "kv_layout": storage.kv_layout,
@@ -99,6 +104,18 @@ def case_features(case: Case) -> dict[str, Feature]:
 def _mask_empty_row(case: Case) -> bool:
     masks = case.masks() if case.custom_mask is not None else None
     return bool(masks) and any(m.shape[1] > 0 and not m.any(axis=1).all() for m in masks if m.shape[0])
+
+
+def sglang_extend_blocks(head_dim_qk: int, head_dim_vo: int) -> tuple[int, int]:
+    """(BLOCK_DMODEL, BLOCK_DV) of SGLang's Triton extend kernel (0.5.10.post1
+    ``_get_block_sizes_for_extend_attention``): the next powers of two, with 576, 288 and 192 split into a
+    power of two and a rope part (512 + 64, 256 + 32, 128 + 64).
+
+    >>> sglang_extend_blocks(40, 24), sglang_extend_blocks(576, 512), sglang_extend_blocks(192, 128)
+    ((64, 32), (512, 512), (128, 128))"""
+    split = {576: 512, 288: 256, 192: 128}
+    pow2 = lambda n: 1 << max(n - 1, 0).bit_length()  # noqa: E731 - triton.next_power_of_2
+    return split.get(head_dim_qk, pow2(head_dim_qk)), pow2(head_dim_vo)
 
 
 def mla_causal_tile_lost_keys(case: Case, backend: str = "fa3") -> list[tuple[int, int, int]]:
