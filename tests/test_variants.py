@@ -183,3 +183,15 @@ def test_the_sink_wrapper_draws_sink_keys_only_and_names_its_module() -> None:
     assert all(c.options.sinks is not None for c in _draw(plan.strategy(Limits()), count=20))
     key = (("q_dtype", "bfloat16"), ("head_dim_qk", 64), ("window", True), ("sinks", True))
     assert backend.sink_uri(key) == "batch_prefill_attention_sink_bf16_swa_True_fa2"  # 0.6.18: no head dim in it
+
+
+def test_a_key_compiling_is_announced_once_however_many_of_its_cases_are_queued() -> None:
+    backend = get_backend("flex")
+    said: list[str] = []
+    plan = plan_variants(backend, Limits(), budget=30, seed=0)
+    plan.announce = said.append
+    drawn = [c for c in _draw(plan.strategy(Limits()), count=30) if backend.compile_key(c) == plan.chosen[0]][:3]
+    assert len(drawn) == 3
+    for case in drawn:  # queued: none observed yet
+        plan.before(case)
+    assert len(said) == 1 and "compiling flex" in said[0]

@@ -68,6 +68,7 @@ class VariantPlan:
     warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
     ahead: float = 0.0  # seconds of ``prebuild`` (before the first case)
     announce: Callable[[str], None] | None = field(default=None, repr=False)  # a progress line before a compile
+    _announced: set[CompileKey] = field(default_factory=set, repr=False)  # keys whose compile was announced
 
     @property
     def keys(self) -> list[CompileKey]:
@@ -97,7 +98,8 @@ class VariantPlan:
         """A case is about to be judged: say so through ``announce`` when its key is not built yet
         (its first case compiles), e.g. "compiling flashinfer-decode bfloat16 hd128 window ..."."""
         key = self.backend.compile_key(case)
-        if self.announce is not None and key not in self.free and key not in self.compiled:
+        if self.announce is not None and key not in self.free and key not in self.compiled and key not in self._announced:
+            self._announced.add(key)  # cases queued behind the first of a key would say it again
             self.announce(f"  compiling {self.backend.name} {key_label(key)} (its first case) ...")
 
     def observe(self, case: Case, seconds: float) -> float:
