@@ -43,6 +43,9 @@ class FlashInferSinks(FlashInferPrefillFA2):
     def modules(self, key: CompileKey) -> list[str]:
         return [self.sink_uri(key)]
 
+    def build_variants(self, keys: list[CompileKey]) -> list[CompileKey] | None:
+        return None  # not the plain prefill's JitSpec: the warm-up builds by judging one case per key
+
     def built_reason(self, key: CompileKey) -> str | None:
         v = dict(key)
         if not v["sinks"]:

@@ -190,8 +190,15 @@ def test_a_key_compiling_is_announced_once_however_many_of_its_cases_are_queued(
     said: list[str] = []
     plan = plan_variants(backend, Limits(), budget=30, seed=0)
     plan.announce = said.append
-    drawn = [c for c in _draw(plan.strategy(Limits()), count=30) if backend.compile_key(c) == plan.chosen[0]][:3]
-    assert len(drawn) == 3
+    key = plan.chosen[0]
+    drawn = _draw(cases(backend.capabilities, Limits(), variants=[key]), count=3)
+    assert len(drawn) == 3 and {backend.compile_key(c) for c in drawn} == {key} and key not in plan.free
     for case in drawn:  # queued: none observed yet
         plan.before(case)
     assert len(said) == 1 and "compiling flex" in said[0]
+
+
+def test_the_sink_wrapper_builds_by_judging_not_with_the_plain_prefills_spec() -> None:
+    """Its keys name no KV dtype: the plain prefill's ``module_spec`` would raise KeyError (the H200 warm-up did)."""
+    key = (("q_dtype", "bfloat16"), ("head_dim_qk", 128), ("window", False), ("sinks", True))
+    assert get_backend("flashinfer-sinks").build_variants([key]) is None

@@ -8,6 +8,7 @@ import operator
 from pa_oracle.oracle.case import (
     DISTRIBUTIONS, FP8_DTYPES, KV_DTYPES, KV_LAYOUTS, KV_STORAGES, Q_DTYPES, Q_STORAGES, ROPE_STYLES, Case, Storage,
 )
+from pa_oracle.oracle.visibility import attended
 
 Feature = int | bool | str
 
@@ -39,6 +40,7 @@ FEATURES: dict[str, type | tuple[str, ...]] = {
     "custom_mask": ("none", "tree", "bits"),  # how the case's custom mask is given (oracle.case.CustomMask)
     "mla": bool,  # the latent layout (Heads.mla)
     "mask_empty_row": bool,  # a custom mask leaves some query row no key (before causal and window)
+    "masked_row_without_key": bool,  # a case with a custom mask has a query row that attends no key (after causal, window)
     # FlashInfer MLA's causal tile bound drops a key some row needs (``mla_causal_tile_lost_keys``), per backend
     "mla_causal_tile_key_lost_fa2": bool,
     "mla_causal_tile_key_lost_fa3": bool,
@@ -90,6 +92,8 @@ def case_features(case: Case) -> dict[str, Feature]:
         "custom_mask": "none" if case.custom_mask is None else "tree" if case.custom_mask.tree_parents is not None else "bits",
         "mla": heads.mla,
         "mask_empty_row": _mask_empty_row(case),
+        "masked_row_without_key": case.custom_mask is not None and any(
+            m.shape[0] and not m.any(axis=1).all() for m in attended(case)),
         "mla_causal_tile_key_lost_fa2": bool(mla_causal_tile_lost_keys(case, "fa2")),
         "mla_causal_tile_key_lost_fa3": bool(mla_causal_tile_lost_keys(case, "fa3")),
         "sglang_extend_qk_block_above_vo": operator.gt(*sglang_extend_blocks(heads.head_dim_qk, heads.head_dim_vo)),
