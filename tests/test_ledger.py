@@ -57,6 +57,25 @@ def test_known_finding_matches_the_predicate_backend_and_version(tmp_path) -> No
     assert known_finding(entries, group_2, "b", {"flashinfer": "1.0"}) is None
 
 
+def test_a_golden_case_inside_another_entrys_class_replays_as_that_known_finding(tmp_path) -> None:
+    """A regression case that fails on a backend only through a class another entry's ``matches`` names
+    (what a campaign skips as known) is that known finding in a corpus replay, not a new one; a case named
+    by an entry of its own keeps its own verdict, and one outside every class is still a finding."""
+    from pa_oracle.fuzz.campaign.ledger import ledger_verdict
+    from pa_oracle.oracle.case import Case, Heads, Layout, Options
+
+    entries = load_ledger(write(tmp_path, [{**ENTRY, "matches": {"alibi": True}}, {**ENTRY, "case": "named", "backends": ["x"]}]))
+    inside = Case(Layout.from_lengths([1], [3], 16), Heads(1, 1, 8, 8), Options(alibi_slopes=(0.5,)))
+    outside = inside.replace(options=Options())
+    versions = {"flashinfer": "1.0"}
+    known = ledger_verdict(entries, "regress-x", "b", versions, "fail", case=inside)
+    assert known.kind == "known" and known.entry is entries[0]
+    assert ledger_verdict(entries, "regress-x", "b", versions, "fail", case=outside).kind == "finding"
+    assert ledger_verdict(entries, "regress-x", "b", versions, "pass", case=inside).kind == "pass"
+    assert ledger_verdict(entries, "regress-x", "b", versions, "fail").kind == "finding"  # no case given: by name only
+    assert ledger_verdict(entries, "named", "x", {"flashinfer": "1.1"}, "fail", case=inside).kind == "finding"  # its own
+
+
 def test_an_entry_without_a_predicate_matches_no_drawn_case(tmp_path) -> None:
     from pa_oracle.fuzz.campaign.ledger import known_finding
     from pa_oracle.oracle.case import Case, Heads, Layout

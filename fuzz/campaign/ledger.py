@@ -306,11 +306,16 @@ class LedgerVerdict:
 
 def ledger_verdict(
     entries: list[Entry], case_name: str, backend: str, versions: dict[str, str], status: str | None, family: str | None = None,
-    check: str = ORACLE_CHECK,
+    check: str = ORACLE_CHECK, case: Case | None = None,
 ) -> LedgerVerdict:
     """Judge a golden case's ``status`` (``pass``, ``fail``, ``crash``, ``unsupported``, ``error``; None:
-    not launched) through ``check`` on ``backend`` at ``versions`` against the ledger."""
+    not launched) through ``check`` on ``backend`` at ``versions`` against the ledger. An entry of the case's
+    own name decides; with none for this backend, a failing ``case`` inside another entry's ``matches`` (what a
+    campaign would skip as known) is that entry's known finding, not a new one."""
     entry = lookup(entries, case_name, backend, versions, family, check)
+    if entry is None and case is not None and status != "pass":
+        named_elsewhere = any(e.case == case_name and e.check == check and e.names(backend, family) for e in entries)
+        entry = None if named_elsewhere else known_finding(entries, case, backend, versions, family, check)
     if entry is not None and entry.status == "quarantine":
         return LedgerVerdict("quarantine", f"quarantined: {entry.reason} ({entry.tracked_at})", entry)
     if status == "error":

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, ledger_verdict, lookup
+from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, known_finding, ledger_verdict, lookup
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK
 from pa_oracle.oracle.case import CaseError
@@ -108,6 +108,9 @@ def replay_corpus(
             for path, case, check_name in cases:
                 check = ALL_CHECKS[check_name]
                 entry = lookup(ledger, path.stem, backend.name, versions, family, check_name)
+                if entry is None:  # a case inside a quarantined class of another entry is not launched either
+                    entry = known_finding(ledger, case, backend.name, versions, family, check_name)
+                    entry = entry if entry is not None and entry.status == "quarantine" else None
                 applies = check.capabilities(backend)
                 if entry is not None and entry.status == "quarantine":
                     status, message = "quarantine", "not launched"
@@ -119,7 +122,7 @@ def replay_corpus(
                     outcome = judges[check_name](case)
                     status, message = outcome.status, outcome.message
                 verdict = ledger_verdict(ledger, path.stem, backend.name, versions,
-                                         None if status == "quarantine" else status, family, check_name)
+                                         None if status == "quarantine" else status, family, check_name, case)
                 record = Record(path.stem, str(path), _file_case_id(case), backend.name, family, status, message,
                                 verdict.kind, verdict.message, versions, check_name)
                 records.append(record)
