@@ -50,6 +50,15 @@ class _SglangDecode(Backend):
             return f"sglang's Triton decode kernel does not import ({type(exc).__name__}: {str(exc)[:80]})"
         return super().unavailable_reason()
 
+    def unsupported_reason(self, case: Case) -> str | None:
+        reason = super().unsupported_reason(case)
+        heads = case.heads
+        if reason is None and heads.group_size > 1 and min(heads.head_dim_qk, heads.head_dim_vo) < 16:
+            # the grouped stage 1 (``_fwd_grouped_kernel_stage1``) computes tl.dot over BLOCK_DMODEL / BLOCK_DV, which
+            # Triton refuses below 16 (a CompilationError on the H200, 2026-12-02); the group-1 kernel uses tl.sum
+            return "unsupported: a head dim < 16 with GQA (the grouped decode kernel's tl.dot needs dims >= 16)"
+        return reason
+
     def versions(self) -> dict[str, str]:
         import sglang
         import triton

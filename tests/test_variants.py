@@ -202,3 +202,17 @@ def test_the_sink_wrapper_builds_by_judging_not_with_the_plain_prefills_spec() -
     """Its keys name no KV dtype: the plain prefill's ``module_spec`` would raise KeyError (the H200 warm-up did)."""
     key = (("q_dtype", "bfloat16"), ("head_dim_qk", 128), ("window", False), ("sinks", True))
     assert get_backend("flashinfer-sinks").build_variants([key]) is None
+
+
+def test_a_key_whose_cases_are_all_known_is_passed_over_for_the_next() -> None:
+    """The H200's sglang-extend-mask campaign drew 459 cases, every one skipped as known: its keys all fell in
+    a ledger class. With ``known``, such keys give way to the next keys of the order; without, nothing changes."""
+    backend = get_backend("flex")
+    before = plan_variants(backend, Limits(), budget=30, seed=0)
+    dim = dict(before.chosen[0])["head_dim_qk"]
+    again = plan_variants(backend, Limits(), budget=30, seed=0, known=lambda case: False)
+    assert again.chosen == before.chosen  # nothing known: the same keys, so the same cases
+    after = plan_variants(backend, Limits(), budget=30, seed=0, known=lambda case: case.heads.head_dim_qk == dim)
+    assert len(after.chosen) == len(before.chosen)
+    assert all(dict(k)["head_dim_qk"] != dim for k in after.chosen)
+    assert set(k for k in before.chosen if dict(k)["head_dim_qk"] != dim) <= set(after.chosen)

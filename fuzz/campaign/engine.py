@@ -501,7 +501,8 @@ def run_campaign(
                 # a fair share of what is left: one that overran or finished early moves the others' deadlines, never to nothing
                 deadline = None if end is None else now + max(end - now, 0.0) / (len(active) - i)
                 if key not in plans:
-                    plans[key] = _start_pair(backend, check, state, key, limits, shard, compile_budget, compiling, label, progress)
+                    plans[key] = _start_pair(backend, check, state, key, limits, shard, compile_budget, compiling, label, progress,
+                                             ledger)
                 elif progress:
                     progress(f"{label}{_doing(backend, check)} ... (turn {turns})")
                 plan = plans[key]
@@ -533,14 +534,20 @@ def _doing(backend: Backend, check: Check) -> str:
 def _start_pair(
     backend: Backend, check: Check, state: CampaignState, key: str, limits: Limits, shard: Shard,
     compile_budget: float | None, compiling: int, label: str, progress: Callable[[str], None] | None,
+    ledger: list[Entry] | None = None,
 ) -> VariantPlan | None:
-    """Announce a (backend, check) pair's first turn and plan (and build ahead) its variants; the
-    build's seconds count as the pair's compile time."""
+    """Announce a (backend, check) pair's first turn and plan (and build ahead) its variants, passing
+    over keys the ``ledger`` makes all known; the build's seconds count as the pair's compile time."""
     if progress:
         progress(f"{label}{_doing(backend, check)} ...")
     if compile_budget is None or check is not ORACLE:
         return None
-    plan = plan_variants(backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index)
+    known = None
+    if ledger and backend.compile_fields:
+        versions, family = backend.versions(), backend.kernel_family
+        known = lambda case: known_finding(ledger, case, backend.name, versions, family, check.name) is not None  # noqa: E731
+    plan = plan_variants(backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index,
+                         known=known)
     if plan is not None:
         plan.announce = progress
         plan.prebuild(progress)

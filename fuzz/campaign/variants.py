@@ -11,6 +11,7 @@ compile key (layouts, lengths, page tables, data, seeds) is restricted.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -158,10 +159,13 @@ class VariantPlan:
 
 
 def plan_variants(
-    backend: Backend, limits: Limits, *, budget: float, seed: int, compile_seconds: float | None = None
+    backend: Backend, limits: Limits, *, budget: float, seed: int, compile_seconds: float | None = None,
+    known: Callable[[Case], bool] | None = None,
 ) -> VariantPlan | None:
     """The keys ``backend`` draws from under a compile ``budget`` (seconds); None when nothing about it
-    compiles per case (its draws stay exactly those of an unrestricted campaign)."""
+    compiles per case (its draws stay exactly those of an unrestricted campaign). With ``known`` (a case
+    the campaign skips as a known finding), a key whose probe draws are all known is passed over for
+    the next one: every case of it would be skipped, and a plan of such keys judges nothing."""
     fields = backend.compile_fields
     if not fields:
         return None
@@ -175,8 +179,36 @@ def plan_variants(
     if not free and unbuilt:
         count = max(count, 1)  # something must run
     start = (seed * max(count, 1)) % max(len(unbuilt), 1)
-    chosen = [unbuilt[(start + i) % len(unbuilt)] for i in range(count)]
+    order = [unbuilt[(start + i) % len(unbuilt)] for i in range(len(unbuilt))]
+    if known is None:
+        chosen = order[:count]
+    else:
+        free = {k: why for k, why in free.items() if not all_known(backend, limits, k, known)} or free
+        live = (k for k in order[: count + PROBED_SPARES] if not all_known(backend, limits, k, known))
+        chosen = list(itertools.islice(live, count)) or order[:count]
     return VariantPlan(backend, len(keys), free, chosen, budget)
+
+
+PROBED_SPARES = 16  # keys past the budget's count tried in place of all-known ones
+PROBE_DRAWS = 8  # cases drawn inside a key to see whether the ledger skips every one
+
+
+def all_known(backend: Backend, limits: Limits, key: CompileKey, known: Callable[[Case], bool]) -> bool:
+    """Whether each of ``PROBE_DRAWS`` cases drawn inside ``key`` (a fixed seed) is a known finding."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as fixed_seed
+
+    drawn: list[Case] = []
+
+    @fixed_seed(0)
+    @settings(max_examples=PROBE_DRAWS, database=None, deadline=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @given(cases(backend.capabilities, limits, variants=[key]))
+    def probe(case: Case) -> None:
+        drawn.append(case)
+
+    probe()
+    return bool(drawn) and all(known(case) for case in drawn)
 
 
 # fields whose key names an option's value (a Triton constexpr), and the value that means "off"
