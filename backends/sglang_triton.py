@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pa_oracle.backends.base import Backend, Capabilities, Contract, KernelOutput, Precondition, register
+from pa_oracle.backends.base import Backend, Capabilities, CompileKey, Contract, KernelOutput, Precondition, register
 from pa_oracle.oracle.case import FP8_DTYPES, Case
 from pa_oracle.oracle.tensors import Tensors, token_addresses
 
@@ -49,6 +49,12 @@ class _SglangDecode(Backend):
         except Exception as exc:  # noqa: BLE001 - sglang's import pulls many modules
             return f"sglang's Triton decode kernel does not import ({type(exc).__name__}: {str(exc)[:80]})"
         return super().unavailable_reason()
+
+    def built_reason(self, key: CompileKey) -> str | None:
+        v = dict(key)
+        if v.get("group_size", 1) > 1 and min(v.get("head_dim_qk", 16), v.get("head_dim_vo", 16)) < 16:
+            return "refused: a head dim < 16 with GQA (unsupported_reason: every case of the key)"
+        return None  # Triton's own cache is not read: a key's first case is counted as compiling
 
     def unsupported_reason(self, case: Case) -> str | None:
         reason = super().unsupported_reason(case)

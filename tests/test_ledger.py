@@ -74,6 +74,21 @@ def test_a_golden_case_inside_another_entrys_class_replays_as_that_known_finding
     assert ledger_verdict(entries, "regress-x", "b", versions, "pass", case=inside).kind == "pass"
     assert ledger_verdict(entries, "regress-x", "b", versions, "fail").kind == "finding"  # no case given: by name only
     assert ledger_verdict(entries, "named", "x", {"flashinfer": "1.1"}, "fail", case=inside).kind == "finding"  # its own
+    assert ledger_verdict(entries, "regress-x", "b", versions, "crash", case=inside).kind == "finding"  # not a wrong number
+
+
+def test_a_golden_case_inside_a_quarantined_class_is_not_launched_whatever_entry_comes_first(tmp_path) -> None:
+    from pa_oracle.fuzz.campaign.ledger import ledger_verdict, quarantined_class
+    from pa_oracle.oracle.case import Case, Heads, Layout, Options
+
+    tolerated = {**ENTRY, "matches": {"alibi": True}}
+    quarantined = {**ENTRY, "case": "q", "status": "quarantine", "matches": {"head_dim": [8]}}
+    entries = load_ledger(write(tmp_path, [tolerated, quarantined]))
+    case = Case(Layout.from_lengths([1], [3], 16), Heads(1, 1, 8, 8), Options(alibi_slopes=(0.5,)))
+    versions = {"flashinfer": "1.0"}
+    assert quarantined_class(entries, "regress-x", case, "b", versions) is entries[1]
+    assert ledger_verdict(entries, "regress-x", "b", versions, None, case=case).kind == "quarantine"
+    assert quarantined_class(entries, "c", case, "b", versions) is None  # its own entry speaks for it
 
 
 def test_an_entry_without_a_predicate_matches_no_drawn_case(tmp_path) -> None:

@@ -18,3 +18,12 @@ def test_gqa_with_a_head_dim_below_16_is_unsupported_not_a_crash() -> None:
     assert grouped is not None and "dims >= 16" in grouped
     assert backend.unsupported_reason(Case(layout, Heads(2, 2, 8, 80), F16)) is None
     assert backend.unsupported_reason(Case(layout, Heads(6, 1, 16, 80), F16)) is None
+
+
+def test_the_plan_never_chooses_a_key_whose_every_case_is_unsupported() -> None:
+    from pa_oracle.fuzz.campaign.variants import plan_variants
+    from pa_oracle.fuzz.draw.strategies import Limits
+
+    backend = get_backend("sglang-decode")
+    chosen = [dict(k) for s in range(10) for k in plan_variants(backend, Limits(), budget=120, seed=s).chosen]
+    assert chosen and not any(k["group_size"] > 1 and min(k["head_dim_qk"], k["head_dim_vo"]) < 16 for k in chosen)

@@ -280,7 +280,22 @@ def known_finding(entries: list[Entry], case: Case, backend: str, versions: dict
                   check: str = ORACLE_CHECK) -> Entry | None:
     """The entry whose ``matches`` predicate covers a drawn ``case`` on ``backend`` in a campaign of
     ``check``, if any (``Entry.skips_in``)."""
-    return next((e for e in entries if e.skips_in(check) and e.covers(backend, versions, family) and e.matches_case(case)), None)
+    return next(iter(known_classes(entries, case, backend, versions, family, check)), None)
+
+
+def known_classes(entries: list[Entry], case: Case, backend: str, versions: dict[str, str], family: str | None = None,
+                  check: str = ORACLE_CHECK) -> list[Entry]:
+    """Every entry whose ``matches`` predicate covers ``case`` on ``backend`` (``known_finding``: the first)."""
+    return [e for e in entries if e.skips_in(check) and e.covers(backend, versions, family) and e.matches_case(case)]
+
+
+def quarantined_class(entries: list[Entry], case_name: str, case: Case, backend: str, versions: dict[str, str],
+                      family: str | None = None, check: str = ORACLE_CHECK) -> Entry | None:
+    """A quarantine entry whose class covers golden ``case`` (never launched, as a campaign never launches it),
+    unless an entry of the case's own name speaks for this backend (then that entry decides)."""
+    if any(e.case == case_name and e.check == check and e.names(backend, family) for e in entries):
+        return None
+    return next((e for e in known_classes(entries, case, backend, versions, family, check) if e.status == "quarantine"), None)
 
 
 @dataclass(frozen=True)
@@ -311,11 +326,16 @@ def ledger_verdict(
     """Judge a golden case's ``status`` (``pass``, ``fail``, ``crash``, ``unsupported``, ``error``; None:
     not launched) through ``check`` on ``backend`` at ``versions`` against the ledger. An entry of the case's
     own name decides; with none for this backend, a failing ``case`` inside another entry's ``matches`` (what a
-    campaign would skip as known) is that entry's known finding, not a new one."""
+    campaign would skip as known) is that entry's known finding, not a new one; only a wrong result ("fail")
+    is: a crash or an error inside a class of wrong numbers is still new, and a quarantined class is not
+    launched (``quarantined_class``)."""
     entry = lookup(entries, case_name, backend, versions, family, check)
-    if entry is None and case is not None and status != "pass":
+    if entry is None and case is not None and status in ("fail", None):
+        entry = quarantined_class(entries, case_name, case, backend, versions, family, check)
         named_elsewhere = any(e.case == case_name and e.check == check and e.names(backend, family) for e in entries)
-        entry = None if named_elsewhere else known_finding(entries, case, backend, versions, family, check)
+        if entry is None and status == "fail" and not named_elsewhere:
+            entry = next((e for e in known_classes(entries, case, backend, versions, family, check)
+                          if e.status == "tolerated"), None)
     if entry is not None and entry.status == "quarantine":
         return LedgerVerdict("quarantine", f"quarantined: {entry.reason} ({entry.tracked_at})", entry)
     if status == "error":

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, known_finding, ledger_verdict, lookup
+from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, ledger_verdict, lookup, quarantined_class
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK
 from pa_oracle.oracle.case import CaseError
@@ -109,8 +109,7 @@ def replay_corpus(
                 check = ALL_CHECKS[check_name]
                 entry = lookup(ledger, path.stem, backend.name, versions, family, check_name)
                 if entry is None:  # a case inside a quarantined class of another entry is not launched either
-                    entry = known_finding(ledger, case, backend.name, versions, family, check_name)
-                    entry = entry if entry is not None and entry.status == "quarantine" else None
+                    entry = quarantined_class(ledger, path.stem, case, backend.name, versions, family, check_name)
                 applies = check.capabilities(backend)
                 if entry is not None and entry.status == "quarantine":
                     status, message = "quarantine", "not launched"
