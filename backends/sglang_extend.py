@@ -37,6 +37,7 @@ _PASSED = frozenset({"q_extend", "k_extend", "v_extend", "o_extend", "k_buffer",
                      "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "sm_scale", "logit_cap",
                      "sliding_window_size", "sinks"})
 _SCALES = frozenset({"k_scale", "v_scale"})
+_NO_WINDOW_0 = "window_left=0 (SGLang's sliding_window_size enables a window only when > 0)"
 
 _SGLANG_EXTEND = Capabilities(
     devices=("cuda",), q_dtypes=("float16", "bfloat16"),
@@ -136,12 +137,12 @@ class SglangExtend(Backend):
     def unsupported_reason(self, case: Case) -> str | None:
         reason = super().unsupported_reason(case)
         if reason is None and case.options.window_left == 0:
-            return "unsupported: window_left=0 (SGLang's sliding_window_size enables a window only when > 0)"
+            return f"unsupported: {_NO_WINDOW_0}"
         return reason
 
     def built_reason(self, key: CompileKey) -> str | None:
         if dict(key).get("window_left") == 0:
-            return "refused: window_left=0 (SGLang's sliding_window_size enables a window only when > 0)"
+            return f"refused: {_NO_WINDOW_0}"
         return None  # Triton's own cache is not read: a key's first case is counted as compiling
 
     def plan(self, case: Case) -> dict[str, Any]:

@@ -32,6 +32,15 @@ _SGLANG_CONTRACT = Contract(preconditions=(
 ))
 
 
+_TOO_NARROW = "a head dim < 16 with GQA (the grouped decode kernel's tl.dot needs dims >= 16)"
+
+
+def _grouped_dot_too_narrow(group_size: int, head_dim_qk: int, head_dim_vo: int) -> bool:
+    """The grouped stage 1 (``_fwd_grouped_kernel_stage1``) computes tl.dot over BLOCK_DMODEL / BLOCK_DV, which
+    Triton refuses below 16 (a CompilationError on the H200, 2026-12-02); the group-1 kernel uses tl.sum."""
+    return group_size > 1 and min(head_dim_qk, head_dim_vo) < 16
+
+
 class _SglangDecode(Backend):
     num_kv_splits: ClassVar[int]
     capabilities = _SGLANG
@@ -52,17 +61,15 @@ class _SglangDecode(Backend):
 
     def built_reason(self, key: CompileKey) -> str | None:
         v = dict(key)
-        if v.get("group_size", 1) > 1 and min(v.get("head_dim_qk", 16), v.get("head_dim_vo", 16)) < 16:
-            return "refused: a head dim < 16 with GQA (unsupported_reason: every case of the key)"
+        if _grouped_dot_too_narrow(v.get("group_size", 1), v.get("head_dim_qk", 16), v.get("head_dim_vo", 16)):
+            return f"refused: {_TOO_NARROW} (every case of the key)"
         return None  # Triton's own cache is not read: a key's first case is counted as compiling
 
     def unsupported_reason(self, case: Case) -> str | None:
         reason = super().unsupported_reason(case)
         heads = case.heads
-        if reason is None and heads.group_size > 1 and min(heads.head_dim_qk, heads.head_dim_vo) < 16:
-            # the grouped stage 1 (``_fwd_grouped_kernel_stage1``) computes tl.dot over BLOCK_DMODEL / BLOCK_DV, which
-            # Triton refuses below 16 (a CompilationError on the H200, 2026-12-02); the group-1 kernel uses tl.sum
-            return "unsupported: a head dim < 16 with GQA (the grouped decode kernel's tl.dot needs dims >= 16)"
+        if reason is None and _grouped_dot_too_narrow(heads.group_size, heads.head_dim_qk, heads.head_dim_vo):
+            return f"unsupported: {_TOO_NARROW}"
         return reason
 
     def versions(self) -> dict[str, str]:

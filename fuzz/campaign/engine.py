@@ -172,8 +172,7 @@ def fuzz_backend(
         """Seconds this backend's worker spent starting and loading so far (0 in-process)."""
         return isolated.start_seconds if isolated is not None else 0.0
 
-    def is_known(case: Case) -> bool:
-        return bool(ledger) and known_finding(ledger, case, backend.name, versions, backend.kernel_family, check.name) is not None
+    is_known = _known_test(ledger, backend, check, versions)
 
     def prop(case: Case) -> None:
         searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
@@ -531,6 +530,14 @@ def _doing(backend: Backend, check: Check) -> str:
     return f"{what} on {where}"
 
 
+def _known_test(ledger: list[Entry] | None, backend: Backend, check: Check, versions: dict[str, str]) -> Callable[[Case], bool]:
+    """Whether a drawn case is a known finding of ``backend`` at ``versions`` (a ledger class), for ``check``."""
+    def is_known(case: Case) -> bool:
+        return bool(ledger) and known_finding(ledger, case, backend.name, versions, backend.kernel_family, check.name) is not None
+
+    return is_known
+
+
 def _start_pair(
     backend: Backend, check: Check, state: CampaignState, key: str, limits: Limits, shard: Shard,
     compile_budget: float | None, compiling: int, label: str, progress: Callable[[str], None] | None,
@@ -542,10 +549,7 @@ def _start_pair(
         progress(f"{label}{_doing(backend, check)} ...")
     if compile_budget is None or check is not ORACLE:
         return None
-    known = None
-    if ledger and backend.compile_fields:
-        versions, family = backend.versions(), backend.kernel_family
-        known = lambda case: known_finding(ledger, case, backend.name, versions, family, check.name) is not None  # noqa: E731
+    known = _known_test(ledger, backend, check, backend.versions()) if ledger and backend.compile_fields else None
     plan = plan_variants(backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index,
                          known=known)
     if plan is not None:

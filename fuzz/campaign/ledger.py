@@ -289,11 +289,17 @@ def known_classes(entries: list[Entry], case: Case, backend: str, versions: dict
     return [e for e in entries if e.skips_in(check) and e.covers(backend, versions, family) and e.matches_case(case)]
 
 
+def named_entry(entries: list[Entry], case_name: str, backend: str, family: str | None = None,
+                check: str = ORACLE_CHECK) -> Entry | None:
+    """An entry of the case's own name for ``backend`` (or its family) and ``check``, at any version."""
+    return next((e for e in entries if e.case == case_name and e.check == check and e.names(backend, family)), None)
+
+
 def quarantined_class(entries: list[Entry], case_name: str, case: Case, backend: str, versions: dict[str, str],
                       family: str | None = None, check: str = ORACLE_CHECK) -> Entry | None:
     """A quarantine entry whose class covers golden ``case`` (never launched, as a campaign never launches it),
     unless an entry of the case's own name speaks for this backend (then that entry decides)."""
-    if any(e.case == case_name and e.check == check and e.names(backend, family) for e in entries):
+    if named_entry(entries, case_name, backend, family, check) is not None:
         return None
     return next((e for e in known_classes(entries, case, backend, versions, family, check) if e.status == "quarantine"), None)
 
@@ -330,12 +336,12 @@ def ledger_verdict(
     is: a crash or an error inside a class of wrong numbers is still new, and a quarantined class is not
     launched (``quarantined_class``)."""
     entry = lookup(entries, case_name, backend, versions, family, check)
-    if entry is None and case is not None and status in ("fail", None):
-        entry = quarantined_class(entries, case_name, case, backend, versions, family, check)
-        named_elsewhere = any(e.case == case_name and e.check == check and e.names(backend, family) for e in entries)
-        if entry is None and status == "fail" and not named_elsewhere:
-            entry = next((e for e in known_classes(entries, case, backend, versions, family, check)
-                          if e.status == "tolerated"), None)
+    elsewhere = named_entry(entries, case_name, backend, family, check)  # its own entry, maybe at other versions
+    if entry is None and elsewhere is None and case is not None and status in ("fail", None):
+        classes = known_classes(entries, case, backend, versions, family, check)
+        entry = next((e for e in classes if e.status == "quarantine"), None)  # ``quarantined_class``
+        if entry is None and status == "fail":
+            entry = next((e for e in classes if e.status == "tolerated"), None)
     if entry is not None and entry.status == "quarantine":
         return LedgerVerdict("quarantine", f"quarantined: {entry.reason} ({entry.tracked_at})", entry)
     if status == "error":
@@ -349,7 +355,6 @@ def ledger_verdict(
         pinned = ", ".join(f"{k} {versions.get(k)}" for k in entry.versions) or "every version"
         return LedgerVerdict("unexpected-pass", f"passes at {pinned}, inside the range of its ledger entry: remove the entry "
                              f"or narrow its versions ({entry.tracked_at})", entry)
-    elsewhere = next((e for e in entries if e.case == case_name and e.check == check and e.names(backend, family)), None)
     if elsewhere is None:
         return LedgerVerdict("finding", "fails and no ledger entry covers it", None) if failed else LedgerVerdict("pass", "pass")
     outside = elsewhere.out_of_range(versions)

@@ -180,7 +180,7 @@ def plan_variants(
     if not free and unbuilt:
         count = max(count, 1)  # something must run
     start = (seed * max(count, 1)) % max(len(unbuilt), 1)
-    order = [unbuilt[(start + i) % len(unbuilt)] for i in range(len(unbuilt))]
+    order = [unbuilt[(start + i) % len(unbuilt)] for i in range(min(len(unbuilt), count + PROBED_SPARES))]
     if known is None:
         chosen = order[:count]
     else:
