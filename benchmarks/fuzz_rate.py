@@ -18,8 +18,8 @@ are not counted: it runs outside the counting mode, which a compiled kernel cann
 ``--ahead`` times the judge pass again with the next case's host tensors drawn in a background
 thread while a case is judged (as an isolated worker does: ``pa_oracle.fuzz.run.ahead``), against
 the same pass without, alternating; ``--isolated`` judges through a campaign's worker process with
-``--queue`` cases queued, in three fresh workers: as before this change (no drawing ahead, a
-pass's per-element errors sent back), drawing ahead only, and as now (``ISOLATED``). ``--threads N``
+``--queue`` cases queued, in fresh workers judging one case at a time (drawing the next ahead) and
+``--worker-threads`` cases side by side (``pa_oracle.fuzz.run.serve``), with the verdicts compared. ``--threads N``
 judges the cases in N threads, the kernel calls one at a time (a design question: does the host work of
 two judged cases overlap?), against one thread, and says whether every verdict is the same.
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import threading
 import time
@@ -48,8 +47,9 @@ from pa_oracle.fuzz.cli import narrow
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.ahead import AHEAD
-from pa_oracle.fuzz.run.isolation import IsolatedBackend, isolatable
+from pa_oracle.fuzz.run.isolation import IsolatedBackend, Worker, isolatable
 from pa_oracle.fuzz.run.runner import check_case
+from pa_oracle.fuzz.run.serve import KernelLock
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors, make_tensors
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -157,53 +157,26 @@ def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple
     return (min(w for w, _ in off), min(c for _, c in off)), (min(w for w, _ in on), min(c for _, c in on)), taken
 
 
-class _OneKernelAtATime:  # not a Backend subclass: its defaults would shadow the wrapped adapter's
-    """``backend`` whose ``plan`` and the ``run`` after it hold one lock between them (an adapter's
-    plan may fill buffers its run reads: two threads must not interleave them); the rest of a judged
-    case (tensors, the oracle, the comparison) runs unlocked, beside another thread's. ``judge``
-    releases the lock whatever ``check_case`` did between plan and run (``plan_inputs`` or the
-    fingerprint raising, e.g. a late CUDA error, leaves it held: the other threads would wait forever)."""
+def _one_kernel_at_a_time(backend: Backend) -> Callable[[Case], Any]:
+    """``check_case`` on ``backend`` with its kernel calls one at a time (the worker's ``KernelLock``);
+    the lock is the thread's no longer when a case returns or raises."""
+    locked = KernelLock(backend, threading.Lock(), None, lambda: None)
 
-    def __init__(self, backend: Backend) -> None:
-        self.__dict__["_inner"], self.__dict__["_lock"], self.__dict__["_held"] = backend, threading.Lock(), threading.local()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def plan(self, case: Case) -> Any:
-        self._lock.acquire()
-        self._held.locked = True
+    def judge(case: Case) -> Any:
         try:
-            return self._inner.plan(case)
-        except BaseException:
-            self._release()
-            raise
-
-    def run(self, plan: Any, tensors: Tensors) -> Any:
-        try:
-            return self._inner.run(plan, tensors)
+            return check_case(locked, case)  # type: ignore[arg-type]
         finally:
-            self._release()
+            locked.release()
 
-    def _release(self) -> None:
-        if getattr(self._held, "locked", False):
-            self._held.locked = False
-            self._lock.release()
-
-    def judge(self, case: Case) -> Any:
-        """``check_case`` on this backend; the lock is this thread's no longer when it returns or raises."""
-        try:
-            return check_case(self, case)
-        finally:
-            self._release()
+    return judge
 
 
 def threaded_pass(backend: Backend, supported: list[Case], threads: int) -> tuple[float, list[tuple[str, str]]]:
     """(wall seconds, each case's (status, message)) of judging ``supported`` in ``threads`` threads,
-    the kernel calls one at a time (``_OneKernelAtATime``), no drawing ahead: whether the host work of
+    the kernel calls one at a time (``KernelLock``), no drawing ahead: whether the host work of
     two judged cases overlaps (torch releases the GIL in its operators) enough to be worth a design."""
     device = backend.device or "cpu"
-    judge_case: Callable[[Case], Any] = _OneKernelAtATime(backend).judge if threads > 1 else (lambda case: check_case(backend, case))
+    judge_case: Callable[[Case], Any] = _one_kernel_at_a_time(backend) if threads > 1 else (lambda case: check_case(backend, case))
     mode, AHEAD.enabled = AHEAD.mode, False
     try:
         sync(device)
@@ -216,41 +189,30 @@ def threaded_pass(backend: Backend, supported: list[Case], threads: int) -> tupl
         AHEAD.mode = mode
 
 
-ISOLATED = {  # how --isolated judges: (draws ahead, a pass's per-element errors come back)
-    "before": (False, True),
-    "errors kept": (True, True),
-    "now": (True, False),
-}
-
-
-def isolated_rate(backend: Backend, drawn: list[Case], ahead: bool, queue: int, pass_errors: bool = False) -> tuple[float, int]:
-    """(seconds, cases) of a pass through a fresh worker process (``PA_ORACLE_DRAW_AHEAD`` on or
-    off there) with up to ``queue`` cases queued, after a warm-up pass in the same process."""
+def isolated_rate(backend: Backend, drawn: list[Case], threads: int, queue: int) -> tuple[float, list[tuple[str, str]], int]:
+    """(seconds, each case's (status, message), cases judged again alone) of a pass through a fresh
+    worker process judging ``threads`` cases side by side, with up to ``queue`` cases queued, after a
+    warm-up pass in the same process."""
     spec = isolatable(backend)
     if spec is None:
         raise SystemExit(f"{backend.name} cannot be loaded in a worker")
-    saved = os.environ.get("PA_ORACLE_DRAW_AHEAD")
-    os.environ["PA_ORACLE_DRAW_AHEAD"] = "1" if ahead else "0"  # read by the worker when it imports
-    isolated = IsolatedBackend(backend, spec, pass_errors=pass_errors)
+    isolated = IsolatedBackend(backend, spec, worker=Worker(threads=threads))
     try:
-        def one_pass() -> tuple[float, int]:
-            start, judged = time.perf_counter(), 0
+        def one_pass() -> tuple[float, list[tuple[str, str]]]:
+            start, verdicts = time.perf_counter(), []
             for case in drawn:
                 if isolated.pending >= queue:
-                    judged += isolated.collect()[0].status in ("pass", "fail")
+                    verdicts.append(isolated.collect()[0])
                 isolated.submit(case)
             while isolated.pending:
-                judged += isolated.collect()[0].status in ("pass", "fail")
-            return time.perf_counter() - start, judged
+                verdicts.append(isolated.collect()[0])
+            return time.perf_counter() - start, [(o.status, o.message) for o in verdicts]
 
         one_pass()  # warm: starts the worker, loads the backend, compiles its variants
-        return one_pass()
+        seconds, verdicts = one_pass()
+        return seconds, verdicts, isolated.worker.rejudged
     finally:
-        isolated.close()
-        if saved is None:
-            os.environ.pop("PA_ORACLE_DRAW_AHEAD", None)
-        else:
-            os.environ["PA_ORACLE_DRAW_AHEAD"] = saved
+        isolated.worker.close()
 
 
 class _Stage:
@@ -397,6 +359,8 @@ def main() -> None:
     parser.add_argument("--isolated", action="store_true",
                         help="time the cases through a worker process, with and without drawing ahead")
     parser.add_argument("--queue", type=int, default=8, help="cases queued in the worker with --isolated (default 8)")
+    parser.add_argument("--worker-threads", type=lambda text: [int(n) for n in text.split(",")], default=[2, 3], metavar="N,M",
+                        help="with --isolated: the worker's judge threads to compare with one (default 2,3)")
     parser.add_argument("--threads", type=int, default=0, metavar="N",
                         help="also judge the cases in N threads (kernel calls one at a time) against 1, and compare the verdicts")
     args = parser.parse_args()
@@ -423,16 +387,15 @@ def main() -> None:
                 flush=True,
             )
         if args.isolated:
-            rates = {}
-            for label, (ahead, pass_errors) in ISOLATED.items():
-                seconds, count = isolated_rate(backend, drawn, ahead, args.queue, pass_errors)
-                rates[label] = count / seconds
-            print(
-                f"  through a worker, {args.queue} queued ({count} judged): "
-                + ", ".join(f"{label} {rate:.1f} cases/s" for label, rate in rates.items())
-                + f" -> now/before {rates['now'] / rates['before']:.2f}x",
-                flush=True,
-            )
+            alone_seconds, alone, _ = isolated_rate(backend, drawn, 1, args.queue)
+            judged = sum(status in ("pass", "fail") for status, _ in alone)
+            rates = [f"one at a time {judged / alone_seconds:.1f} cases/s"]
+            for threads in args.worker_threads:
+                seconds, together, rejudged = isolated_rate(backend, drawn, threads, args.queue)
+                same = sum(a == b for a, b in zip(alone, together))
+                rates.append(f"{threads} side by side {judged / seconds:.1f} cases/s ({alone_seconds / seconds:.2f}x; "
+                             f"the same verdict and message on {same} of {len(alone)}, {rejudged} judged again alone)")
+            print(f"  through a worker, {args.queue} queued ({judged} judged): " + ", ".join(rates), flush=True)
         if args.threads > 1:
             supported = [case for case in drawn if backend.unavailable_reason() is None and backend.unsupported_reason(case) is None]
             one, alone = min((threaded_pass(backend, supported, 1) for _ in range(2)), key=lambda r: r[0])

@@ -663,7 +663,15 @@ class Case:
         """Short stable hash of everything that defines the case. A case with an npz sidecar is
         identified by the sidecar's content (``tensors_sha256``), never by where the file is, so
         the same case in two folders has one id; ``load_case`` fills the digest in. (Only a
-        sidecar case built in memory without a digest falls back to its ``tensors_file`` name.)"""
+        sidecar case built in memory without a digest falls back to its ``tensors_file`` name.)
+        Computed once per case object (its fields are frozen; a campaign asks ~10 times a case)."""
+        known = self.__dict__.get("_case_id")
+        if known is None:
+            known = self._hash_id()
+            object.__setattr__(self, "_case_id", known)
+        return known
+
+    def _hash_id(self) -> str:
         body = _case_body(self)
         body.pop("tensors_sha256", None)
         if self.tensors_file is not None and self.tensors_sha256 is not None:

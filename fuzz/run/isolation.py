@@ -21,14 +21,13 @@ import os
 import pickle
 import signal
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pa_oracle.fuzz.run.ahead import AHEAD
-from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome, exception_text
+from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
+from pa_oracle.fuzz.run.serve import NO_CASE, Request, serve, threads_from_env
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.tolerance import Tolerance
 
@@ -69,139 +68,20 @@ def default_case_timeout() -> float:
         raise BadTimeout(f"PA_ORACLE_CASE_TIMEOUT={raw!r}: give a finite number of seconds > 0") from None
 
 
-def _load_backend(spec: str, capabilities: Any) -> Any:
-    from pa_oracle.backends import get_backend
-    from pa_oracle.backends.user import UserKernel
+@dataclasses.dataclass
+class _Sent:
+    """A case sent to the worker and not collected yet."""
 
-    backend = UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
-    backend.capabilities = capabilities  # the parent's (narrowed by --only)
-    return backend
-
-
-_NUMERICS_FLAGS = (  # torch's process-wide numerics switches a library import may flip (e.g. TF32 for its own speed)
-    ("backends.cuda.matmul", "allow_tf32"),
-    ("backends.cuda.matmul", "allow_fp16_reduced_precision_reduction"),
-    ("backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
-    ("backends.cudnn", "allow_tf32"),
-    ("backends.cudnn", "benchmark"),
-    ("backends.cudnn", "deterministic"),
-)
-
-
-def _numerics() -> dict[tuple[str, str], Any]:
-    import operator
-
-    import torch
-
-    return {(where, name): getattr(operator.attrgetter(where)(torch), name) for where, name in _NUMERICS_FLAGS}
-
-
-def _restore_numerics(saved: dict[tuple[str, str], Any]) -> None:
-    """Put back torch's numerics switches as they were when the worker started: one backend's
-    import (or kernel) must not loosen the controls of another judged in the same worker."""
-    import operator
-
-    import torch
-
-    if _numerics() != saved:
-        for (where, name), value in saved.items():
-            setattr(operator.attrgetter(where)(torch), name, value)
-    if torch.get_default_dtype() != torch.float32:
-        torch.set_default_dtype(torch.float32)
-
-
-def _serve(tolerance: Tolerance, conn: Connection) -> None:
-    """The worker: load each backend it is sent once (``("load", spec, capabilities)``), then judge
-    each case it is sent with the check sent along (the parent's tolerance) and send the outcome
-    back with every tensor on the CPU (verdict, kernel output, derived cases). One worker serves
-    every check of every backend of its device; torch's numerics switches are restored before each
-    case. While a case is judged, the host tensors of the next case already sent are drawn in the
-    background (``pa_oracle.fuzz.run.ahead``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    saved = _numerics()
-    backends: dict[str, Any] = {}
-    inbox: collections.deque[Any] = collections.deque()  # requests received ahead of their turn (parsed)
-    conn.send_bytes(pickle.dumps("ready"))
-    while True:
-        try:
-            request = inbox.popleft() if inbox else _parsed(conn.recv_bytes())
-        except (EOFError, OSError):
-            return  # the parent is gone
-        if isinstance(request, _Unreadable):  # e.g. a check this worker cannot find: the tool's failure, not the kernel's
-            conn.send_bytes(pickle.dumps(("raised", request.kind, request.message, "")))
-            continue
-        if request is None:
-            return
-        if request[0] == "load":
-            _, spec, capabilities = request
-            try:
-                backends[spec] = _load_backend(spec, capabilities)
-                reply: Any = ("loaded",)
-            except BaseException as exc:  # noqa: BLE001 - the backend cannot load here: the parent says so
-                reply = ("load_failed", f"{type(exc).__name__}: {exception_text(exc)}")
-            conn.send_bytes(pickle.dumps(reply))
-            continue
-        spec, case_json, keep_output, check, pass_errors = request
-        try:
-            case = case_json if isinstance(case_json, Case) else Case.from_json(case_json)  # parsed ahead, or now
-            _draw_next(conn, inbox, backends)
-            _restore_numerics(saved)
-            start = time.monotonic()
-            outcome = check.judge(case, backends[spec], tolerance, keep_output)
-            if outcome.status == "pass" and outcome.verdict is not None and not (keep_output or pass_errors):
-                outcome.verdict.error = outcome.verdict.lse_error = None  # a pass counts by its statistics
-            outcome = outcome.on_cpu()
-            payload = pickle.dumps(("outcome", outcome, time.monotonic() - start))
-        except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
-            payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "".join(traceback.format_exception(exc, limit=-6))))
-        # plain pickle: Connection.send would move every tensor to shared memory (torch's reducers), ~0.1 s a case
-        conn.send_bytes(payload)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Unreadable:
-    """A request the worker could not unpickle (answered in its turn as the tool's failure)."""
-
-    kind: str
-    message: str
-
-
-def _parsed(raw: bytes) -> Any:
-    try:
-        return pickle.loads(raw)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent in the request's turn
-        return _Unreadable(type(exc).__name__, exception_text(exc))
-
-
-def _draw_next(conn: Connection, inbox: collections.deque[Any], backends: dict[str, Any]) -> None:
-    """Receive what the parent has already sent (without waiting) and start drawing the host
-    tensors of the next case among it in the background, while this one is judged (where
-    ``AHEAD.wanted`` for its backend's device)."""
-    if not AHEAD.enabled:
-        return
-    try:
-        while conn.poll(0):
-            inbox.append(_parsed(conn.recv_bytes()))
-    except (EOFError, OSError):
-        pass  # the parent is gone: the next receive says so
-    for i, request in enumerate(inbox):
-        if request is None or isinstance(request, _Unreadable):
-            return
-        try:
-            if request[0] == "load":
-                continue
-            if isinstance(request[1], Case):
-                return  # parsed and prepared while an earlier case was judged
-            backend = backends.get(request[0])
-            device = getattr(backend, "device", None)
-            if not AHEAD.wanted(device):
-                return
-            case = Case.from_json(request[1])
-            inbox[i] = (request[0], case, *request[2:])  # its turn takes the parsed case
-            AHEAD.prepare(case, device)
-        except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn parses, draws and reports
-            pass
-        return
+    spec: str
+    capabilities: Any
+    case: Case
+    check: Check
+    keep_output: bool
+    pass_errors: bool
+    seq: int
+    alone: bool = False  # judged again with no other case beside it
+    first: str = ""  # with ``alone``: the status of its first answer
+    answer: tuple[Outcome, float] | None = None  # known without the worker (a crash it was found to cause)
 
 
 class Worker:
@@ -213,28 +93,42 @@ class Worker:
     of each backend after a start gets ``first_case_factor`` times the case timeout (it may
     compile). After a crash outcome the process is restarted before another backend's case runs:
     a CUDA context a kernel left broken must not fail the next backend.
+
+    The worker may judge several queued cases side by side, their kernels one at a time
+    (``pa_oracle.fuzz.run.serve``; ``threads``: None for its default per device). A death or a hang
+    then belongs to the case that was in its kernel, the cases queued before it are judged again in
+    a fresh process, those after it dropped (as when one case at a time died). An answer other than
+    a pass or a skip from a case judged beside another is not taken: that case is judged again alone,
+    in a fresh process (``rejudged`` counts them, ``rejudged_changed`` those whose verdict changed).
     """
 
     def __init__(
         self, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
-        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS,
+        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, threads: int | None = None,
     ) -> None:
         self.timeout = check_timeout(timeout)
         self.tolerance = tolerance
         self.first_case_factor = first_case_factor
         self.startup = startup
+        self.threads = threads_from_env() if threads is None else threads
         self._ctx = mp.get_context("spawn")  # CUDA cannot be re-initialized in a forked child
         self._process: Any = None
         self._conn: Connection | None = None
-        self._pending: collections.deque[tuple[str, Case, str]] = collections.deque()  # (spec, case, check) sent, not collected
+        self._slot: Any = None  # the seq of the case in its kernel (shared with the process)
+        self._seq = 0
+        self._pending: collections.deque[_Sent] = collections.deque()  # sent, not collected
         self._loaded: set[str] = set()  # specs loaded in the current process
         self._judged: set[str] = set()  # specs that judged a case in the current process
         self._crashed: str | None = None  # the spec whose case crashed in the current process
         self.starts = 0
+        self.rejudged = 0
+        self.rejudged_changed = 0
+        self._start_error = ""
 
     def _start(self, deadline: float | None = None) -> None:
         parent, child = self._ctx.Pipe()
-        self._process = self._ctx.Process(target=_serve, args=(self.tolerance, child), daemon=True)
+        self._slot = self._ctx.Value("q", NO_CASE, lock=False)
+        self._process = self._ctx.Process(target=serve, args=(self.tolerance, child, self.threads, self._slot), daemon=True)
         self._process.start()
         child.close()  # the parent's copy: a dead worker then reads as EOF
         self._conn = parent
@@ -309,23 +203,39 @@ class Worker:
             self.ensure(spec, capabilities, deadline)
         elif spec not in self._loaded:
             raise AssertionError(f"{spec} submitted while another backend's cases are pending")
+        self._seq += 1
+        self._send(_Sent(spec, capabilities, case, judge, keep_output, pass_errors, self._seq))
+        return time.monotonic() - started
+
+    def _send(self, sent: _Sent) -> None:
         assert self._conn is not None
+        request = Request(sent.spec, sent.case, sent.keep_output, sent.check, sent.pass_errors, sent.seq, sent.alone)
         try:
-            self._conn.send_bytes(pickle.dumps((spec, case.to_json(), keep_output, judge, pass_errors)))
+            self._conn.send_bytes(pickle.dumps(request))
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the process died: collect reports it as this (or an earlier) case's crash
-        self._pending.append((spec, case, judge.name))
-        return time.monotonic() - started
+        self._pending.append(sent)
 
     def collect(self, deadline: float | None = None) -> tuple[Outcome, float]:
         """(the outcome of the oldest pending case, the seconds the worker spent judging it). It gets
         its case timeout from now (so a caller busy elsewhere never causes a false hang), or until
         the monotonic ``deadline`` if that comes first (then ``OutOfTime``, and every pending case is
-        dropped). A hang or a death of the process is this case's crash outcome, and the cases sent
-        after it are dropped (``pending`` is 0 then): they were not judged."""
-        spec, case, check = self._pending.popleft()
+        dropped). A hang or a death of the process is the crash outcome of the case in its kernel
+        (else of this one); the cases sent after that one are dropped (``pending`` is 0 then): they
+        were not judged."""
+        while True:
+            got = self._collect_once(deadline)
+            if got is not None:
+                return got
+
+    def _collect_once(self, deadline: float | None) -> tuple[Outcome, float] | None:
+        """The oldest case's answer, or None when it was sent again (to a fresh process) instead."""
+        sent = self._pending[0]
+        if sent.answer is not None:
+            self._pending.popleft()
+            return sent.answer
         time_left = None if deadline is None else deadline - time.monotonic()
-        limit = self.case_limit(spec)
+        limit = self.case_limit(sent.spec)
         budget_cut = time_left is not None and time_left < limit
         wait = max(time_left, 0.0) if budget_cut and time_left is not None else limit
         start = time.monotonic()
@@ -334,39 +244,89 @@ class Worker:
             answered = self._conn.poll(wait)
             reply = pickle.loads(self._conn.recv_bytes()) if answered else None
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
-            return self._died(case, spec, check), time.monotonic() - start
+            return self._lost(self._died(), time.monotonic() - start, deadline)
         if reply is None:
-            self.close(graceful=False)  # the next case starts a fresh worker
             if budget_cut:
-                raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {case.case_id}")
-            hang = Outcome(case, spec, "crash", f"hang: no answer after {limit:g} s (worker restarted)", check=check)
-            return hang, limit
-        self._judged.add(spec)
+                self.close(graceful=False)
+                raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {sent.case.case_id}")
+            return self._lost(f"hang: no answer after {limit:g} s (worker restarted)", limit, deadline)
+        self._judged.add(sent.spec)
+        overlapped = bool(reply[3] if reply[0] == "outcome" else reply[4])
+        status = reply[1].status if reply[0] == "outcome" else f"raised {reply[1]}"
+        if overlapped and status not in ("pass", "unsupported"):
+            return self._again_alone(status, deadline)
+        self._pending.popleft()
+        if sent.alone:
+            self.rejudged += 1
+            self.rejudged_changed += status != sent.first
         if reply[0] == "outcome":
             if reply[1].status == "crash":
-                self._crashed = spec
+                self._crashed = sent.spec
             return reply[1], reply[2]
-        _, kind, message, tb = reply
+        kind, message, tb = reply[1:4]
         if kind == "OracleDisagreement":
             raise OracleDisagreement(message)
         if kind == "CaseError":
             raise CaseError(message)  # the case cannot be judged at all: bad input, not a kernel's fault
-        failed = Outcome(case, spec, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}", check=check)
+        failed = Outcome(sent.case, sent.spec, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}",
+                         check=sent.check.name)
         return failed, time.monotonic() - start
 
-    def _died(self, case: Case, spec: str, check: str) -> Outcome:
+    def _lost(self, why: str, seconds: float, deadline: float | None) -> tuple[Outcome, float] | None:
+        """The process died or hung: the case in its kernel then (else the oldest) gets the crash
+        outcome ``why``, the cases sent before it go to a fresh process, those after it are dropped."""
+        in_kernel = NO_CASE if self._slot is None else self._slot.value
+        self.close(graceful=False, keep_pending=True)
+        at = next((i for i, sent in enumerate(self._pending) if sent.seq == in_kernel), 0)
+        culprit, before = self._pending[at], list(self._pending)[:at]
+        crash = Outcome(culprit.case, culprit.spec, "crash", why, check=culprit.check.name)
+        self._pending.clear()
+        if before:
+            culprit.answer = (crash, seconds)
+            if self._resend([*before, culprit], deadline):
+                return None
+        return crash, seconds  # (a fresh process would not start: the cases before it are dropped, not judged)
+
+    def _again_alone(self, status: str, deadline: float | None) -> tuple[Outcome, float] | None:
+        """Judge the oldest case again alone in a fresh process (the ones after it as before); its
+        first answer (``status``) was not a pass, with another case judged beside it."""
+        waiting = list(self._pending)
+        first = waiting[0] = dataclasses.replace(waiting[0], alone=True, first=status)
+        self.close(graceful=False, keep_pending=True)
+        self._pending.clear()
+        if self._resend(waiting, deadline):
+            return None
+        why = f"the worker could not judge the case again alone: {self._start_error}"
+        return Outcome(first.case, first.spec, "error", why, check=first.check.name), 0.0
+
+    def _resend(self, cases: list[_Sent], deadline: float | None) -> bool:
+        """Send ``cases`` to a fresh process, in order (one already answered is kept as it is);
+        False (nothing pending) when the process cannot start or load their backend."""
+        try:
+            self.ensure(cases[0].spec, cases[0].capabilities, deadline)
+        except WorkerStartError as exc:
+            self._start_error = str(exc)
+            return False
+        for sent in cases:
+            if sent.answer is None:
+                self._seq += 1
+                self._send(dataclasses.replace(sent, seq=self._seq))
+            else:
+                self._pending.append(sent)
+        return True
+
+    def _died(self) -> str:
         self._process.join(5)
         code = self._process.exitcode
-        self.close()
         how = f"exit code {code}"
         if code is not None and code < 0:
             try:
                 how = f"signal {signal.Signals(-code).name}"
             except ValueError:
                 how = f"signal {-code}"
-        return Outcome(case, spec, "crash", f"worker process died ({how}) (worker restarted)", check=check)
+        return f"worker process died ({how}) (worker restarted)"
 
-    def close(self, graceful: bool = True) -> None:
+    def close(self, graceful: bool = True, keep_pending: bool = False) -> None:
         if self._process is not None:
             if graceful and self._process.is_alive():
                 try:
@@ -382,8 +342,10 @@ class Worker:
             self._conn.close()
         self._process = None
         self._conn = None
+        self._slot = None
         self._loaded, self._judged, self._crashed = set(), set(), None
-        self._pending.clear()  # not judged: their callers are told by ``pending`` dropping to 0
+        if not keep_pending:
+            self._pending.clear()  # not judged: their callers are told by ``pending`` dropping to 0
 
 
 class IsolatedBackend:

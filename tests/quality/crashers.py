@@ -17,3 +17,40 @@ def segfaults(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_
 
 def hangs(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
     time.sleep(3600)
+
+
+def _many_pages(kv_indptr) -> bool:  # type: ignore[no-untyped-def]
+    return int(kv_indptr[-1]) > 1
+
+
+def segfaults_on_many_pages(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Correct on a case of at most one page; kills the process on any other."""
+    from tests.reliability.bad_kernels import correct
+
+    if _many_pages(kv_indptr):
+        ctypes.string_at(0)
+    return correct(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=kv_last_page_len)
+
+
+def hangs_on_many_pages(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Correct on a case of at most one page; never returns on any other."""
+    from tests.reliability.bad_kernels import correct
+
+    if _many_pages(kv_indptr):
+        time.sleep(3600)
+    return correct(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=kv_last_page_len)
+
+
+def wrong_in_a_judge_thread(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Wrong (all zeros) when called from one of a worker's judge threads, correct from its main
+    thread: slow enough (50 ms) that the case beside it is judged meanwhile."""
+    import threading
+
+    from tests.reliability.bad_kernels import correct
+
+    time.sleep(0.05)
+    out, lse = correct(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                       kv_last_page_len=kv_last_page_len)
+    if threading.current_thread().name.startswith("pa-oracle-judge"):
+        out = torch.zeros_like(out)
+    return out, lse

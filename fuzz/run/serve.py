@@ -1,0 +1,358 @@
+"""The worker process of ``pa_oracle.fuzz.run.isolation``: loads backends, judges the cases it is sent
+and answers each, in the order sent.
+
+On an accelerator the host work of a judged case (drawing its tensors, the float64 oracle, two
+controls, the comparison: ~400 torch operators) leaves the device idle most of the time, and torch's
+operators release the GIL. So the worker judges the oracle check of an accelerator backend's cases in
+``threads`` threads, its *kernel calls one at a time*: one lock is held from a case's ``plan`` through
+its ``run`` and the device wait after it (``KernelLock``), so a kernel's fault surfaces in its own
+case, never in another's oracle. While a case holds the lock its number is in the shared ``in_kernel``
+slot: when the process dies or hangs, the parent reads there which case was in its kernel
+(``Worker.collect``). A case judged while another was being judged beside it says so in its answer
+(``overlapped``): the parent trusts a pass, and judges anything else again alone in a fresh process
+(another kernel's stray write cannot then be the cause). Every other case (other checks, CPU backends,
+a case sent ``alone``) is judged with nothing beside it, drawing the next case's host tensors ahead
+(``pa_oracle.fuzz.run.ahead``) as one thread did before.
+
+``PA_ORACLE_JUDGE_THREADS=N`` sets the threads for every backend (1: one case at a time); unset,
+``ACCELERATOR_THREADS`` for a backend on an accelerator and 1 on the CPU, whose judge already uses
+every core through torch's own threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import queue
+import signal
+import threading
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.run.ahead import AHEAD
+from pa_oracle.fuzz.run.runner import ORACLE_CHECK, exception_text, finished
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.tensors import Tensors
+from pa_oracle.oracle.tolerance import Tolerance
+
+ACCELERATOR_THREADS = 2  # judge threads for an accelerator backend (measured on the H200: benchmarks/RESULTS.md)
+NO_CASE = -1  # the in-kernel slot when no case is in a kernel
+
+
+class BadThreads(BadInput):
+    """``PA_ORACLE_JUDGE_THREADS`` is not a whole number >= 1 (bad input: exit 2)."""
+
+
+def threads_from_env() -> int | None:
+    """``PA_ORACLE_JUDGE_THREADS`` as a count, or None when unset (the default per device)."""
+    raw = os.environ.get("PA_ORACLE_JUDGE_THREADS", "").strip()
+    if not raw:
+        return None
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise BadThreads(f"PA_ORACLE_JUDGE_THREADS={raw!r}: give a whole number of threads >= 1")
+    return threads
+
+
+def threads_for(backend: Any, threads: int | None) -> int:
+    """The judge threads for ``backend``'s oracle cases: ``threads`` if given, else by its device."""
+    if threads is not None:
+        return threads
+    return ACCELERATOR_THREADS if (getattr(backend, "device", None) or "cpu") != "cpu" else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One case to judge, as the parent sends it; ``seq`` numbers it for the in-kernel slot."""
+
+    spec: str
+    case: Case
+    keep_output: bool
+    check: Any
+    pass_errors: bool
+    seq: int
+    alone: bool = False  # judge with no other case beside it (a second look at an overlapped finding)
+
+
+class KernelLock:  # not a Backend subclass: its defaults would shadow the wrapped adapter's
+    """``backend`` whose ``plan`` and the ``run`` after it (with the device wait that surfaces the
+    kernel's asynchronous faults) hold one lock between them, so two threads' kernels never
+    interleave (an adapter's plan may fill buffers its run reads) and a fault lands in its own case.
+    While held, the in-kernel slot names the holder's case. The lock is released however
+    ``check_case`` leaves a case (``release``: ``plan_inputs`` or the fingerprint raising between
+    plan and run would otherwise keep it). torch's numerics switches are put back before release."""
+
+    def __init__(self, backend: Backend, lock: threading.Lock, slot: Any, restore: Any) -> None:
+        self.__dict__.update(_inner=backend, _lock=lock, _slot=slot, _restore=restore, _held=threading.local())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def plan(self, case: Case) -> Any:
+        self._lock.acquire()
+        self._held.locked = True
+        if self._slot is not None:
+            self._slot.value = getattr(self._held, "seq", NO_CASE)
+        try:
+            return self._inner.plan(case)
+        except BaseException:
+            self.release()
+            raise
+
+    def run(self, plan: Any, tensors: Tensors) -> Any:
+        try:
+            return finished(self._inner.run(plan, tensors), tensors.q.device)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        if getattr(self._held, "locked", False):
+            self._restore()
+            if self._slot is not None:
+                self._slot.value = NO_CASE
+            self._held.locked = False
+            self._lock.release()
+
+    def judging(self, seq: int) -> None:
+        """Name the case this thread judges next (what the slot says while it holds the lock)."""
+        self._held.seq = seq
+
+
+def _load_backend(spec: str, capabilities: Any) -> Any:
+    from pa_oracle.backends import get_backend
+    from pa_oracle.backends.user import UserKernel
+
+    backend = UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
+    backend.capabilities = capabilities  # the parent's (narrowed by --only)
+    return backend
+
+
+_NUMERICS_FLAGS = (  # torch's process-wide numerics switches a library import may flip (e.g. TF32 for its own speed)
+    ("backends.cuda.matmul", "allow_tf32"),
+    ("backends.cuda.matmul", "allow_fp16_reduced_precision_reduction"),
+    ("backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
+    ("backends.cudnn", "allow_tf32"),
+    ("backends.cudnn", "benchmark"),
+    ("backends.cudnn", "deterministic"),
+)
+
+
+def _numerics() -> dict[tuple[str, str], Any]:
+    import operator
+
+    import torch
+
+    return {(where, name): getattr(operator.attrgetter(where)(torch), name) for where, name in _NUMERICS_FLAGS}
+
+
+def _restore_numerics(saved: dict[tuple[str, str], Any]) -> None:
+    """Put back torch's numerics switches as they were when the worker started: one backend's
+    import (or kernel) must not loosen the controls of another judged in the same worker."""
+    import operator
+
+    import torch
+
+    if _numerics() != saved:
+        for (where, name), value in saved.items():
+            setattr(operator.attrgetter(where)(torch), name, value)
+    if torch.get_default_dtype() != torch.float32:
+        torch.set_default_dtype(torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unreadable:
+    """A request the worker could not unpickle (answered in its turn as the tool's failure)."""
+
+    kind: str
+    message: str
+
+
+_GONE = object()  # the parent closed the pipe
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        return pickle.loads(raw)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent in the request's turn
+        return _Unreadable(type(exc).__name__, exception_text(exc))
+
+
+def _answered(payload: bytes) -> Future[bytes]:
+    done: Future[bytes] = Future()
+    done.set_result(payload)
+    return done
+
+
+class _Overlap:
+    """Which cases were judged while another was being judged (their answers say ``overlapped``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: set[int] = set()
+        self._overlapped: set[int] = set()
+
+    def start(self, seq: int) -> None:
+        with self._lock:
+            self._active.add(seq)
+            if len(self._active) > 1:
+                self._overlapped |= self._active
+
+    def end(self, seq: int) -> bool:
+        with self._lock:
+            self._active.discard(seq)
+            if seq in self._overlapped:
+                self._overlapped.discard(seq)
+                return True
+            return False
+
+
+class _Server:
+    def __init__(self, tolerance: Tolerance, conn: Connection, threads: int | None, slot: Any) -> None:
+        self.tolerance, self.conn, self.threads, self.slot = tolerance, conn, threads, slot
+        self.saved = _numerics()
+        self.backends: dict[str, Any] = {}
+        self.locked: dict[str, KernelLock] = {}
+        self.kernel_lock = threading.Lock()
+        self.requests: queue.Queue[Any] = queue.Queue()  # filled by the receiver thread, in order
+        self.answers: queue.Queue[Future[bytes] | None] = queue.Queue()  # sent by the sender thread, in order
+        self.running: set[Future[bytes]] = set()  # cases being judged in the pool
+        self.pool: ThreadPoolExecutor | None = None
+        self.overlap = _Overlap()
+        self.prepared: set[int] = set()  # seqs whose host tensors were drawn ahead
+
+    def receive(self) -> None:
+        while True:
+            try:
+                raw = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                self.requests.put(_GONE)  # the parent is gone
+                return
+            request = _parsed(raw)
+            self.requests.put(request)
+            if request is None:
+                return
+
+    def send(self) -> None:
+        while (answer := self.answers.get()) is not None:
+            try:
+                self.conn.send_bytes(answer.result())
+            except (BrokenPipeError, OSError):
+                return  # the parent is gone
+
+    def serve(self) -> None:
+        receiver = threading.Thread(target=self.receive, name="pa-oracle-receive", daemon=True)
+        sender = threading.Thread(target=self.send, name="pa-oracle-send", daemon=True)
+        receiver.start()
+        sender.start()
+        try:
+            while (request := self.requests.get()) is not None and request is not _GONE:
+                self.answers.put(self.dispatch(request))
+        finally:
+            self.idle()
+            self.answers.put(None)
+            sender.join()
+            if self.pool is not None:
+                self.pool.shutdown(wait=False)
+
+    def idle(self) -> None:
+        wait(self.running)
+        self.running.clear()
+
+    def dispatch(self, request: Any) -> Future[bytes]:
+        if isinstance(request, _Unreadable):  # e.g. a check this worker cannot find: the tool's failure, not the kernel's
+            return _answered(pickle.dumps(("raised", request.kind, request.message, "", False)))
+        if isinstance(request, tuple) and request[0] == "load":
+            self.idle()
+            _, spec, capabilities = request
+            try:
+                self.backends[spec] = _load_backend(spec, capabilities)
+                return _answered(pickle.dumps(("loaded",)))
+            except BaseException as exc:  # noqa: BLE001 - the backend cannot load here: the parent says so
+                return _answered(pickle.dumps(("load_failed", f"{type(exc).__name__}: {exception_text(exc)}")))
+        backend = self.backends.get(request.spec)
+        threads = threads_for(backend, self.threads)
+        if threads > 1 and not request.alone and request.check.name == ORACLE_CHECK and backend is not None:
+            while len(self.running) >= threads:
+                done, _ = wait(self.running, return_when=FIRST_COMPLETED)
+                self.running -= done
+            if self.pool is None or self.pool._max_workers < threads:  # noqa: SLF001 - grown once, for the widest backend
+                self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pa-oracle-judge")
+            future = self.pool.submit(self.judge, request, self._locked(request.spec, backend), False)
+            self.running.add(future)
+            return future
+        self.idle()
+        self._draw_next(request)
+        return _answered(self.judge(request, backend, True))
+
+    def _locked(self, spec: str, backend: Any) -> KernelLock:
+        if spec not in self.locked or self.locked[spec]._inner is not backend:  # noqa: SLF001
+            self.locked[spec] = KernelLock(backend, self.kernel_lock, self.slot, lambda: _restore_numerics(self.saved))
+        return self.locked[spec]
+
+    def judge(self, request: Request, backend: Any, alone: bool) -> bytes:
+        """The pickled answer to ``request``: the outcome (every tensor on the CPU), or what the tool raised."""
+        if isinstance(backend, KernelLock):
+            backend.judging(request.seq)
+        elif self.slot is not None:
+            self.slot.value = request.seq
+        self.overlap.start(request.seq)
+        try:
+            if backend is None:
+                raise KeyError(f"{request.spec} was not loaded in this worker")
+            _restore_numerics(self.saved)
+            start = time.monotonic()
+            outcome = request.check.judge(request.case, backend, self.tolerance, request.keep_output)
+            if outcome.status == "pass" and outcome.verdict is not None and not (request.keep_output or request.pass_errors):
+                outcome.verdict.error = outcome.verdict.lse_error = None  # a pass counts by its statistics
+            outcome = outcome.on_cpu()
+            seconds = time.monotonic() - start
+            overlapped = self.overlap.end(request.seq)
+            # plain pickle: Connection.send would move every tensor to shared memory (torch's reducers), ~0.1 s a case
+            return pickle.dumps(("outcome", outcome, seconds, overlapped))
+        except BaseException as exc:  # noqa: BLE001 - the oracle failed, not the kernel: tell the parent
+            overlapped = self.overlap.end(request.seq)
+            tb = "".join(traceback.format_exception(exc, limit=-6))
+            return pickle.dumps(("raised", type(exc).__name__, exception_text(exc), tb, overlapped))
+        finally:
+            if isinstance(backend, KernelLock):
+                backend.release()
+            elif self.slot is not None:
+                self.slot.value = NO_CASE
+
+    def _draw_next(self, request: Request) -> None:
+        """Start drawing the host tensors of the next case received, in the background, while this one
+        is judged alone (where ``AHEAD.wanted`` for its backend's device)."""
+        if not AHEAD.enabled:
+            return
+        with self.requests.mutex:
+            following = self.requests.queue[0] if self.requests.queue else None
+        if not isinstance(following, Request) or following.seq in self.prepared:
+            return
+        backend = self.backends.get(following.spec)
+        device = getattr(backend, "device", None)
+        if following.alone or not AHEAD.wanted(device) or (threads_for(backend, self.threads) > 1 and following.check.name == ORACLE_CHECK):
+            return  # judged in the pool, or not wanted: nothing to take it
+        self.prepared = {seq for seq in self.prepared if seq >= request.seq}
+        self.prepared.add(following.seq)
+        try:
+            AHEAD.prepare(following.case, device)
+        except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn draws and reports
+            pass
+
+
+def serve(tolerance: Tolerance, conn: Connection, threads: int | None = None, slot: Any = None) -> None:
+    """The worker's main: answer ``"ready"``, then each request in its turn until the parent sends
+    None or goes away. ``("load", spec, capabilities)`` loads a backend; a ``Request`` is judged with
+    its check and the parent's tolerance; torch's numerics switches are restored before each case."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn.send_bytes(pickle.dumps("ready"))
+    _Server(tolerance, conn, threads, slot).serve()
