@@ -163,3 +163,26 @@ def test_sigkill_mid_campaign_then_resume_adds_up(tmp_path) -> None:
     assert summary["examples"] == summary["passed"] == target and summary["chunks"] == killed.chunks_done + 1
     resumed = CampaignState.load(state_file).results["sdpa-math"]
     assert resumed.seen[: len(killed.seen)] == killed.seen and len(set(resumed.seen)) == len(resumed.seen) == target
+
+
+def test_the_worst_ratio_counts_only_passes_whose_control_had_an_error() -> None:
+    """A pass whose control was exact (one key: the output is V) has kernel/control ratio inf: within
+    the floor, it says nothing of the kernel's headroom, and inf is not JSON."""
+    from pa_oracle.fuzz.campaign.engine import _count
+    from pa_oracle.fuzz.campaign.state import BackendResult
+    from pa_oracle.fuzz.run.runner import Outcome
+    from pa_oracle.oracle.case import Case, Heads, Layout
+    from pa_oracle.oracle.tolerance import ErrorStats, Verdict
+
+    case = Case(Layout.from_lengths([1], [1], 4), Heads(1, 1, 8, 8))
+
+    def passing(error: float, control: float) -> Outcome:
+        stats = ErrorStats("out", error, error, control, control, 1e-3, 8, 0, 2 * control + 1e-3, 2 * control + 1e-3)
+        return Outcome(case, "k", "pass", "PASS", Verdict(True, [], stats))
+
+    result = BackendResult("k")
+    _count(result, passing(4e-4, 0.0))
+    assert result.worst_ratio == 0.0 and passing(4e-4, 0.0).verdict.out.ratio == float("inf")
+    _count(result, passing(3e-4, 2e-4))
+    assert result.worst_ratio == pytest.approx(1.5)
+    assert json.loads(json.dumps(result.worst_ratio)) == pytest.approx(1.5)

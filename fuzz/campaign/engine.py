@@ -13,6 +13,7 @@ so the campaign surfaces new findings. After every chunk the state (``pa_oracle.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -388,7 +389,8 @@ def _count(result: BackendResult, outcome: Outcome) -> None:
     if outcome.status != "unsupported":
         result.coverage.add(outcome.case)
     if outcome.status == "pass" and outcome.verdict is not None and outcome.verdict.out is not None:
-        result.worst_ratio = max(result.worst_ratio, outcome.verdict.out.ratio)
+        if math.isfinite(ratio := outcome.verdict.out.ratio):  # inf: the control was exact, the kernel within the floor
+            result.worst_ratio = max(result.worst_ratio, ratio)
 
 
 def _saved_at(outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_spec: str | None) -> str:

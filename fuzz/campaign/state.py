@@ -55,7 +55,7 @@ class BackendResult:
     unsupported: int = 0
     skipped_known: int = 0  # distinct drawn cases that a ledger entry's predicate matched
     seconds: float = 0.0
-    worst_ratio: float = 0.0  # largest kernel/control max-error ratio among passing examples
+    worst_ratio: float = 0.0  # largest kernel/control max-error ratio among passing examples whose control had an error
     chunks_done: int = 0
     status: Status = "pending"
     findings: list[FindingRecord] = field(default_factory=list)
