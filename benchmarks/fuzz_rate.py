@@ -18,8 +18,9 @@ are not counted: it runs outside the counting mode, which a compiled kernel cann
 ``--ahead`` times the judge pass again with the next case's host tensors drawn in a background
 thread while a case is judged (as an isolated worker does: ``pa_oracle.fuzz.run.ahead``), against
 the same pass without, alternating; ``--isolated`` judges through a campaign's worker process with
-``--queue`` cases queued, in fresh workers judging one case at a time (drawing the next ahead) and
-``--worker-threads`` cases side by side (``pa_oracle.fuzz.run.serve``), with the verdicts compared. ``--threads N``
+``--queue`` cases queued (the cases a campaign would not skip as known), in fresh workers judging one
+case at a time (drawing the next ahead) and ``--worker-threads`` cases side by side
+(``pa_oracle.fuzz.run.serve``), with the verdicts compared. ``--threads N``
 judges the cases in N threads, the kernel calls one at a time (a design question: does the host work of
 two judged cases overlap?), against one thread, and says whether every verdict is the same.
 """
@@ -42,6 +43,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from pa_oracle.backends import get_backend
 from pa_oracle.fuzz.run import runner
 from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.campaign.ledger import GOLDEN, known_finding, load_ledger
 from pa_oracle.fuzz.campaign.variants import plan_variants
 from pa_oracle.fuzz.cli import narrow
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
@@ -187,6 +189,15 @@ def threaded_pass(backend: Backend, supported: list[Case], threads: int) -> tupl
         return time.perf_counter() - start, [(o.status, o.message) for o in outcomes]
     finally:
         AHEAD.mode = mode
+
+
+def campaign_cases(backend: Backend, drawn: list[Case]) -> list[Case]:
+    """``drawn`` less the cases a campaign skips as known (a ledger class of ``backend``): through a worker
+    a known failure judged beside another case is judged again alone in a fresh process (seconds each),
+    which a campaign never pays for a case it skips."""
+    ledger = load_ledger(GOLDEN / "ledger.json")
+    versions = backend.versions()
+    return [case for case in drawn if known_finding(ledger, case, backend.name, versions, backend.kernel_family) is None]
 
 
 def isolated_rate(backend: Backend, drawn: list[Case], threads: int, queue: int) -> tuple[float, list[tuple[str, str]], int]:
@@ -387,15 +398,17 @@ def main() -> None:
                 flush=True,
             )
         if args.isolated:
-            alone_seconds, alone, _ = isolated_rate(backend, drawn, 1, args.queue)
+            unknown = campaign_cases(backend, drawn)
+            alone_seconds, alone, _ = isolated_rate(backend, unknown, 1, args.queue)
             judged = sum(status in ("pass", "fail") for status, _ in alone)
             rates = [f"one at a time {judged / alone_seconds:.1f} cases/s"]
             for threads in args.worker_threads:
-                seconds, together, rejudged = isolated_rate(backend, drawn, threads, args.queue)
+                seconds, together, rejudged = isolated_rate(backend, unknown, threads, args.queue)
                 same = sum(a == b for a, b in zip(alone, together))
                 rates.append(f"{threads} side by side {judged / seconds:.1f} cases/s ({alone_seconds / seconds:.2f}x; "
                              f"the same verdict and message on {same} of {len(alone)}, {rejudged} judged again alone)")
-            print(f"  through a worker, {args.queue} queued ({judged} judged): " + ", ".join(rates), flush=True)
+            print(f"  through a worker, {args.queue} queued ({judged} judged, {len(drawn) - len(unknown)} known skipped): "
+                  + ", ".join(rates), flush=True)
         if args.threads > 1:
             supported = [case for case in drawn if backend.unavailable_reason() is None and backend.unsupported_reason(case) is None]
             one, alone = min((threaded_pass(backend, supported, 1) for _ in range(2)), key=lambda r: r[0])
