@@ -69,7 +69,7 @@ def test_a_failure_beside_another_case_is_judged_again_alone() -> None:
     finally:
         worker.close()
     assert [case_id for case_id, _ in answers] == [case.case_id for case in cases]
-    assert worker.rejudged >= 2 and worker.rejudged_changed == worker.rejudged
+    assert worker.rejudged >= 2 and worker.rejudged_changed == worker.rejudged, (answers, worker.rejudged, worker.rejudged_changed)
     assert sum(status == "pass" for _, status in answers) >= worker.rejudged
 
 
@@ -84,3 +84,20 @@ def test_the_thread_count_comes_from_the_environment_or_the_device(monkeypatch: 
         monkeypatch.setenv("PA_ORACLE_JUDGE_THREADS", bad)
         with pytest.raises(BadThreads, match="PA_ORACLE_JUDGE_THREADS"):
             Worker()
+
+
+def test_a_campaign_notes_verdicts_that_changed_when_judged_again_alone() -> None:
+    """The kernel passes in the worker's main thread only: whatever the campaign's verdicts, every case
+    judged again alone passed there, and the backend's notes say how many changed."""
+    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.draw.strategies import Limits
+
+    spec = "tests.quality.crashers:wrong_in_a_judge_thread"
+    worker = Worker(timeout=60, threads=2)
+    try:
+        result = fuzz_backend(UserKernel.from_spec(spec), examples=12, limits=Limits(max_batch=2, max_kv_len=40),
+                              kernel_spec=spec, workers={"cpu": worker})
+    finally:
+        worker.close()
+    assert worker.rejudged_changed >= 1
+    assert any(note.startswith(f"{worker.rejudged_changed} case(s) judged beside another") for note in result.notes), result.notes

@@ -153,6 +153,7 @@ def fuzz_backend(
     internal: list[Exception] = []  # errors of the tool itself while judging a case
 
     prefetch = Prefetch(isolated, check) if pipeline and isolated is not None else None
+    changed_before = isolated.worker.rejudged_changed if isolated is not None else 0
 
     def judge_timed(case: Case) -> tuple[Outcome, float | None]:
         """(outcome, seconds the worker spent on it if it was judged ahead in the pipeline, else None)."""
@@ -323,6 +324,9 @@ def fuzz_backend(
     finally:
         if prefetch is not None:  # cases judged ahead and not counted: the worker must be idle for the next backend
             prefetch.discard(cutoff or deadline)
+        if isolated is not None and (changed := isolated.worker.rejudged_changed - changed_before):
+            result.notes.append(f"{changed} case(s) judged beside another gave a verdict other than a pass and another verdict "
+                                "judged again alone (the second is kept): a kernel whose result depends on what runs beside it, or flaky")
         if isolated is not None and workers is None:
             isolated.close()
     return result
