@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -51,7 +50,7 @@ from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.fuzz.run.isolation import IsolatedBackend, Worker, isolatable
 from pa_oracle.fuzz.run.runner import check_case
-from pa_oracle.fuzz.run.serve import KernelLock
+from pa_oracle.fuzz.run.serve import NO_CASE, KernelLock, KernelTurns
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors, make_tensors
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -159,16 +158,18 @@ def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple
     return (min(w for w, _ in off), min(c for _, c in off)), (min(w for w, _ in on), min(c for _, c in on)), taken
 
 
-def _one_kernel_at_a_time(backend: Backend) -> Callable[[Case], Any]:
-    """``check_case`` on ``backend`` with its kernel calls one at a time (the worker's ``KernelLock``);
-    the lock is the thread's no longer when a case returns or raises."""
-    locked = KernelLock(backend, threading.Lock(), None, lambda: None)
+def _one_kernel_at_a_time(backend: Backend) -> Callable[[Case, int], Any]:
+    """``check_case`` on ``backend`` with its kernel calls one at a time, in the cases' order (the worker's
+    ``KernelLock``); the turn is given up when a case returns or raises."""
+    locked = KernelLock(backend, KernelTurns(), None, lambda: None)
 
-    def judge(case: Case) -> Any:
+    def judge(case: Case, ticket: int) -> Any:
+        locked.judging(NO_CASE, ticket)
         try:
             return check_case(locked, case)  # type: ignore[arg-type]
         finally:
             locked.release()
+            locked.finish()
 
     return judge
 
@@ -178,13 +179,14 @@ def threaded_pass(backend: Backend, supported: list[Case], threads: int) -> tupl
     the kernel calls one at a time (``KernelLock``), no drawing ahead: whether the host work of
     two judged cases overlaps (torch releases the GIL in its operators) enough to be worth a design."""
     device = backend.device or "cpu"
-    judge_case: Callable[[Case], Any] = _one_kernel_at_a_time(backend) if threads > 1 else (lambda case: check_case(backend, case))
+    judge_case: Callable[[Case, int], Any] = (_one_kernel_at_a_time(backend) if threads > 1
+                                              else (lambda case, _: check_case(backend, case)))
     mode, AHEAD.enabled = AHEAD.mode, False
     try:
         sync(device)
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            outcomes = list(pool.map(judge_case, supported))
+            outcomes = list(pool.map(judge_case, supported, range(len(supported))))
         sync(device)
         return time.perf_counter() - start, [(o.status, o.message) for o in outcomes]
     finally:

@@ -51,7 +51,7 @@ def test_a_tool_error_between_plan_and_run_does_not_keep_the_lock(monkeypatch: p
     worker.start()
     worker.join(60)
     assert ended == ["a late device error"], "the pass never ended: a thread waits on the leaked lock"
-    assert len(calls) == len(drawn)  # every other case was judged after the error
+    assert len(calls) > 2, "the case waiting for the failed case's turn was judged after it"  # (map cancels the ones not started)
 
 
 def test_threads_give_the_verdicts_one_thread_gives() -> None:

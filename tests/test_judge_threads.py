@@ -101,3 +101,34 @@ def test_a_campaign_notes_verdicts_that_changed_when_judged_again_alone() -> Non
         worker.close()
     assert worker.rejudged_changed >= 1
     assert any(note.startswith(f"{worker.rejudged_changed} case(s) judged beside another") for note in result.notes), result.notes
+
+
+def test_kernels_take_their_turns_in_the_order_the_cases_were_dispatched() -> None:
+    """A newer case never enters its kernel before an older one has left its own (or finished without
+    one): else the older case's time would hold the other's kernel, a false hang."""
+    import threading
+    import time
+
+    from pa_oracle.fuzz.run.serve import KernelTurns
+
+    turns, order = KernelTurns(), []
+    first, second = turns.ticket(), turns.ticket()
+
+    def newer() -> None:
+        turns.enter(second)
+        order.append("second")
+        turns.leave(second)
+
+    thread = threading.Thread(target=newer)
+    thread.start()
+    time.sleep(0.2)
+    assert order == [], "the newer case entered before the older one's turn"
+    turns.enter(first)
+    order.append("first")
+    turns.leave(first)
+    thread.join(5)
+    assert order == ["first", "second"]
+    skipped, after = turns.ticket(), turns.ticket()
+    turns.leave(skipped)  # a case that never took its turn (a skip) gives it up
+    turns.enter(after)
+    turns.leave(after)

@@ -281,11 +281,15 @@ class Worker:
         culprit, before = self._pending[at], list(self._pending)[:at]
         crash = Outcome(culprit.case, culprit.spec, "crash", why, check=culprit.check.name)
         self._pending.clear()
-        if before:
-            culprit.answer = (crash, seconds)
-            if self._resend([*before, culprit], deadline):
-                return None
-        return crash, seconds  # (a fresh process would not start: the cases before it are dropped, not judged)
+        if not before:
+            return crash, seconds
+        culprit.answer = (crash, seconds)
+        if self._resend([*before, culprit], deadline):
+            return None
+        oldest = before[0]  # not the culprit: its answer cannot be the crash (the cases after it are dropped, not judged)
+        why = (f"the worker died in case {culprit.case.case_id}'s kernel ({why}) and a fresh one did not start to judge "
+               f"this case again: {self._start_error}")
+        return Outcome(oldest.case, oldest.spec, "error", why, check=oldest.check.name), seconds
 
     def _again_alone(self, status: str, deadline: float | None) -> tuple[Outcome, float] | None:
         """Judge the oldest case again alone in a fresh process (the ones after it as before); its

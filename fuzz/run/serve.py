@@ -83,25 +83,61 @@ class Request:
     alone: bool = False  # judge with no other case beside it (a second look at an overlapped finding)
 
 
+class KernelTurns:
+    """One kernel at a time, in the order the cases were dispatched: case ``ticket`` enters its kernel only
+    after every earlier ticket has left its kernel or finished without one (``leave``). Without the order a
+    newer case could take the kernel first, and the oldest case's time, which the parent counts from its
+    turn to answer, would include the other's kernel (a false hang)."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Condition()
+        self._next = 0
+        self._serving = 0
+        self._left: set[int] = set()
+
+    def ticket(self) -> int:
+        ticket, self._next = self._next, self._next + 1
+        return ticket
+
+    def enter(self, ticket: int) -> None:
+        with self._turn:
+            self._turn.wait_for(lambda: self._serving == ticket)
+
+    def leave(self, ticket: int) -> None:
+        with self._turn:
+            self._left.add(ticket)
+            while self._serving in self._left:
+                self._left.discard(self._serving)
+                self._serving += 1
+            self._turn.notify_all()
+
+
 class KernelLock:  # not a Backend subclass: its defaults would shadow the wrapped adapter's
     """``backend`` whose ``plan`` and the ``run`` after it (with the device wait that surfaces the
-    kernel's asynchronous faults) hold one lock between them, so two threads' kernels never
-    interleave (an adapter's plan may fill buffers its run reads) and a fault lands in its own case.
-    While held, the in-kernel slot names the holder's case. The lock is released however
-    ``check_case`` leaves a case (``release``: ``plan_inputs`` or the fingerprint raising between
-    plan and run would otherwise keep it). torch's numerics switches are put back before release."""
+    kernel's asynchronous faults) are one turn of ``turns``, so two threads' kernels never interleave
+    (an adapter's plan may fill buffers its run reads) and a fault lands in its own case. While in its
+    turn, the in-kernel slot names the holder's case. The turn is left however ``check_case`` leaves a
+    case (``release``: ``plan_inputs`` or the fingerprint raising between plan and run would otherwise
+    keep it), and ``finish`` gives up the turn of a case that never took it (a skip). torch's numerics
+    switches are put back before the turn ends."""
 
-    def __init__(self, backend: Backend, lock: threading.Lock, slot: Any, restore: Any) -> None:
-        self.__dict__.update(_inner=backend, _lock=lock, _slot=slot, _restore=restore, _held=threading.local())
+    def __init__(self, backend: Backend, turns: KernelTurns, slot: Any, restore: Any) -> None:
+        self.__dict__.update(_inner=backend, _turns=turns, _slot=slot, _restore=restore, _held=threading.local())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    def judging(self, seq: int, ticket: int) -> None:
+        """Name the case this thread judges next (``seq``: what the slot says in its turn) and its turn."""
+        self._held.seq, self._held.ticket, self._held.locked, self._held.done = seq, ticket, False, False
+
     def plan(self, case: Case) -> Any:
-        self._lock.acquire()
+        if self._held.done:
+            raise RuntimeError("a case's kernel was planned twice in one judge (one turn a case)")
+        self._turns.enter(self._held.ticket)
         self._held.locked = True
         if self._slot is not None:
-            self._slot.value = getattr(self._held, "seq", NO_CASE)
+            self._slot.value = self._held.seq
         try:
             return self._inner.plan(case)
         except BaseException:
@@ -116,15 +152,19 @@ class KernelLock:  # not a Backend subclass: its defaults would shadow the wrapp
 
     def release(self) -> None:
         if getattr(self._held, "locked", False):
-            self._restore()
-            if self._slot is not None:
-                self._slot.value = NO_CASE
-            self._held.locked = False
-            self._lock.release()
+            try:
+                self._restore()
+            finally:
+                if self._slot is not None:
+                    self._slot.value = NO_CASE
+                self._held.locked = False
+                self.finish()
 
-    def judging(self, seq: int) -> None:
-        """Name the case this thread judges next (what the slot says while it holds the lock)."""
-        self._held.seq = seq
+    def finish(self) -> None:
+        """End this thread's turn (taken or not): the next case may enter its kernel."""
+        if not getattr(self._held, "done", True):
+            self._held.done = True
+            self._turns.leave(self._held.ticket)
 
 
 def _load_backend(spec: str, capabilities: Any) -> Any:
@@ -221,7 +261,7 @@ class _Server:
         self.saved = _numerics()
         self.backends: dict[str, Any] = {}
         self.locked: dict[str, KernelLock] = {}
-        self.kernel_lock = threading.Lock()
+        self.turns = KernelTurns()
         self.requests: queue.Queue[Any] = queue.Queue()  # filled by the receiver thread, in order
         self.answers: queue.Queue[Future[bytes] | None] = queue.Queue()  # sent by the sender thread, in order
         self.running: set[Future[bytes]] = set()  # cases being judged in the pool
@@ -244,7 +284,11 @@ class _Server:
     def send(self) -> None:
         while (answer := self.answers.get()) is not None:
             try:
-                self.conn.send_bytes(answer.result())
+                payload = answer.result()
+            except BaseException as exc:  # noqa: BLE001 - the tool failed outside the judge's own handler: say so in turn
+                payload = pickle.dumps(("raised", type(exc).__name__, exception_text(exc), "", False))
+            try:
+                self.conn.send_bytes(payload)
             except (BrokenPipeError, OSError):
                 return  # the parent is gone
 
@@ -286,7 +330,7 @@ class _Server:
                 self.running -= done
             if self.pool is None or self.pool._max_workers < threads:  # noqa: SLF001 - grown once, for the widest backend
                 self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pa-oracle-judge")
-            future = self.pool.submit(self.judge, request, self._locked(request.spec, backend), False)
+            future = self.pool.submit(self.judge, request, self._locked(request.spec, backend), False, self.turns.ticket())
             self.running.add(future)
             return future
         self.idle()
@@ -295,13 +339,14 @@ class _Server:
 
     def _locked(self, spec: str, backend: Any) -> KernelLock:
         if spec not in self.locked or self.locked[spec]._inner is not backend:  # noqa: SLF001
-            self.locked[spec] = KernelLock(backend, self.kernel_lock, self.slot, lambda: _restore_numerics(self.saved))
+            self.locked[spec] = KernelLock(backend, self.turns, self.slot, lambda: _restore_numerics(self.saved))
         return self.locked[spec]
 
-    def judge(self, request: Request, backend: Any, alone: bool) -> bytes:
-        """The pickled answer to ``request``: the outcome (every tensor on the CPU), or what the tool raised."""
+    def judge(self, request: Request, backend: Any, alone: bool, ticket: int = -1) -> bytes:
+        """The pickled answer to ``request`` (judged in turn ``ticket`` of the kernel when ``backend`` is a
+        ``KernelLock``): the outcome (every tensor on the CPU), or what the tool raised."""
         if isinstance(backend, KernelLock):
-            backend.judging(request.seq)
+            backend.judging(request.seq, ticket)
         elif self.slot is not None:
             self.slot.value = request.seq
         self.overlap.start(request.seq)
@@ -325,6 +370,7 @@ class _Server:
         finally:
             if isinstance(backend, KernelLock):
                 backend.release()
+                backend.finish()
             elif self.slot is not None:
                 self.slot.value = NO_CASE
 

@@ -49,6 +49,9 @@ def wrong_in_a_judge_thread(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_ind
     from tests.reliability.bad_kernels import correct
 
     time.sleep(0.05)
+    correct(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=kv_last_page_len)
+    # (the first call of torch's float32 CPU path in a process sometimes differs from the next by ~3e-5; a re-judge
+    # alone is always the first call of a fresh worker: the result kept is the second)
     out, lse = correct(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
                        kv_last_page_len=kv_last_page_len)
     if threading.current_thread().name.startswith("pa-oracle-judge"):
