@@ -123,7 +123,6 @@ class Worker:
         self.starts = 0
         self.rejudged = 0
         self.rejudged_changed = 0
-        self._start_error = ""
 
     def _start(self, deadline: float | None = None) -> None:
         parent, child = self._ctx.Pipe()
@@ -284,11 +283,11 @@ class Worker:
         if not before:
             return crash, seconds
         culprit.answer = (crash, seconds)
-        if self._resend([*before, culprit], deadline):
+        if (failed := self._resend([*before, culprit], deadline)) is None:
             return None
         oldest = before[0]  # not the culprit: its answer cannot be the crash (the cases after it are dropped, not judged)
         why = (f"the worker died in case {culprit.case.case_id}'s kernel ({why}) and a fresh one did not start to judge "
-               f"this case again: {self._start_error}")
+               f"this case again: {failed}")
         return Outcome(oldest.case, oldest.spec, "error", why, check=oldest.check.name), seconds
 
     def _again_alone(self, status: str, deadline: float | None) -> tuple[Outcome, float] | None:
@@ -298,26 +297,25 @@ class Worker:
         first = waiting[0] = dataclasses.replace(waiting[0], alone=True, first=status)
         self.close(graceful=False, keep_pending=True)
         self._pending.clear()
-        if self._resend(waiting, deadline):
+        if (failed := self._resend(waiting, deadline)) is None:
             return None
-        why = f"the worker could not judge the case again alone: {self._start_error}"
+        why = f"the worker could not judge the case again alone: {failed}"
         return Outcome(first.case, first.spec, "error", why, check=first.check.name), 0.0
 
-    def _resend(self, cases: list[_Sent], deadline: float | None) -> bool:
-        """Send ``cases`` to a fresh process, in order (one already answered is kept as it is);
-        False (nothing pending) when the process cannot start or load their backend."""
+    def _resend(self, cases: list[_Sent], deadline: float | None) -> str | None:
+        """Send ``cases`` to a fresh process, in order (one already answered is kept as it is); None,
+        or why the process could not start or load their backend (then nothing is pending)."""
         try:
             self.ensure(cases[0].spec, cases[0].capabilities, deadline)
         except WorkerStartError as exc:
-            self._start_error = str(exc)
-            return False
+            return str(exc)
         for sent in cases:
             if sent.answer is None:
                 self._seq += 1
                 self._send(dataclasses.replace(sent, seq=self._seq))
             else:
                 self._pending.append(sent)
-        return True
+        return None
 
     def _died(self) -> str:
         self._process.join(5)

@@ -4,10 +4,10 @@ and answers each, in the order sent.
 On an accelerator the host work of a judged case (drawing its tensors, the float64 oracle, two
 controls, the comparison: ~400 torch operators) leaves the device idle most of the time, and torch's
 operators release the GIL. So the worker judges the oracle check of an accelerator backend's cases in
-``threads`` threads, its *kernel calls one at a time*: one lock is held from a case's ``plan`` through
-its ``run`` and the device wait after it (``KernelLock``), so a kernel's fault surfaces in its own
-case, never in another's oracle. While a case holds the lock its number is in the shared ``in_kernel``
-slot: when the process dies or hangs, the parent reads there which case was in its kernel
+``threads`` threads, its *kernel calls one at a time*, in the order sent: a case's ``plan``, its ``run``
+and the device wait after it are one turn (``KernelLock``, ``KernelTurns``), so a kernel's fault surfaces
+in its own case, never in another's oracle. While a case has its turn its number is in the shared
+``in_kernel`` slot: when the process dies or hangs, the parent reads there which case was in its kernel
 (``Worker.collect``). A case judged while another was being judged beside it says so in its answer
 (``overlapped``): the parent trusts a pass, and judges anything else again alone in a fresh process
 (another kernel's stray write cannot then be the cause). Every other case (other checks, CPU backends,
@@ -267,7 +267,6 @@ class _Server:
         self.running: set[Future[bytes]] = set()  # cases being judged in the pool
         self.pool: ThreadPoolExecutor | None = None
         self.overlap = _Overlap()
-        self.prepared: set[int] = set()  # seqs whose host tensors were drawn ahead
 
     def receive(self) -> None:
         while True:
@@ -323,26 +322,32 @@ class _Server:
             except BaseException as exc:  # noqa: BLE001 - the backend cannot load here: the parent says so
                 return _answered(pickle.dumps(("load_failed", f"{type(exc).__name__}: {exception_text(exc)}")))
         backend = self.backends.get(request.spec)
-        threads = threads_for(backend, self.threads)
-        if threads > 1 and not request.alone and request.check.name == ORACLE_CHECK and backend is not None:
+        if self._pooled(request):
+            threads = threads_for(backend, self.threads)
             while len(self.running) >= threads:
                 done, _ = wait(self.running, return_when=FIRST_COMPLETED)
                 self.running -= done
             if self.pool is None or self.pool._max_workers < threads:  # noqa: SLF001 - grown once, for the widest backend
                 self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pa-oracle-judge")
-            future = self.pool.submit(self.judge, request, self._locked(request.spec, backend), False, self.turns.ticket())
+            future = self.pool.submit(self.judge, request, self._locked(request.spec, backend), self.turns.ticket())
             self.running.add(future)
             return future
         self.idle()
-        self._draw_next(request)
-        return _answered(self.judge(request, backend, True))
+        self._draw_next()
+        return _answered(self.judge(request, backend))
+
+    def _pooled(self, request: Request) -> bool:
+        """Whether ``request`` is judged in the pool, beside others (else alone, in this thread)."""
+        backend = self.backends.get(request.spec)
+        return (backend is not None and not request.alone and request.check.name == ORACLE_CHECK
+                and threads_for(backend, self.threads) > 1)
 
     def _locked(self, spec: str, backend: Any) -> KernelLock:
         if spec not in self.locked or self.locked[spec]._inner is not backend:  # noqa: SLF001
             self.locked[spec] = KernelLock(backend, self.turns, self.slot, lambda: _restore_numerics(self.saved))
         return self.locked[spec]
 
-    def judge(self, request: Request, backend: Any, alone: bool, ticket: int = -1) -> bytes:
+    def judge(self, request: Request, backend: Any, ticket: int = -1) -> bytes:
         """The pickled answer to ``request`` (judged in turn ``ticket`` of the kernel when ``backend`` is a
         ``KernelLock``): the outcome (every tensor on the CPU), or what the tool raised."""
         if isinstance(backend, KernelLock):
@@ -374,21 +379,19 @@ class _Server:
             elif self.slot is not None:
                 self.slot.value = NO_CASE
 
-    def _draw_next(self, request: Request) -> None:
+    def _draw_next(self) -> None:
         """Start drawing the host tensors of the next case received, in the background, while this one
-        is judged alone (where ``AHEAD.wanted`` for its backend's device)."""
+        is judged alone (where ``AHEAD.wanted`` for its backend's device). That case is the next one
+        dispatched (this thread alone takes requests), so no case is prepared twice."""
         if not AHEAD.enabled:
             return
         with self.requests.mutex:
             following = self.requests.queue[0] if self.requests.queue else None
-        if not isinstance(following, Request) or following.seq in self.prepared:
+        if not isinstance(following, Request) or self._pooled(following):
+            return  # judged in the pool: nothing there takes a draw
+        device = getattr(self.backends.get(following.spec), "device", None)
+        if not AHEAD.wanted(device):
             return
-        backend = self.backends.get(following.spec)
-        device = getattr(backend, "device", None)
-        if following.alone or not AHEAD.wanted(device) or (threads_for(backend, self.threads) > 1 and following.check.name == ORACLE_CHECK):
-            return  # judged in the pool, or not wanted: nothing to take it
-        self.prepared = {seq for seq in self.prepared if seq >= request.seq}
-        self.prepared.add(following.seq)
         try:
             AHEAD.prepare(following.case, device)
         except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn draws and reports
