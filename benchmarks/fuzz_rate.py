@@ -370,7 +370,7 @@ def main() -> None:
     parser.add_argument("--ahead", action="store_true",
                         help="time the judge pass with and without drawing the next case's host tensors ahead")
     parser.add_argument("--isolated", action="store_true",
-                        help="time the cases through a worker process, with and without drawing ahead")
+                        help="time the cases through a worker process: one at a time against --worker-threads side by side")
     parser.add_argument("--queue", type=int, default=8, help="cases queued in the worker with --isolated (default 8)")
     parser.add_argument("--worker-threads", type=lambda text: [int(n) for n in text.split(",")], default=[2, 3], metavar="N,M",
                         help="with --isolated: the worker's judge threads to compare with one (default 2,3)")
