@@ -19,19 +19,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hypothesis import HealthCheck, Phase, given, reject, seed, settings
+from hypothesis import reject
 from hypothesis.errors import Flaky, Unsatisfiable
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.coverage import declared
-from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
+from pa_oracle.fuzz.campaign.ledger import Entry
 from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding, save_unjudged
-from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk
+from pa_oracle.fuzz.campaign.drawers import Drawers, DrawSpec, KnownFindings, campaign_settings, draw_processes, run_chunk
+from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk, queue_drawn
 from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
 from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
-from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
@@ -41,15 +41,6 @@ from pa_oracle.oracle.tolerance import Tolerance
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
 
 __all__ = ["CHUNK", "BackendResult", "campaign_settings", "fuzz_backend", "run_campaign", "save_finding"]
-
-
-def campaign_settings(max_examples: int) -> Any:
-    """The Hypothesis settings of every campaign run: no database (a case's seed is the record),
-    no deadline, no health checks (a kernel call is slow), generate and shrink only."""
-    return settings(
-        max_examples=max_examples, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
-        phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-    )
 
 
 class _Finding(Exception):
@@ -89,6 +80,7 @@ def fuzz_backend(
     on_case: Callable[[BackendResult, bool], None] | None = None,  # after each judged case (False: shrinking)
     variants: VariantPlan | None = None,
     pipeline: bool = True,
+    drawers: Drawers | None = None,
 ) -> BackendResult:
     """Run ``check`` (default: the comparison with the oracle) on one backend until it ran
     ``examples`` cases (counting those of ``resume``), the monotonic ``deadline`` passed (no case
@@ -103,7 +95,9 @@ def fuzz_backend(
     timeout) is out of time, not a finding. ``isolate_timeout`` is the older spelling of
     ``isolate=True, case_timeout=...``. ``workers`` (device -> ``Worker``) shares one worker
     process per device with the caller's other backends and checks (the caller closes them);
-    without it the backend's own worker is closed at the end. ``result.start_seconds`` and
+    without it the backend's own worker is closed at the end. ``drawers`` draws the chunks after the
+    next one in helper processes while the worker judges (``pa_oracle.fuzz.campaign.drawers``: the same
+    cases as without). ``result.start_seconds`` and
     ``result.compile_seconds`` say how much of ``result.seconds`` went to starting workers
     (process, CUDA context, imports) and to compiling (the first case of each variant not built).
 
@@ -236,20 +230,41 @@ def fuzz_backend(
     def chunk_run(index: int, n: int) -> Callable[[Callable[[Case], None]], None]:
         """Chunk ``index``'s Hypothesis run (``n`` examples), given its test function."""
         def run(fn: Callable[[Case], None]) -> None:
-            with seed_only_draws():
-                campaign_settings(n)(seed(shard.chunk_seed(base_seed, index))(given(strategy)(fn)))()
+            run_chunk(strategy, shard, base_seed, index, n, fn)
 
         return run
 
-    def draw_ahead(index: int, n: int, also_seen: set[str]) -> DrawnChunk:
-        """Draw chunk ``index`` and queue its cases in the worker (``pa_oracle.fuzz.campaign.overlap``)."""
+    def draw_spec() -> DrawSpec:
+        """How a helper process draws this backend's chunks now (the plan's allowed keys as they are)."""
+        steering = variants.steering() if variants is not None else None
+        return DrawSpec(backend.capabilities if variants is not None else capabilities, limits, steering, is_known, shard,
+                        base_seed)
+
+    def draw_ahead(index: int, n: int, also_seen: set[str], after: int) -> DrawnChunk:
+        """Draw chunk ``index`` (a helper's draw if one drew it and it is the engine's, else here) and queue
+        its cases in the worker (``pa_oracle.fuzz.campaign.overlap``); then send the next chunks to the
+        helpers (``after``: the examples left after this chunk)."""
         assert prefetch is not None
         starting = start_clock()
-        chunk = draw_chunk(
-            index, lambda fn: chunk_run(index, n)(lambda c: fn(c.replace(seed=shard.case_seed(c.seed)))),
-            seen=seen | also_seen, known=is_known, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
-            announce=variants.before if variants is not None else None,
-        )
+        announce = variants.before if variants is not None else None
+        spec = draw_spec() if drawers is not None else None
+        helped = None
+        if drawers is not None and spec is not None:
+            helped = drawers.take(spec, index, n, lambda case_id: case_id in seen or case_id in also_seen)
+        if helped is not None:
+            chunk = queue_drawn(index, helped.events, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
+                                announce=announce)
+        else:
+            chunk = draw_chunk(
+                index, lambda fn: chunk_run(index, n)(lambda c: fn(c.replace(seed=shard.case_seed(c.seed)))),
+                seen=seen | also_seen, known=is_known, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
+                announce=announce,
+            )
+        if drawers is not None and spec is not None and chunk.complete:
+            drawn = seen | also_seen | chunk.ids
+            for j in range(1, drawers.count + 1):
+                if (size := min(CHUNK, after - CHUNK * (j - 1))) > 0:
+                    drawers.send(spec, index + j, size, drawn)
         result.start_seconds += start_clock() - starting
         return chunk
 
@@ -262,10 +277,11 @@ def fuzz_backend(
             broke: str | None = None
             if prefetch is not None:
                 index, rest = result.chunks_done, examples - result.examples - n
-                chunk = ahead if ahead is not None and ahead.index == index else draw_ahead(index, n, set())
+                chunk = ahead if ahead is not None and ahead.index == index else draw_ahead(index, n, set(), rest)
                 ahead = None
                 if chunk.complete and rest > 0 and prefetch.will_finish_by(min(CHUNK, rest), deadline):
-                    ahead = draw_ahead(index + 1, min(CHUNK, rest), chunk.ids)  # while the worker judges `chunk`
+                    # while the worker judges `chunk`
+                    ahead = draw_ahead(index + 1, min(CHUNK, rest), chunk.ids, rest - min(CHUNK, rest))
                 # every case passed (or was unsupported): counted as drawn; else the engine's own run
                 # judges the chunk (shrinking included), taking the outcomes judged so far
                 counted, broke = _count_clean_chunk(result, chunk, prefetch, seen, variants, on_case, cutoff or deadline) \
@@ -324,6 +340,8 @@ def fuzz_backend(
     finally:
         if prefetch is not None:  # cases judged ahead and not counted: the worker must be idle for the next backend
             prefetch.discard(cutoff or deadline)
+        if drawers is not None:
+            drawers.forget()  # chunks drawn ahead and not taken: the next backend's turn must not wait behind them
         if isolated is not None and (changed := isolated.worker.rejudged_changed - changed_before):
             result.notes.append(f"{changed} case(s) judged beside another gave a verdict other than a pass and another verdict "
                                 "judged again alone (the second is kept): a kernel whose result depends on what runs beside it, or flaky")
@@ -488,6 +506,7 @@ def run_campaign(
             progress(f"  {label}{result.line()}; findings so far {total}")
 
     workers: dict[str, Any] = {}  # one worker per device, shared by every backend and check (started on its first case)
+    drawers = Drawers(draw_processes())  # helper processes drawing ahead, shared likewise (started on first use)
     compiling = sum(1 for (b, _), _key in todo if b.compile_fields) or 1  # the compile budget is shared by those that compile
     plans: dict[str, VariantPlan | None] = {}
     end = None if time_budget is None else start + time_budget
@@ -517,12 +536,14 @@ def run_campaign(
                     kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
                     progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
                     resume=state.results[key], checkpoint=checkpoint, workers=workers, on_case=on_case, variants=plan,
+                    drawers=drawers,
                 )
                 if plan is not None:
                     state.results[key].coverage.variants = plan.lines()
             if end is None:
                 break  # without a budget each pair ran to its count, its finding or its end
     finally:
+        drawers.close()
         for worker in workers.values():
             worker.close()
     return [state.results[key] for key in keys]
@@ -536,12 +557,9 @@ def _doing(backend: Backend, check: Check) -> str:
     return f"{what} on {where}"
 
 
-def _known_test(ledger: list[Entry] | None, backend: Backend, check: Check, versions: dict[str, str]) -> Callable[[Case], bool]:
+def _known_test(ledger: list[Entry] | None, backend: Backend, check: Check, versions: dict[str, str]) -> KnownFindings:
     """Whether a drawn case is a known finding of ``backend`` at ``versions`` (a ledger class), for ``check``."""
-    def is_known(case: Case) -> bool:
-        return bool(ledger) and known_finding(ledger, case, backend.name, versions, backend.kernel_family, check.name) is not None
-
-    return is_known
+    return KnownFindings(tuple(ledger or ()), backend.name, tuple(sorted(versions.items())), backend.kernel_family, check.name)
 
 
 def _start_pair(

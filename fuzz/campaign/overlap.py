@@ -181,14 +181,8 @@ def draw_chunk(
         if known(case):
             chunk.events.append(("known", case))
             reject()
-        if announce is not None:
-            announce(case)
-        try:
-            prefetch.submit(case, cutoff)
-        except (OutOfTime, WorkerStartError) as exc:
-            chunk.complete, chunk.error = False, str(exc)
-            raise Stop from None
-        chunk.events.append(("queued", case))
+        if not _queue(chunk, case, prefetch, cutoff, announce):
+            raise Stop
 
     try:
         run(test)
@@ -198,4 +192,41 @@ def draw_chunk(
         pass  # every example was rejected: drawn before, or known
     except Exception:  # noqa: BLE001 - anything else: the engine's own run meets it and decides what it means
         chunk.complete = False
+    return chunk
+
+
+def _queue(chunk: DrawnChunk, case: Case, prefetch: Prefetch, cutoff: float | None,
+           announce: Callable[[Case], None] | None) -> bool:
+    """Queue a new case of ``chunk`` in the worker; False (the chunk ends, incomplete) if it cannot take it."""
+    if announce is not None:
+        announce(case)
+    try:
+        prefetch.submit(case, cutoff)
+    except (OutOfTime, WorkerStartError) as exc:
+        chunk.complete, chunk.error = False, str(exc)
+        return False
+    chunk.events.append(("queued", case))
+    return True
+
+
+def queue_drawn(
+    index: int,
+    events: list[tuple[str, Case]],
+    *,
+    prefetch: Prefetch,
+    deadline: float | None,
+    cutoff: float | None,
+    announce: Callable[[Case], None] | None = None,
+) -> DrawnChunk:
+    """Chunk ``index`` from examples drawn elsewhere (``pa_oracle.fuzz.campaign.drawers``: ``("known", case)``
+    or ``("new", case)``, in order), queued as ``draw_chunk`` queues them: what comes after ``deadline`` is
+    not in the chunk; a worker that cannot take a case ends it incomplete."""
+    chunk = DrawnChunk(index)
+    for kind, case in events:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        if kind == "known":
+            chunk.events.append(("known", case))
+        elif not _queue(chunk, case, prefetch, cutoff, announce):
+            break
     return chunk

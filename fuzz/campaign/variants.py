@@ -55,6 +55,23 @@ def key_label(key: CompileKey) -> str:
     return " ".join(p for p in parts if p) or "(one variant)"
 
 
+def steer(keys: list[CompileKey], allowed: Callable[[CompileKey], bool], key: CompileKey) -> CompileKey:
+    """``key`` if allowed, else the next allowed key of ``keys`` (wrapping; ``key`` itself if none)."""
+    start = keys.index(key)
+    return next((k for k in keys[start:] + keys[:start] if allowed(k)), key)
+
+
+@dataclass(frozen=True)
+class Steering:
+    """A variant plan's keys and the ones allowed at one moment (what a helper draws inside)."""
+
+    keys: tuple[CompileKey, ...]
+    allowed: frozenset[CompileKey]
+
+    def redirect(self, key: CompileKey) -> CompileKey:
+        return steer(list(self.keys), self.allowed.__contains__, key)
+
+
 @dataclass
 class VariantPlan:
     """The keys one backend's cases are drawn from in this run, and what they cost."""
@@ -87,9 +104,11 @@ class VariantPlan:
     def redirect(self, key: CompileKey) -> CompileKey:
         """``key`` if allowed, else the next allowed key of ``keys`` (wrapping). A key once allowed and run
         stays allowed, so Hypothesis replaying a failing draw gets the same case."""
-        keys = self.keys
-        start = keys.index(key)
-        return next((k for k in keys[start:] + keys[:start] if self.allowed(k)), key)
+        return steer(self.keys, self.allowed, key)
+
+    def steering(self) -> Steering:
+        """The keys and those allowed now, frozen (a draw process steers with it as this plan does now)."""
+        return Steering(tuple(self.keys), frozenset(k for k in self.keys if self.allowed(k)))
 
     def strategy(self, limits: Limits) -> st.SearchStrategy[Case]:
         """Cases inside the plan's keys: one drawn from all of them (a fixed list, so draws replay), then
