@@ -8,7 +8,8 @@ JIT cache) at empty temp folders, runs ``pa-oracle fuzz`` as a user would, and p
 cases judged and the split of its wall time: compiling (the campaign's own account: the first case of
 each new variant, ahead-of-time builds), judging (the rest of its chunks) and starting (what is left:
 process start, imports, worker starts, planning). Prebuilt FlashInfer kernels (its AOT folder) stay
-visible: they are what a CI image ships. ``--warm`` keeps the caches of the previous run instead.
+visible: they are what a CI image ships. ``--caches DIR`` keeps the caches of an earlier run instead;
+``--workers N`` runs N shards side by side (their cases add up; a backend's seconds are its slowest shard's).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def run(args: argparse.Namespace, caches: Path, out: Path) -> tuple[float, str, 
     command += [a for b in args.backend for a in ("-b", b)]
     if args.compile_budget is not None:
         command += ["--compile-budget", str(args.compile_budget)]
+    if args.workers > 1:
+        command += ["--workers", str(args.workers)]
     start = time.monotonic()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     wall = time.monotonic() - start
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--compile-budget", type=float, default=None)
     parser.add_argument("-n", "--examples", type=int, default=100000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1, help="pa-oracle fuzz --workers: shards side by side (on one GPU too)")
     parser.add_argument("--caches", type=Path, default=None, help="cache folder to use (default: a fresh temp folder)")
     parser.add_argument("--log", type=Path, default=None, help="write the campaign's whole output here")
     args = parser.parse_args()

@@ -542,6 +542,9 @@ def run_campaign(
                     state.results[key].coverage.variants = plan.lines()
             if end is None:
                 break  # without a budget each pair ran to its count, its finding or its end
+        if progress and (drawers.taken or drawers.redrawn):
+            progress(f"{label}{drawers.taken} chunks drawn ahead by {drawers.count} draw processes "
+                     f"({drawers.redrawn} more drawn again here: a case an earlier chunk drew since)")
     finally:
         drawers.close()
         for worker in workers.values():
