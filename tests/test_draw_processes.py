@@ -4,6 +4,8 @@ without them, and a helper's draw that the engine's own run could not have made 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pa_oracle.backends import get_backend
@@ -112,3 +114,22 @@ def test_draw_processes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert draw_processes() == 0, "a 2-core machine draws in the campaign process alone"
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert draw_processes() == 3
+
+
+def test_a_killed_draw_process_leaves_the_campaign_drawing_itself() -> None:
+    spec, drawers = _spec(), Drawers(1, first_wait=120.0)
+    try:
+        drawers.send(spec, 1, 10, set())
+        assert drawers.take(spec, 1, 10, lambda _: False) is not None  # up and drawing
+        pool = drawers._pool
+        for process in list(pool._processes.values()):  # type: ignore[union-attr]
+            process.kill()
+            process.join()
+        deadline = time.monotonic() + 30
+        while not pool._broken and time.monotonic() < deadline:  # type: ignore[union-attr]  # the pool notices
+            time.sleep(0.05)
+        assert pool._broken  # type: ignore[union-attr]
+        drawers.send(spec, 2, 10, set())  # submitting to a broken pool raises: not out of the campaign
+        assert drawers.broken and drawers.take(spec, 2, 10, lambda _: False) is None
+    finally:
+        drawers.close()

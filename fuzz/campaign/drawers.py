@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -143,6 +144,11 @@ def draw_in_helper(spec: DrawSpec, index: int, n: int, seen: frozenset[str]) -> 
     return draw
 
 
+def _leave_ctrl_c_to_the_campaign() -> None:
+    """A helper ignores Ctrl-C (sent to the whole process group): the campaign stops, then shuts the pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Drawers:
     """Up to ``count`` helper processes drawing chunks ahead (started on first use, shared by a campaign's
     backends). A chunk not drawn yet when it is needed is waited for up to ``WAIT`` seconds once the helpers
@@ -156,15 +162,21 @@ class Drawers:
         self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[int, tuple[DrawSpec, int, Future[HelperDraw]]] = {}
         self.answered = False  # a helper has returned a draw (they are up)
+        self.broken = False  # the pool failed: nothing more is sent
         self.taken = self.redrawn = 0  # chunks taken from helpers; chunks the engine drew itself after a clash
 
     def send(self, spec: DrawSpec, index: int, n: int, seen: set[str]) -> None:
-        """Have a helper draw chunk ``index`` (``n`` examples) given the cases drawn so far (once per index)."""
-        if index in self._pending or self.count < 1:
+        """Have a helper draw chunk ``index`` (``n`` examples) given the cases drawn so far (once per index).
+        A pool that broke (a helper killed) draws nothing more: the campaign draws every chunk itself."""
+        if index in self._pending or self.count < 1 or self.broken:
             return
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("spawn"))
-        self._pending[index] = (spec, n, self._pool.submit(draw_in_helper, spec, index, n, frozenset(seen)))
+        try:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_leave_ctrl_c_to_the_campaign)
+            self._pending[index] = (spec, n, self._pool.submit(draw_in_helper, spec, index, n, frozenset(seen)))
+        except Exception:  # noqa: BLE001 - BrokenProcessPool, or no process could start
+            self.broken = True
 
     def take(self, spec: DrawSpec, index: int, n: int, drawn: Callable[[str], bool]) -> HelperDraw | None:
         """Chunk ``index`` of ``n`` examples as a helper drew it for ``spec``; None (the engine then draws it
