@@ -15,10 +15,7 @@ from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.campaign.ledger import Entry, load_ledger
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.variants import Steering
-from pa_oracle.fuzz.draw.strategies import Limits
-
-TINY = Limits(max_batch=2, max_kv_len=12, max_qo_len=3, max_kv_heads=2, max_qo_heads=4, head_dims=(8, 16))
-PLANTED = "pa_oracle.fuzz.quality.planted"
+from tests.test_overlap import PLANTED, TINY, _same
 
 
 def _run(name: str, drawers: Drawers | None, examples: int, **kwargs):  # type: ignore[no-untyped-def]
@@ -32,14 +29,6 @@ def _run(name: str, drawers: Drawers | None, examples: int, **kwargs):  # type: 
 
 def _helped() -> Drawers:
     return Drawers(2, first_wait=120.0)  # waits for the helpers to start: every chunk after the first is theirs
-
-
-def _same(a, b) -> None:  # type: ignore[no-untyped-def]
-    assert a.seen == b.seen, "the same cases, in the same order"
-    for name in ("examples", "passed", "unsupported", "skipped_known", "chunks_done", "status", "worst_ratio"):
-        assert getattr(a, name) == getattr(b, name), (name, getattr(a, name), getattr(b, name))
-    assert a.coverage.counts == b.coverage.counts
-    assert [f.case_id for f in a.findings] == [f.case_id for f in b.findings]
 
 
 def test_a_clean_campaign_draws_the_same_cases_with_helpers_drawing() -> None:

@@ -225,8 +225,9 @@ def test_a_free_keys_first_case_that_compiled_what_no_key_names_counts_as_compil
     key = variant_keys(backend.capabilities, Limits(), backend.compile_fields)[0]
     case = _draw(cases(backend.capabilities, Limits(), variants=[key]), count=1)[0]
     plan = VariantPlan(backend, 1, {key: "cached"}, [], budget=100.0)
-    counted = [plan.observe(case, s) for s in (9.0, 0.05, 0.04, 0.06, 0.05)]
-    assert counted == [0.0, 0.0, 0.0, 0.0, 9.0] and plan.spent == 9.0
+    counted = [plan.observe(case, s) for s in (9.0, 8.9, 0.05, 0.04, 0.06, 0.05, 0.05)]
+    assert counted == [0.0] * 4 + [9.0, 0.0, 0.0] and plan.spent == 9.0  # the case beside it waited for the same compile
     assert plan.observe(case, 5.0) == 5.0 and plan.observe(case, 0.05) == 0.0 and plan.spent == 14.0
+    assert len(plan.warm) == 6  # the slow ones left the pace
     steady = VariantPlan(backend, 1, {key: "cached"}, [], budget=100.0)
     assert [steady.observe(case, s) for s in (0.3, 0.05, 0.04, 0.06, 0.05, 0.07)] == [0.0] * 6 and steady.spent == 0.0

@@ -2,7 +2,7 @@
 # FlashInfer 0.6.18.post1 with its prebuilt sm90 kernels and a msgspec wheel in /tmp/site (../shared/device/README.md).
 # Success: the same cases with and without draw processes (seen lists equal), and the backends bound by the
 # campaign's own draws (FlashInfer decode, cascade) judging more cases a second with them.
-# Steps: bash draw_processes.sh same | campaign ["3 0"] | workers [BUDGET]
+# Steps: bash draw_processes.sh same | campaign ["3 0"] | workers [BUDGET] | cold [BUDGET]
 export PYTHONPATH=/tmp/site:$PWD FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 PYTHONUNBUFFERED=1
 D=$OUT/draw_processes; mkdir -p $D /tmp/caches
 export TRITON_CACHE_DIR=/tmp/caches/triton_cache_dir TORCHINDUCTOR_CACHE_DIR=/tmp/caches/torchinductor_cache_dir \
@@ -31,6 +31,11 @@ campaign)  # a 150 s campaign of the draw-bound backends (30 s each), with three
     grep "drawn ahead" $D/camp$p.log
   done
   ;;
+cold)  # the main job's 12 backends with fresh caches and draw processes (the default count), BUDGET s (default 300)
+  timeout 400 python3 benchmarks/cold_campaign.py --time-budget ${2:-300} --log $D/cold.log $B -b flashinfer-prefill-fa2 \
+    -b flashinfer-prefill-fa2-hnd -b flashinfer-prefill-fa3 -b flashinfer-ragged-fa2 -b vllm-flashinfer -b sdpa-math -b flex
+  grep "drawn ahead" $D/cold.log
+  ;;
 workers)  # warm the caches (25 s), then the same 150 s campaign with one worker and with two shards side by side
   timeout 100 python3 benchmarks/cold_campaign.py --time-budget 25 --caches /tmp/caches $B | head -1
   for w in 1 2; do
@@ -38,6 +43,11 @@ workers)  # warm the caches (25 s), then the same 150 s campaign with one worker
     timeout 180 python3 benchmarks/cold_campaign.py --time-budget ${2:-150} --caches /tmp/caches --workers $w --log $D/workers$w.log $B
     grep "drawn ahead" $D/workers$w.log
   done
+  ;;
+cold)  # the main job's 12 backends with fresh caches and draw processes (the default count), BUDGET s (default 300)
+  timeout 400 python3 benchmarks/cold_campaign.py --time-budget ${2:-300} --log $D/cold.log $B -b flashinfer-prefill-fa2 \
+    -b flashinfer-prefill-fa2-hnd -b flashinfer-prefill-fa3 -b flashinfer-ragged-fa2 -b vllm-flashinfer -b sdpa-math -b flex
+  grep "drawn ahead" $D/cold.log
   ;;
 workers)  # warm the caches (25 s), then the same 150 s campaign with one worker and with two shards side by side
   timeout 100 python3 benchmarks/cold_campaign.py --time-budget 25 --caches /tmp/caches $B | head -1

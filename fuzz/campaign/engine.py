@@ -311,6 +311,8 @@ def fuzz_backend(
                 broke = f"internal error: {type(exc).__name__}: {exc}"
             result.chunks_done += 1
             result.seconds += time.monotonic() - chunk_start
+            # cases judged side by side can each count one compile: the split never gives judging less than nothing
+            result.compile_seconds = min(result.compile_seconds, max(result.seconds - result.start_seconds, 0.0))
             out_of_time = deadline is not None and time.monotonic() > deadline
             if broke is not None:
                 result.notes.append(broke)
