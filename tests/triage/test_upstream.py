@@ -183,7 +183,20 @@ def test_each_golden_report_is_complete_and_regenerates_identically(report: str,
     (case_path,) = [p for p in (GOLDEN / "cases").glob("*.json") if load_case(p).case_id == case_id]
     case = load_case(case_path)
     again, _ = repro_script(case, discover()[backend_name](), _seen(case))
-    assert again == repro
+    _same_but_for_the_cpu_rounding(again, repro)
+
+
+_FLOAT = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
+
+
+def _same_but_for_the_cpu_rounding(again: str, stored: str) -> None:
+    """The same text, and the same numbers to 1e-4: the tolerance a repro embeds comes from bf16 controls computed
+    on the CPU, whose last digits differ between CPUs (an ALLOWED out_mean of 0.0128758 on one 2-core machine,
+    0.0128760 on another, at the same torch)."""
+    assert _FLOAT.split(again) == _FLOAT.split(stored), "the repro's text changed"
+    pairs = list(zip(map(float, _FLOAT.findall(again)), map(float, _FLOAT.findall(stored))))
+    assert len(pairs) == len(_FLOAT.findall(stored))
+    assert [(a, b) for a, b in pairs if a != pytest.approx(b, rel=1e-4, abs=1e-12)] == []
 
 
 HAND_WRITTEN_REPORTS = {"flashinfer-mla-causal-tile-floor", "flashinfer-pod-decode-tile-16"}
