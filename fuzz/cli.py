@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -255,6 +256,8 @@ def _fuzz_with_workers(
     from pa_oracle.fuzz.campaign.outdir import kept_campaign, refuse_replacing
     from pa_oracle.fuzz.campaign.shard import Shard
     from pa_oracle.fuzz.campaign.state import CampaignStateError, load_shards, merge_results, missing_shards, state_path
+    from pa_oracle.fuzz.campaign.drawers import ENV as DRAW_ENV
+    from pa_oracle.fuzz.campaign.drawers import draw_processes
     from pa_oracle.fuzz.run.workers import run_workers, visible_gpus
 
     kept = kept_campaign(out_dir, state_path(out_dir, Shard()), workers)
@@ -264,7 +267,9 @@ def _fuzz_with_workers(
             stale.unlink()
     gpus = visible_gpus()
     click.echo(f"{workers} workers on " + (f"GPUs {', '.join(gpus)} (round-robin)" if gpus else "CPU"), err=True)
-    codes = run_workers(_forwarded_args(ctx), workers, gpus)
+    # the shards share the host: each draws ahead with its share of the cores (unless PA_ORACLE_DRAW_PROCESSES says)
+    share = {DRAW_ENV: str(draw_processes(cores=(os.cpu_count() or 1) // workers))}
+    codes = run_workers(_forwarded_args(ctx), workers, gpus, extra_env=share)
     try:
         states = load_shards(out_dir)
     except CampaignStateError:

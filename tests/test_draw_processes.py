@@ -72,6 +72,9 @@ def test_a_helper_draw_holding_a_case_an_earlier_chunk_drew_is_drawn_again() -> 
         assert drawers.redrawn == 1 and drawers.taken == 0
         drawers.send(spec, 2, 10, first)  # sent knowing them: taken
         assert drawers.take(spec, 2, 10, first.__contains__) is not None and drawers.taken == 1
+        # sent knowing none of them (past the SENT_IDS latest): the cases that clashed before go along, so it is taken
+        drawers.send(spec, 3, 10, set())
+        assert drawers.take(spec, 3, 10, first.__contains__) is not None and drawers.taken == 2
     finally:
         drawers.close()
 

@@ -135,3 +135,30 @@ def test_xdist_workers_get_one_gpu_each_and_one_shard_each(pytester: pytest.Pyte
     collected = pytester.runpytest(*args, "--collect-only", "-q", "--pyargs",
                                    "pa_oracle.fuzz.test_conformance", "--pa-backend", "sdpa-math", "--pa-shards", "2")
     assert sum("sdpa-math-shard" in line for line in collected.outlines) == 2, collected.outlines
+
+
+def test_shards_on_one_host_share_its_cores_for_draw_processes(monkeypatch, tmp_path) -> None:
+    """Four shards on 16 cores: 4 cores each, none past the four a campaign keeps, so no draw process (three each
+    would be 12 more processes); two shards: 8 cores each, three each; a value the user set is passed as it is."""
+    import pa_oracle.fuzz.run.workers as workers_module
+
+    envs: list[dict[str, str]] = []
+
+    class Recorded:
+        def __init__(self, cmd, env, stdout) -> None:  # type: ignore[no-untyped-def]
+            envs.append(env)
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(workers_module.subprocess, "Popen", Recorded)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.delenv("PA_ORACLE_DRAW_PROCESSES", raising=False)
+    for count, each in ((4, "0"), (2, "3")):
+        envs.clear()
+        CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "-n", "4", "--workers", str(count), "--out", str(tmp_path / str(count))])
+        assert [env.get("PA_ORACLE_DRAW_PROCESSES") for env in envs] == [each] * count
+    monkeypatch.setenv("PA_ORACLE_DRAW_PROCESSES", "1")
+    envs.clear()
+    CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "-n", "4", "--workers", "2", "--out", str(tmp_path / "set")])
+    assert [env.get("PA_ORACLE_DRAW_PROCESSES") for env in envs] == ["1", "1"]

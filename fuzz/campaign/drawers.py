@@ -40,6 +40,10 @@ from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.errors import BadInput
 
 ENV = "PA_ORACLE_DRAW_PROCESSES"
+# the latest drawn cases sent with a chunk: a helper told fewer cases than were drawn can only draw one again, which
+# the campaign sees (and draws that chunk itself): a bound on what each chunk pickles, not on what is exact. Hypothesis
+# starts every chunk with the same few simplest cases: once one clashes it is sent with every later chunk
+SENT_IDS = 5_000
 MAX_DEFAULT = 3  # helpers by default: the cores past four (the campaign, its worker and its judge threads), at most this
 
 
@@ -47,12 +51,13 @@ class BadDrawProcesses(BadInput):
     """``PA_ORACLE_DRAW_PROCESSES`` is not a whole number >= 0 (bad input: exit 2)."""
 
 
-def draw_processes() -> int:
-    """``PA_ORACLE_DRAW_PROCESSES`` if set (0: the campaign draws every chunk itself), else the host's
-    cores past four, at most ``MAX_DEFAULT`` (0 on a 2-core CI machine)."""
+def draw_processes(cores: int | None = None) -> int:
+    """``PA_ORACLE_DRAW_PROCESSES`` if set (0: the campaign draws every chunk itself), else the ``cores``
+    (default: the host's) past four, at most ``MAX_DEFAULT`` (0 on a 2-core CI machine)."""
     raw = os.environ.get(ENV, "").strip()
     if not raw:
-        return max(0, min(MAX_DEFAULT, (os.cpu_count() or 1) - 4))
+        cores = (os.cpu_count() or 1) if cores is None else cores
+        return max(0, min(MAX_DEFAULT, cores - 4))
     try:
         count = int(raw)
     except ValueError:
@@ -144,6 +149,11 @@ def draw_in_helper(spec: DrawSpec, index: int, n: int, seen: frozenset[str]) -> 
     return draw
 
 
+def _pair(spec: DrawSpec) -> tuple[str, str]:
+    """The (backend, check) a spec draws for: what a campaign's drawn set belongs to."""
+    return spec.known.backend, spec.known.check
+
+
 def _leave_ctrl_c_to_the_campaign() -> None:
     """A helper ignores Ctrl-C (sent to the whole process group): the campaign stops, then shuts the pool."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -163,13 +173,20 @@ class Drawers:
         self._pending: dict[int, tuple[DrawSpec, int, Future[HelperDraw]]] = {}
         self.answered = False  # a helper has returned a draw (they are up)
         self.broken = False  # the pool failed: nothing more is sent
+        self._clashed: dict[tuple[str, str], set[str]] = {}  # per (backend, check): drawn cases a helper drew again
         self.taken = self.redrawn = 0  # chunks taken from helpers; chunks the engine drew itself after a clash
 
+    @property
+    def active(self) -> bool:
+        return self.count > 0 and not self.broken
+
     def send(self, spec: DrawSpec, index: int, n: int, seen: set[str]) -> None:
-        """Have a helper draw chunk ``index`` (``n`` examples) given the cases drawn so far (once per index).
-        A pool that broke (a helper killed) draws nothing more: the campaign draws every chunk itself."""
-        if index in self._pending or self.count < 1 or self.broken:
+        """Have a helper draw chunk ``index`` (``n`` examples) given cases drawn so far: any of them (the latest
+        ``SENT_IDS`` say), and those that clashed before (once per index). A pool that broke (a helper killed)
+        draws nothing more: the campaign draws every chunk itself."""
+        if index in self._pending or not self.active:
             return
+        seen = seen | self._clashed.get(_pair(spec), set())
         try:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("spawn"),
@@ -194,7 +211,9 @@ class Drawers:
         self.answered = True
         if not draw.complete:
             return None
-        if any(drawn(case.case_id) for _, case in draw.events):
+        clashed = {case.case_id for _, case in draw.events if drawn(case.case_id)}
+        if clashed:
+            self._clashed.setdefault(_pair(spec), set()).update(clashed)  # sent with every later chunk of this pair
             self.redrawn += 1
             return None
         self.taken += 1

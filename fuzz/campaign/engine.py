@@ -26,7 +26,7 @@ from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.coverage import declared
 from pa_oracle.fuzz.campaign.ledger import Entry
 from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding, save_unjudged
-from pa_oracle.fuzz.campaign.drawers import Drawers, DrawSpec, KnownFindings, campaign_settings, draw_processes, run_chunk
+from pa_oracle.fuzz.campaign.drawers import SENT_IDS, Drawers, DrawSpec, KnownFindings, campaign_settings, draw_processes, run_chunk
 from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk, queue_drawn
 from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
@@ -247,7 +247,7 @@ def fuzz_backend(
         assert prefetch is not None
         starting = start_clock()
         announce = variants.before if variants is not None else None
-        spec = draw_spec() if drawers is not None else None
+        spec = draw_spec() if drawers is not None and drawers.active else None
         helped = None
         if drawers is not None and spec is not None:
             helped = drawers.take(spec, index, n, lambda case_id: case_id in seen or case_id in also_seen)
@@ -260,8 +260,8 @@ def fuzz_backend(
                 seen=seen | also_seen, known=is_known, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
                 announce=announce,
             )
-        if drawers is not None and spec is not None and chunk.complete:
-            drawn = seen | also_seen | chunk.ids
+        if drawers is not None and spec is not None and chunk.complete and drawers.active:
+            drawn = set(result.seen[-SENT_IDS:]) | also_seen | chunk.ids
             for j in range(1, drawers.count + 1):
                 if (size := min(CHUNK, after - CHUNK * (j - 1))) > 0:
                     drawers.send(spec, index + j, size, drawn)

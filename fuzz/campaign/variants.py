@@ -87,6 +87,8 @@ class VariantPlan:
     warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
     ahead: float = 0.0  # seconds of ``prebuild`` (before the first case)
     announce: Callable[[str], None] | None = field(default=None, repr=False)  # a progress line before a compile
+    _slow_before: float = field(default=0.0, repr=False)  # seconds of the case before if it counted as compiling
+    _paced: bool = field(default=False, repr=False)  # the first PACE_CASES warm cases were looked at again
     _announced: set[CompileKey] = field(default_factory=set, repr=False)  # keys whose compile was announced
 
     @property
@@ -126,32 +128,38 @@ class VariantPlan:
     def observe(self, case: Case, seconds: float) -> float:
         """A case of this backend took ``seconds`` (kernel, oracle, checks): the first case of a key that
         was not free paid its compile, and a case far slower than the warm ones (``_slow``) compiled what its
-        key does not name. Returns the seconds counted as compiling now: 0.0 for a warm case; once
-        ``PACE_CASES`` warm cases set the pace, the slow ones among them too."""
+        key does not name. Returns the seconds counted as compiling now (0.0 for a warm case)."""
         key = self.backend.compile_key(case)
         self.ran[key] = self.ran.get(key, 0) + 1
         if key not in self.free and key not in self.compiled:
             self.compiled[key] = seconds
-            self.spent += seconds
-            return seconds
-        if len(self.warm) >= PACE_CASES:
-            if seconds > _slow(self.warm[-20:]):
-                self.spent += seconds  # a compile the key does not name (e.g. a padded length): counted all the same
-                return seconds
-            self.warm.append(seconds)
-            return 0.0
+            return self._compiling(seconds)
+        if self.warm and seconds > _slow(self.warm[-20:]):
+            return self._compiling(seconds)  # a compile the key does not name (e.g. a padded length): counted all the same
         self.warm.append(seconds)
-        if len(self.warm) < PACE_CASES:
+        self._slow_before = 0.0
+        if len(self.warm) < PACE_CASES or self._paced:
             return 0.0
-        # the pace is known now: an earlier case far slower than it compiled what no key names (FlashInfer's
-        # cascade merge module on a prebuilt key's first case: 8.8 s on the H200), and is counted so now; the
-        # cases judged beside it waited for the same compile (the H200's two slow cases summed to 19.3 s of a
-        # 10.0 s chunk), so the longest is counted, not their sum
-        bound = _slow(self.warm)
-        slow = max((s for s in self.warm if s > bound), default=0.0)
+        # the pace is known now: a first case far slower than it (and not the warm-up of a process) compiled what no
+        # key names (FlashInfer's cascade merge module on a prebuilt key's first case: 8.8 s on the H200)
+        self._paced = True
+        bound = max(_slow(self.warm), EARLY_COMPILE)
+        counted = sum(self._compiling(s) if s > bound else self._warm_again() for s in self.warm)
         self.warm = [s for s in self.warm if s <= bound]
-        self.spent += slow
-        return slow
+        return counted
+
+    def _compiling(self, seconds: float) -> float:
+        """Count a case that compiled. A case judged beside a compiling one (two side by side on an accelerator)
+        waited for it: only what it took past the case before it counts (the H200's two cases waiting on
+        cascade's compile summed to 19.3 s of a 10.0 s chunk)."""
+        counted = max(seconds - self._slow_before, 0.0)
+        self._slow_before = seconds
+        self.spent += counted
+        return counted
+
+    def _warm_again(self) -> float:
+        self._slow_before = 0.0
+        return 0.0
 
     def prebuild(self, progress: Any = None) -> None:
         """Build the chosen keys ahead of the first case where the adapter can (FlashInfer: its modules
@@ -224,7 +232,8 @@ def plan_variants(
     return VariantPlan(backend, len(keys), free, chosen, budget)
 
 
-PACE_CASES = 5  # warm cases that set the pace a compile is told from (the cases before are judged against it then)
+PACE_CASES = 5  # warm cases that set the pace a first slow case is told from
+EARLY_COMPILE = 2.0  # seconds a first case must take past its pace to count as compiling (starting CUDA takes ~1 s)
 
 
 def _slow(warm: list[float]) -> float:

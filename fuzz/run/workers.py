@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def visible_gpus() -> list[str]:
@@ -48,8 +48,9 @@ def worker_env(gpu: str | None, workers: int, base: dict[str, str]) -> dict[str,
     return env
 
 
-def run_workers(args: Sequence[str], workers: int, gpus: Sequence[str]) -> list[int]:
-    """Run ``python -m pa_oracle fuzz ARGS --shard i/N`` for i in 0..N-1 side by side; their progress
+def run_workers(args: Sequence[str], workers: int, gpus: Sequence[str], extra_env: Mapping[str, str] = {}) -> list[int]:
+    """Run ``python -m pa_oracle fuzz ARGS --shard i/N`` for i in 0..N-1 side by side (``extra_env`` added to
+    each one's environment); their progress
     goes to stderr, their summaries are discarded (the shard states hold them). Returns the exit
     codes, as ``pa_oracle.fuzz.exits`` defines them (0: no finding, 1: a finding, 2: bad input, 3 or
     anything else, a signal included: the worker failed)."""
@@ -57,7 +58,7 @@ def run_workers(args: Sequence[str], workers: int, gpus: Sequence[str]) -> list[
     try:
         for i, gpu in enumerate(assign_gpus(workers, gpus)):
             cmd = [sys.executable, "-m", "pa_oracle", "fuzz", *args, "--shard", f"{i}/{workers}", "--json"]
-            procs.append(subprocess.Popen(cmd, env=worker_env(gpu, workers, dict(os.environ)), stdout=subprocess.DEVNULL))
+            procs.append(subprocess.Popen(cmd, env=worker_env(gpu, workers, {**os.environ, **extra_env}), stdout=subprocess.DEVNULL))
         return [p.wait() for p in procs]
     finally:
         for p in procs:
