@@ -28,10 +28,11 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, reject, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import Unsatisfiable
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
+from pa_oracle.fuzz.campaign.overlap import chunk_test
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.variants import Steering
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
@@ -126,22 +127,12 @@ class HelperDraw:
 
 
 def draw_in_helper(spec: DrawSpec, index: int, n: int, seen: frozenset[str]) -> HelperDraw:
-    """Chunk ``index`` drawn as ``overlap.draw_chunk`` draws it, with no worker and no deadline."""
+    """Chunk ``index`` drawn as ``overlap.draw_chunk`` draws it (``chunk_test``), with no worker and no deadline."""
     draw = HelperDraw(index)
-    drawn = set(seen)
-
-    def test(case: Case) -> None:
-        case = case.replace(seed=spec.shard.case_seed(case.seed))
-        if case.case_id in drawn:
-            reject()
-        drawn.add(case.case_id)
-        if spec.known(case):
-            draw.events.append(("known", case))
-            reject()
-        draw.events.append(("new", case))
-
+    test = chunk_test(seen, spec.known, draw.events, lambda case: draw.events.append(("new", case)))
     try:
-        run_chunk(spec.strategy(), spec.shard, spec.base_seed, index, n, test)
+        run_chunk(spec.strategy(), spec.shard, spec.base_seed, index, n,
+                  lambda case: test(case.replace(seed=spec.shard.case_seed(case.seed))))
     except Unsatisfiable:
         pass  # every example was rejected
     except Exception:  # noqa: BLE001 - the engine's own run meets it and decides what it means

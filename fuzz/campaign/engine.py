@@ -247,10 +247,11 @@ def fuzz_backend(
         assert prefetch is not None
         starting = start_clock()
         announce = variants.before if variants is not None else None
-        spec = draw_spec() if drawers is not None and drawers.active else None
+        helpers = drawers if drawers is not None and drawers.active else None
+        spec = draw_spec() if helpers is not None else None
         helped = None
-        if drawers is not None and spec is not None:
-            helped = drawers.take(spec, index, n, lambda case_id: case_id in seen or case_id in also_seen)
+        if helpers is not None and spec is not None:
+            helped = helpers.take(spec, index, n, lambda case_id: case_id in seen or case_id in also_seen)
         if helped is not None:
             chunk = queue_drawn(index, helped.events, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
                                 announce=announce)
@@ -260,11 +261,11 @@ def fuzz_backend(
                 seen=seen | also_seen, known=is_known, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
                 announce=announce,
             )
-        if drawers is not None and spec is not None and chunk.complete and drawers.active:
+        if helpers is not None and spec is not None and chunk.complete:
             drawn = set(result.seen[-SENT_IDS:]) | also_seen | chunk.ids
-            for j in range(1, drawers.count + 1):
+            for j in range(1, helpers.count + 1):
                 if (size := min(CHUNK, after - CHUNK * (j - 1))) > 0:
-                    drawers.send(spec, index + j, size, drawn)
+                    helpers.send(spec, index + j, size, drawn)
         result.start_seconds += start_clock() - starting
         return chunk
 

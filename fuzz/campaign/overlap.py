@@ -147,6 +147,29 @@ class Prefetch:
         self.done.clear()
 
 
+def chunk_test(
+    seen: set[str] | frozenset[str], known: Callable[[Case], Any], events: list[tuple[str, Case]], new: Callable[[Case], None],
+) -> Callable[[Case], None]:
+    """The test function of a chunk's Hypothesis run as the engine's run filters it: a case drawn before (its id
+    in ``seen`` or drawn earlier in the chunk) is rejected; one ``known`` covers is recorded in ``events`` as
+    ``("known", case)`` and rejected; any other goes to ``new``. What a chunk draws depends on these rejections,
+    so the campaign (``draw_chunk``) and its draw processes (``pa_oracle.fuzz.campaign.drawers``) share it."""
+    from hypothesis import reject
+
+    drawn = set(seen)
+
+    def test(case: Case) -> None:
+        if case.case_id in drawn:
+            reject()
+        drawn.add(case.case_id)
+        if known(case):
+            events.append(("known", case))
+            reject()
+        new(case)
+
+    return test
+
+
 def draw_chunk(
     index: int,
     run: Callable[[Callable[[Case], None]], None],
@@ -163,26 +186,23 @@ def draw_chunk(
     is rejected as the engine rejects it, one ``known`` covers is recorded as skipped as known.
     Stops at ``deadline`` (what was drawn before it is the chunk, as in the engine's run); a worker
     that cannot take a case, or anything the drawing raises, ends it with ``complete`` False."""
-    from hypothesis import reject
     from hypothesis.errors import Unsatisfiable
 
     chunk = DrawnChunk(index)
-    drawn = set(seen)
 
     class Stop(BaseException):
         pass
 
+    def queue(case: Case) -> None:
+        if not _queue(chunk, case, prefetch, cutoff, announce):
+            raise Stop
+
+    filtered = chunk_test(seen, known, chunk.events, queue)
+
     def test(case: Case) -> None:
         if deadline is not None and time.monotonic() > deadline:
             raise Stop
-        if case.case_id in drawn:
-            reject()
-        drawn.add(case.case_id)
-        if known(case):
-            chunk.events.append(("known", case))
-            reject()
-        if not _queue(chunk, case, prefetch, cutoff, announce):
-            raise Stop
+        filtered(case)
 
     try:
         run(test)
