@@ -258,6 +258,8 @@ def _fuzz_with_workers(
     from pa_oracle.fuzz.campaign.state import CampaignStateError, load_shards, merge_results, missing_shards, state_path
     from pa_oracle.fuzz.campaign.drawers import ENV as DRAW_ENV
     from pa_oracle.fuzz.campaign.drawers import draw_processes
+    from pa_oracle.fuzz.run.pool import ENV as WORKER_ENV
+    from pa_oracle.fuzz.run.pool import worker_processes
     from pa_oracle.fuzz.run.workers import run_workers, visible_gpus
 
     kept = kept_campaign(out_dir, state_path(out_dir, Shard()), workers)
@@ -267,8 +269,12 @@ def _fuzz_with_workers(
             stale.unlink()
     gpus = visible_gpus()
     click.echo(f"{workers} workers on " + (f"GPUs {', '.join(gpus)} (round-robin)" if gpus else "CPU"), err=True)
-    # the shards share the host: each draws ahead with its share of the cores (unless PA_ORACLE_DRAW_PROCESSES says)
-    share = {DRAW_ENV: str(draw_processes(cores=(os.cpu_count() or 1) // workers))}
+    # the shards share the host: each draws ahead, and judges on a GPU, with its share of the cores (unless
+    # PA_ORACLE_DRAW_PROCESSES or PA_ORACLE_WORKER_PROCESSES says)
+    cores = (os.cpu_count() or 1) // workers
+    share = {DRAW_ENV: str(draw_processes(cores=cores))}
+    if gpus:
+        share[WORKER_ENV] = str(worker_processes("cuda", cores=cores))
     codes = run_workers(_forwarded_args(ctx), workers, gpus, extra_env=share)
     try:
         states = load_shards(out_dir)

@@ -137,9 +137,10 @@ def test_xdist_workers_get_one_gpu_each_and_one_shard_each(pytester: pytest.Pyte
     assert sum("sdpa-math-shard" in line for line in collected.outlines) == 2, collected.outlines
 
 
-def test_shards_on_one_host_share_its_cores_for_draw_processes(monkeypatch, tmp_path) -> None:
+def test_shards_on_one_host_share_its_cores_for_draw_and_worker_processes(monkeypatch, tmp_path) -> None:
     """Four shards on 16 cores: 4 cores each, none past the four a campaign keeps, so no draw process (three each
-    would be 12 more processes); two shards: 8 cores each, three each; a value the user set is passed as it is."""
+    would be 12 more processes) and, on a GPU, one worker process each; two shards: 8 cores each, three draw
+    processes and two worker processes each; a value the user set is passed as it is."""
     import pa_oracle.fuzz.run.workers as workers_module
 
     envs: list[dict[str, str]] = []
@@ -158,7 +159,14 @@ def test_shards_on_one_host_share_its_cores_for_draw_processes(monkeypatch, tmp_
         envs.clear()
         CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "-n", "4", "--workers", str(count), "--out", str(tmp_path / str(count))])
         assert [env.get("PA_ORACLE_DRAW_PROCESSES") for env in envs] == [each] * count
+        assert all("PA_ORACLE_WORKER_PROCESSES" not in env for env in envs), "no GPU: a shard's CPU worker is one process"
     monkeypatch.setenv("PA_ORACLE_DRAW_PROCESSES", "1")
     envs.clear()
     CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "-n", "4", "--workers", "2", "--out", str(tmp_path / "set")])
     assert [env.get("PA_ORACLE_DRAW_PROCESSES") for env in envs] == ["1", "1"]
+    monkeypatch.setattr("pa_oracle.fuzz.run.workers.visible_gpus", lambda: ["0"])
+    monkeypatch.delenv("PA_ORACLE_WORKER_PROCESSES", raising=False)
+    for count, each in ((4, "1"), (2, "2")):  # on one GPU: 4 cores a shard, one worker process each; 8: two
+        envs.clear()
+        CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "-n", "4", "--workers", str(count), "--out", str(tmp_path / f"gpu{count}")])
+        assert [env.get("PA_ORACLE_WORKER_PROCESSES") for env in envs] == [each] * count

@@ -34,6 +34,7 @@ from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingR
 from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime
+from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tolerance import Tolerance
@@ -109,7 +110,6 @@ def fuzz_backend(
     from pa_oracle.fuzz.run.isolation import (
         IsolatedBackend,
         OutOfTime,
-        Worker,
         WorkerStartError,
         check_timeout,
         isolatable,
@@ -139,7 +139,8 @@ def fuzz_backend(
             shared = None
             if workers is not None:  # one worker per device, shared by every backend and check of the campaign
                 device = backend.device or "cpu"
-                shared = workers.get(device) or workers.setdefault(device, Worker(timeout=case_timeout, tolerance=tolerance))
+                shared = workers.get(device) or workers.setdefault(
+                    device, WorkerPool(worker_processes(device), timeout=case_timeout, tolerance=tolerance))
             isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance, worker=shared)
     strategy = variants.strategy(limits) if variants is not None else cases(capabilities, limits)
     failing: list[Outcome] = []
@@ -508,7 +509,8 @@ def run_campaign(
             total = sum(len(r.findings) for r in state.results.values())
             progress(f"  {label}{result.line()}; findings so far {total}")
 
-    workers: dict[str, Any] = {}  # one worker per device, shared by every backend and check (started on its first case)
+    workers: dict[str, Any] = {}  # one worker pool per device, shared by every backend and check (started on its first case)
+    worker_processes("cpu")  # a bad PA_ORACLE_WORKER_PROCESSES is bad input before anything runs
     drawers = Drawers(draw_processes())  # helper processes drawing ahead, shared likewise (started on first use)
     compiling = sum(1 for (b, _), _key in todo if b.compile_fields) or 1  # the compile budget is shared by those that compile
     plans: dict[str, VariantPlan | None] = {}

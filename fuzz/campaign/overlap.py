@@ -66,7 +66,8 @@ class Prefetch:
         if deadline is None:
             return True
         pace = self.pace()
-        return pace is not None and time.monotonic() + (len(self.queue) + extra) * pace <= deadline
+        processes = self.isolated.worker.processes  # judging side by side
+        return pace is not None and time.monotonic() + (len(self.queue) + extra) * pace / processes <= deadline
 
     def pace(self) -> float | None:
         """Mean worker seconds of the latest cases collected (None before any)."""
@@ -89,8 +90,9 @@ class Prefetch:
         except OutOfTime:
             self.queue.clear()  # the worker was stopped: nothing queued will answer
             raise
-        if self.isolated.pending == 0:
-            self.queue.clear()  # a hang or a death dropped the cases queued after this one
+        if len(self.queue) != self.isolated.pending:  # a hang or a death dropped cases queued after the one in its kernel
+            alive = set(self.isolated.pending_ids)
+            self.queue = deque(queued for queued in self.queue if queued in alive)
 
     def collect_through(self, case_ids: list[str], deadline: float | None) -> None:
         """Collect until each of ``case_ids`` is in the cache (or was dropped)."""
@@ -123,7 +125,7 @@ class Prefetch:
             return
         pace = self.pace()
         restart = max(RESTART_SECONDS, self.isolated.start_seconds / max(self.isolated.starts, 1))
-        if pace is not None and len(self.queue) * pace <= restart:
+        if pace is not None and len(self.queue) * pace / self.isolated.worker.processes <= restart:
             try:
                 self.drain(deadline)
                 return

@@ -24,12 +24,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.fuzz.run.serve import NO_CASE, Request, serve, threads_from_env
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.tolerance import Tolerance
+
+if TYPE_CHECKING:
+    from pa_oracle.fuzz.run.pool import WorkerPool
 
 STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
 CASE_TIMEOUT = 300.0  # the default per-case limit (fuzz --case-timeout)
@@ -120,11 +123,15 @@ class Worker:
         self._loaded: set[str] = set()  # specs loaded in the current process
         self._judged: set[str] = set()  # specs that judged a case in the current process
         self._crashed: str | None = None  # the spec whose case crashed in the current process
+        self._starting = False  # launched, its "ready" not received yet
+        self._loading: str | None = None  # the spec it was asked to load, its answer not received yet
         self.starts = 0
+        self.processes = 1  # (a ``WorkerPool`` has several)
         self.rejudged = 0
         self.rejudged_changed = 0
 
-    def _start(self, deadline: float | None = None) -> None:
+    def _launch(self) -> None:
+        """Spawn the process; ``_ready`` waits for it to answer (so that several can start at once)."""
         parent, child = self._ctx.Pipe()
         self._slot = self._ctx.Value("q", NO_CASE, lock=False)
         self._process = self._ctx.Process(target=serve, args=(self.tolerance, child, self.threads, self._slot), daemon=True)
@@ -133,8 +140,13 @@ class Worker:
         self._conn = parent
         self.starts += 1
         self._loaded, self._judged, self._crashed = set(), set(), None
-        if self._receive(deadline, "start") != "ready":
-            raise WorkerStartError("the worker answered its start with something other than ready")
+        self._starting = True
+
+    def _ready(self, deadline: float | None) -> None:
+        if self._starting:
+            self._starting = False
+            if self._receive(deadline, "start") != "ready":
+                raise WorkerStartError("the worker answered its start with something other than ready")
 
     def _receive(self, deadline: float | None, what: str) -> Any:
         """The worker's next message within the startup allowance (or until ``deadline``), for
@@ -157,14 +169,36 @@ class Worker:
 
     def ensure(self, spec: str, capabilities: Any, deadline: float | None = None) -> None:
         """A live process with ``spec`` loaded (``WorkerStartError`` if it cannot load there)."""
+        self.launch(spec)
+        self.request_load(spec, capabilities, deadline)
+        self.await_load(spec, deadline)
+
+    def launch(self, spec: str) -> None:
+        """The first step of ``ensure``, which does not wait: a process started if none is alive (a fresh
+        one if a crash of another backend's case may have broken this one's CUDA context)."""
         if self._crashed is not None and self._crashed != spec:
-            self.close()  # a crash may have left the CUDA context broken: another backend gets a fresh one
+            self.close()
         if self._process is None or not self._process.is_alive():
-            self._start(deadline)
-        if spec in self._loaded:
+            self._launch()
+
+    def request_load(self, spec: str, capabilities: Any, deadline: float | None = None) -> None:
+        """The second step of ``ensure``: wait until the process started, then ask it to load ``spec``."""
+        self._ready(deadline)
+        if self._loading is not None and self._loading != spec:  # an earlier load's answer: read it first
+            try:
+                self.await_load(self._loading, deadline)
+            except WorkerStartError:
+                pass
+        if spec not in self._loaded and self._loading != spec:
+            assert self._conn is not None
+            self._conn.send_bytes(pickle.dumps(("load", spec, capabilities)))
+            self._loading = spec
+
+    def await_load(self, spec: str, deadline: float | None = None) -> None:
+        """The last step of ``ensure``: wait until ``spec`` is loaded."""
+        if self._loading != spec:
             return
-        assert self._conn is not None
-        self._conn.send_bytes(pickle.dumps(("load", spec, capabilities)))
+        self._loading = None
         reply = self._receive(deadline, spec)
         if reply[0] != "loaded":
             raise WorkerStartError(f"the worker could not load {spec}: {reply[1]}")
@@ -189,6 +223,12 @@ class Worker:
     def pending(self) -> int:
         """Cases submitted and not collected yet."""
         return len(self._pending)
+
+    @property
+    def pending_ids(self) -> list[str]:
+        """The ids of the cases submitted and not collected yet, oldest first (a death or a hang drops the
+        ones sent after the case in its kernel: they were not judged)."""
+        return [sent.case.case_id for sent in self._pending]
 
     def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
                deadline: float | None = None, *, pass_errors: bool = True) -> float:
@@ -346,6 +386,7 @@ class Worker:
         self._conn = None
         self._slot = None
         self._loaded, self._judged, self._crashed = set(), set(), None
+        self._starting, self._loading = False, None
         if not keep_pending:
             self._pending.clear()  # not judged: their callers are told by ``pending`` dropping to 0
 
@@ -363,7 +404,7 @@ class IsolatedBackend:
     def __init__(
         self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
         first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
-        judge: Check = ORACLE, worker: Worker | None = None, pass_errors: bool = False,
+        judge: Check = ORACLE, worker: Worker | WorkerPool | None = None, pass_errors: bool = False,
     ) -> None:
         self.backend = backend
         self.spec = spec
@@ -374,7 +415,7 @@ class IsolatedBackend:
         # the pipe's 64 KiB holds the worker until the parent reads it)
         self.pass_errors = pass_errors
         self._owns = worker is None
-        self.worker = worker if worker is not None else Worker(
+        self.worker: Worker | WorkerPool = worker if worker is not None else Worker(
             timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, startup=startup
         )
         self.start_seconds = 0.0  # spent starting the worker and loading this backend (all checks so far)
@@ -406,6 +447,10 @@ class IsolatedBackend:
     @property
     def pending(self) -> int:
         return self.worker.pending
+
+    @property
+    def pending_ids(self) -> list[str]:
+        return self.worker.pending_ids
 
     def submit(self, case: Case, deadline: float | None = None, judge: Check | None = None) -> None:
         """Queue ``case`` in the worker (``Worker.submit``); ``collect`` returns its outcome."""

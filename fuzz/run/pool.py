@@ -1,0 +1,163 @@
+"""Several worker processes judging one device's cases, in the order they were sent.
+
+One worker process judges only as fast as one Python process's host work allows (~100 cases a second
+on the H200: ~400 torch operators a case under one GIL), far below what the device can run. A
+``WorkerPool`` sends each case to the process with the fewest cases pending and gives the outcomes
+back in the order the cases were sent, so a campaign draws and counts exactly as with one process:
+the same seed draws the same cases. Each process is a ``Worker`` with its own crash and hang rules
+(``pa_oracle.fuzz.run.isolation``): a death or a hang drops the cases sent to *that* process after
+the case in its kernel, and ``pending_ids`` says which cases are still to come.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any
+
+from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, FIRST_CASE_FACTOR, STARTUP_SECONDS, OutOfTime, Worker
+from pa_oracle.fuzz.run.runner import Check, Outcome
+from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.tolerance import Tolerance
+
+ENV = "PA_ORACLE_WORKER_PROCESSES"
+ACCELERATOR_PROCESSES = 2  # worker processes for an accelerator when the host has the cores (benchmarks/RESULTS.md)
+CORES_FOR_TWO = 8  # fewer host cores: one process (the campaign, its draws and the worker share them)
+
+
+class BadWorkerProcesses(BadInput):
+    """``PA_ORACLE_WORKER_PROCESSES`` is not a whole number >= 1 (bad input: exit 2)."""
+
+
+def worker_processes(device: str, cores: int | None = None) -> int:
+    """``PA_ORACLE_WORKER_PROCESSES`` if set, else ``ACCELERATOR_PROCESSES`` for an accelerator on a host
+    with at least ``CORES_FOR_TWO`` ``cores`` (default: the host's), else one."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        cores = (os.cpu_count() or 1) if cores is None else cores
+        return ACCELERATOR_PROCESSES if device != "cpu" and cores >= CORES_FOR_TWO else 1
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise BadWorkerProcesses(f"{ENV}={raw!r}: give a whole number of worker processes >= 1")
+    return count
+
+
+class WorkerPool:
+    """``processes`` restartable workers behind ``Worker``'s interface (``submit``, ``collect`` in the order
+    sent, ``check``, ``pending``, ``close``). They start and load a backend side by side."""
+
+    def __init__(
+        self, processes: int, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
+        first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, threads: int | None = None,
+    ) -> None:
+        if processes < 1:
+            raise ValueError(f"a worker pool needs at least one process, got {processes}")
+        self.workers = [Worker(timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, startup=startup,
+                               threads=threads) for _ in range(processes)]
+        self._order: deque[int] = deque()  # the process of each pending case, oldest first
+
+    @property
+    def processes(self) -> int:
+        return len(self.workers)
+
+    @property
+    def timeout(self) -> float:
+        return self.workers[0].timeout
+
+    @property
+    def starts(self) -> int:
+        return sum(worker.starts for worker in self.workers)
+
+    @property
+    def rejudged(self) -> int:
+        return sum(worker.rejudged for worker in self.workers)
+
+    @property
+    def rejudged_changed(self) -> int:
+        return sum(worker.rejudged_changed for worker in self.workers)
+
+    @property
+    def pending(self) -> int:
+        return len(self._order)
+
+    @property
+    def pending_ids(self) -> list[str]:
+        """The ids of the cases sent and not collected yet, oldest first."""
+        each = [iter(worker.pending_ids) for worker in self.workers]
+        return [next(each[index]) for index in self._order]
+
+    def ensure(self, spec: str, capabilities: Any, deadline: float | None = None) -> None:
+        """Every process alive with ``spec`` loaded: started and loaded side by side."""
+        for worker in self.workers:
+            worker.launch(spec)
+        for worker in self.workers:
+            worker.request_load(spec, capabilities, deadline)
+        for worker in self.workers:
+            worker.await_load(spec, deadline)
+
+    def case_limit(self, spec: str) -> float:
+        return max(worker.case_limit(spec) for worker in self.workers)
+
+    def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+               deadline: float | None = None, *, pass_errors: bool = True) -> float:
+        """``Worker.submit`` to the process with the fewest cases pending (the first, on a tie)."""
+        started = time.monotonic()
+        if not self._order:
+            self.ensure(spec, capabilities, deadline)
+        index = min(range(len(self.workers)), key=lambda i: self.workers[i].pending)
+        self.workers[index].submit(spec, capabilities, case, judge, keep_output, deadline, pass_errors=pass_errors)
+        self._order.append(index)
+        return time.monotonic() - started
+
+    def collect(self, deadline: float | None = None) -> tuple[Outcome, float]:
+        """``Worker.collect`` of the oldest case sent. A death or a hang in its process drops the cases sent
+        to that process after the one in its kernel (``pending_ids``); the budget's end (``OutOfTime``)
+        drops every pending case, in every process."""
+        index = self._order[0]
+        worker = self.workers[index]
+        kept = worker.pending - 1
+        try:
+            got = worker.collect(deadline)
+        except OutOfTime:
+            self.close(graceful=False)
+            raise
+        except BaseException:
+            if worker.pending == kept:  # the case was answered (by an exception of the oracle or the case)
+                self._order.popleft()
+            else:  # an exchange was cut half-way: the caller abandons the pool
+                self.close(graceful=False)
+            raise
+        self._order.popleft()
+        if worker.pending < kept:
+            self._drop(index, worker.pending)
+        return got
+
+    def _drop(self, index: int, left: int) -> None:
+        """Keep only the first ``left`` pending cases of process ``index`` (the rest were dropped)."""
+        order: deque[int] = deque()
+        for owner in self._order:
+            if owner == index:
+                if left == 0:
+                    continue
+                left -= 1
+            order.append(owner)
+        self._order = order
+
+    def check(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+              deadline: float | None = None, *, pass_errors: bool = True) -> tuple[Outcome, float]:
+        """``Worker.check``: one case, judged alone."""
+        if self._order:
+            raise AssertionError("check() with cases still pending: collect them first")
+        start_seconds = self.submit(spec, capabilities, case, judge, keep_output, deadline, pass_errors=pass_errors)
+        outcome, _ = self.collect(deadline)
+        return outcome, start_seconds
+
+    def close(self, graceful: bool = True) -> None:
+        for worker in self.workers:
+            worker.close(graceful)
+        self._order.clear()
