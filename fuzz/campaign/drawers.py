@@ -38,7 +38,7 @@ from pa_oracle.fuzz.campaign.variants import Steering
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.errors import BadInput, env_count
 
 ENV = "PA_ORACLE_DRAW_PROCESSES"
 # the latest drawn cases sent with a chunk: a helper told fewer cases than were drawn can only draw one again, which
@@ -55,16 +55,10 @@ class BadDrawProcesses(BadInput):
 def draw_processes(cores: int | None = None) -> int:
     """``PA_ORACLE_DRAW_PROCESSES`` if set (0: the campaign draws every chunk itself), else the ``cores``
     (default: the host's) past four, at most ``MAX_DEFAULT`` (0 on a 2-core CI machine)."""
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
+    count = env_count(ENV, 0, BadDrawProcesses, "a whole number of draw processes >= 0 (0: none)")
+    if count is None:
         cores = (os.cpu_count() or 1) if cores is None else cores
         return max(0, min(MAX_DEFAULT, cores - 4))
-    try:
-        count = int(raw)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise BadDrawProcesses(f"{ENV}={raw!r}: give a whole number of draw processes >= 0 (0: none)")
     return count
 
 

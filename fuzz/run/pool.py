@@ -19,7 +19,7 @@ from typing import Any
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, FIRST_CASE_FACTOR, STARTUP_SECONDS, OutOfTime, Worker
 from pa_oracle.fuzz.run.runner import Check, Outcome
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.errors import BadInput, env_count
 from pa_oracle.oracle.tolerance import Tolerance
 
 ENV = "PA_ORACLE_WORKER_PROCESSES"
@@ -34,16 +34,10 @@ class BadWorkerProcesses(BadInput):
 def worker_processes(device: str, cores: int | None = None) -> int:
     """``PA_ORACLE_WORKER_PROCESSES`` if set, else ``ACCELERATOR_PROCESSES`` for an accelerator on a host
     with at least ``CORES_FOR_TWO`` ``cores`` (default: the host's), else one."""
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
+    count = env_count(ENV, 1, BadWorkerProcesses, "a whole number of worker processes >= 1")
+    if count is None:
         cores = (os.cpu_count() or 1) if cores is None else cores
         return ACCELERATOR_PROCESSES if device != "cpu" and cores >= CORES_FOR_TWO else 1
-    try:
-        count = int(raw)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise BadWorkerProcesses(f"{ENV}={raw!r}: give a whole number of worker processes >= 1")
     return count
 
 

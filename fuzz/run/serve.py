@@ -22,7 +22,6 @@ every core through torch's own threads.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import queue
 import signal
@@ -37,7 +36,7 @@ from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK, exception_text, finished
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.errors import BadInput, env_count
 from pa_oracle.oracle.tensors import Tensors
 from pa_oracle.oracle.tolerance import Tolerance
 
@@ -51,16 +50,7 @@ class BadThreads(BadInput):
 
 def threads_from_env() -> int | None:
     """``PA_ORACLE_JUDGE_THREADS`` as a count, or None when unset (the default per device)."""
-    raw = os.environ.get("PA_ORACLE_JUDGE_THREADS", "").strip()
-    if not raw:
-        return None
-    try:
-        threads = int(raw)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise BadThreads(f"PA_ORACLE_JUDGE_THREADS={raw!r}: give a whole number of threads >= 1")
-    return threads
+    return env_count("PA_ORACLE_JUDGE_THREADS", 1, BadThreads, "a whole number of threads >= 1")
 
 
 def threads_for(backend: Any, threads: int | None) -> int:
