@@ -44,19 +44,6 @@ workers)  # warm the caches (25 s), then the same 150 s campaign with one worker
     grep "drawn ahead" $D/workers$w.log
   done
   ;;
-cold)  # the main job's 12 backends with fresh caches and draw processes (the default count), BUDGET s (default 300)
-  timeout 400 python3 benchmarks/cold_campaign.py --time-budget ${2:-300} --log $D/cold.log $B -b flashinfer-prefill-fa2 \
-    -b flashinfer-prefill-fa2-hnd -b flashinfer-prefill-fa3 -b flashinfer-ragged-fa2 -b vllm-flashinfer -b sdpa-math -b flex
-  grep "drawn ahead" $D/cold.log
-  ;;
-workers)  # warm the caches (25 s), then the same 150 s campaign with one worker and with two shards side by side
-  timeout 100 python3 benchmarks/cold_campaign.py --time-budget 25 --caches /tmp/caches $B | head -1
-  for w in 1 2; do
-    echo "== --workers $w (draw processes: the default)"
-    timeout 180 python3 benchmarks/cold_campaign.py --time-budget ${2:-150} --caches /tmp/caches --workers $w --log $D/workers$w.log $B
-    grep "drawn ahead" $D/workers$w.log
-  done
-  ;;
 profile)  # where a warm decode-tc campaign process spends its time (cProfile), and the in-process judge rate
   PA_ORACLE_DRAW_PROCESSES=3 timeout 120 python3 -m cProfile -o $D/decode-tc.prof -m pa_oracle fuzz -b flashinfer-decode-tc \
     -n 100000 --time-budget 40 --out /tmp/prof --overwrite > $D/prof.txt 2>&1
