@@ -123,16 +123,16 @@ def test_the_oracle_is_one_check_among_the_others() -> None:
     assert "sdpa-math reorder: ok" in result.line()
 
 
-def _count_worker_starts(monkeypatch) -> list[float | None]:  # type: ignore[no-untyped-def]
-    """The deadlines of every ``Worker._start`` from now on (one entry per process started)."""
-    starts: list[float | None] = []
-    real = Worker._start
+def _count_worker_starts(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """One entry for every worker process started from now on (``Worker._launch``): the worker's id."""
+    starts: list[int] = []
+    real = Worker._launch
 
-    def counted(self, deadline=None):  # type: ignore[no-untyped-def]
-        starts.append(deadline)
-        return real(self, deadline)
+    def counted(self):  # type: ignore[no-untyped-def]
+        starts.append(id(self))
+        return real(self)
 
-    monkeypatch.setattr(Worker, "_start", counted)
+    monkeypatch.setattr(Worker, "_launch", counted)
     return starts
 
 

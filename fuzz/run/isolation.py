@@ -24,15 +24,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.fuzz.run.serve import NO_CASE, Request, serve, threads_from_env
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.tolerance import Tolerance
-
-if TYPE_CHECKING:
-    from pa_oracle.fuzz.run.pool import WorkerPool
 
 STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
 CASE_TIMEOUT = 300.0  # the default per-case limit (fuzz --case-timeout)
@@ -140,7 +137,7 @@ class Worker:
         self._conn = parent
         self.starts += 1
         self._loaded, self._judged, self._crashed = set(), set(), None
-        self._starting = True
+        self._starting, self._loading = True, None
 
     def _ready(self, deadline: float | None) -> None:
         if self._starting:
@@ -153,15 +150,18 @@ class Worker:
         ``what`` it is doing: "start" or the spec it loads."""
         assert self._conn is not None
         wait = self.startup if deadline is None else max(min(self.startup, deadline - time.monotonic()), 0.0)
+        ended = False  # the process closed its end (it died), as against no answer within the wait
         try:
             raw = self._conn.recv_bytes() if self._conn.poll(wait) else None
         except (EOFError, OSError):
-            raw = None
+            raw, ended = None, True
         if raw is None:
+            if ended:
+                self._process.join(5)  # reaped, so that its exit code is known
             code = self._process.exitcode
             self.close(graceful=False)
             doing = "started" if what == "start" else f"loaded {what}"
-            if wait < self.startup and code is None:
+            if wait < self.startup and code is None and not ended:
                 raise OutOfTime(f"{OUT_OF_TIME} while the worker {doing}")
             raise WorkerStartError(f"the worker {'did not start' if what == 'start' else 'did not load ' + what} "
                                    f"within {self.startup:g} s (exit code {code})")
@@ -188,7 +188,9 @@ class Worker:
             try:
                 self.await_load(self._loading, deadline)
             except WorkerStartError:
-                pass
+                if self._process is None:  # that load ended the process: a fresh one
+                    self.launch(spec)
+                    self._ready(deadline)
         if spec not in self._loaded and self._loading != spec:
             assert self._conn is not None
             self._conn.send_bytes(pickle.dumps(("load", spec, capabilities)))
@@ -218,6 +220,11 @@ class Worker:
         start_seconds = self.submit(spec, capabilities, case, judge, keep_output, deadline, pass_errors=pass_errors)
         outcome, _ = self.collect(deadline)
         return outcome, start_seconds
+
+    @property
+    def in_flight(self) -> bool:
+        """Started or asked to load a backend, the answer not received yet (``launch``, ``request_load``)."""
+        return self._starting or self._loading is not None
 
     @property
     def pending(self) -> int:
@@ -391,6 +398,27 @@ class Worker:
             self._pending.clear()  # not judged: their callers are told by ``pending`` dropping to 0
 
 
+class Judges(Protocol):
+    """What judges an ``IsolatedBackend``'s cases: a ``Worker``, or several (``pa_oracle.fuzz.run.pool.WorkerPool``)."""
+
+    @property
+    def processes(self) -> int: ...
+    @property
+    def starts(self) -> int: ...
+    @property
+    def rejudged_changed(self) -> int: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def pending_ids(self) -> list[str]: ...
+    def ensure(self, spec: str, capabilities: Any, deadline: float | None = None) -> None: ...
+    def case_limit(self, spec: str) -> float: ...
+    def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+               deadline: float | None = None, *, pass_errors: bool = True) -> float: ...
+    def collect(self, deadline: float | None = None) -> tuple[Outcome, float]: ...
+    def close(self, graceful: bool = True) -> None: ...
+
+
 class IsolatedBackend:
     """A backend proxy whose ``check`` runs ``judge`` (default: the oracle comparison) in a
     restartable worker process: its own, or a shared ``worker`` (then ``close`` leaves it running
@@ -404,7 +432,7 @@ class IsolatedBackend:
     def __init__(
         self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
         first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
-        judge: Check = ORACLE, worker: Worker | WorkerPool | None = None, pass_errors: bool = False,
+        judge: Check = ORACLE, worker: Judges | None = None, pass_errors: bool = False,
     ) -> None:
         self.backend = backend
         self.spec = spec
@@ -415,7 +443,7 @@ class IsolatedBackend:
         # the pipe's 64 KiB holds the worker until the parent reads it)
         self.pass_errors = pass_errors
         self._owns = worker is None
-        self.worker: Worker | WorkerPool = worker if worker is not None else Worker(
+        self.worker: Judges = worker if worker is not None else Worker(
             timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, startup=startup
         )
         self.start_seconds = 0.0  # spent starting the worker and loading this backend (all checks so far)

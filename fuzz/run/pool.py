@@ -17,8 +17,8 @@ from collections import deque
 from typing import Any
 
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, FIRST_CASE_FACTOR, STARTUP_SECONDS, OutOfTime, Worker
-from pa_oracle.fuzz.run.runner import Check, Outcome
-from pa_oracle.oracle.case import Case
+from pa_oracle.fuzz.run.runner import Check, OracleDisagreement, Outcome
+from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.errors import BadInput, env_count
 from pa_oracle.oracle.tolerance import Tolerance
 
@@ -87,12 +87,18 @@ class WorkerPool:
 
     def ensure(self, spec: str, capabilities: Any, deadline: float | None = None) -> None:
         """Every process alive with ``spec`` loaded: started and loaded side by side."""
-        for worker in self.workers:
-            worker.launch(spec)
-        for worker in self.workers:
-            worker.request_load(spec, capabilities, deadline)
-        for worker in self.workers:
-            worker.await_load(spec, deadline)
+        try:
+            for worker in self.workers:
+                worker.launch(spec)
+            for worker in self.workers:
+                worker.request_load(spec, capabilities, deadline)
+            for worker in self.workers:
+                worker.await_load(spec, deadline)
+        except BaseException:
+            for worker in self.workers:  # a start or a load still answering would be read by the next ensure
+                if worker.in_flight:
+                    worker.close(graceful=False)
+            raise
 
     def case_limit(self, spec: str) -> float:
         return max(worker.case_limit(spec) for worker in self.workers)
@@ -120,11 +126,13 @@ class WorkerPool:
         except OutOfTime:
             self.close(graceful=False)
             raise
-        except BaseException:
-            if worker.pending == kept:  # the case was answered (by an exception of the oracle or the case)
-                self._order.popleft()
-            else:  # an exchange was cut half-way: the caller abandons the pool
-                self.close(graceful=False)
+        except (OracleDisagreement, CaseError):  # the case's answer (the oracle's or the case's fault)
+            self._order.popleft()
+            if worker.pending < kept:
+                self._drop(index, worker.pending)
+            raise
+        except BaseException:  # an exchange may have been cut half-way: nothing pending can be trusted
+            self.close(graceful=False)
             raise
         self._order.popleft()
         if worker.pending < kept:
