@@ -360,6 +360,11 @@ class Backend:
         if its first case pays a compile. Compiles made by this process are tracked by the caller."""
         return "nothing compiles" if not key else None
 
+    def build_shared(self) -> bool:
+        """Build what every key of this backend loads (a module no key names) if it is not built yet; True if
+        something was built. The variant plan calls it once, before its first case, counting it as compiling."""
+        return False
+
     def build_variants(self, keys: list[CompileKey]) -> list[CompileKey] | None:
         """Build ``keys`` ahead of any case (in parallel where the library allows) and return those
         built; None: this adapter has no ahead-of-time build (warm-up then runs one case per key)."""

@@ -164,6 +164,9 @@ def build_modules(specs: list[Any]) -> None:
             os.environ.pop("MAX_JOBS", None)
 
 
+CASCADE_MODULE = "cascade"  # merge_state's module: one for every dtype and key, JIT-built (not in the prebuilt set)
+
+
 def module_spec(uri: str, key: CompileKey) -> Any:
     """FlashInfer's ``JitSpec`` for a ``module_uri`` (for ``build_modules``)."""
     from flashinfer.jit import gen_batch_decode_module, gen_batch_prefill_module

@@ -204,6 +204,44 @@ def test_the_sink_wrapper_builds_by_judging_not_with_the_plain_prefills_spec() -
     assert get_backend("flashinfer-sinks").build_variants([key]) is None
 
 
+def test_a_module_every_key_shares_is_built_once_ahead_and_counted_as_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashInfer's cascade loads merge_state's module, which no key names: the plan builds it before its first case,
+    counted against the budget, even with no key to build; a failed build is left to the first case."""
+    import time as clock
+
+    backend = get_backend("flex")
+    plan = plan_variants(backend, Limits(), budget=30, seed=0)
+    assert plan is not None
+    plan.chosen, calls = [], []
+
+    def shared() -> bool:
+        calls.append(1)
+        clock.sleep(0.2)
+        return len(calls) == 1  # built the first time, already built after
+
+    monkeypatch.setattr(backend, "build_shared", shared)
+    said: list[str] = []
+    plan.prebuild(said.append)
+    assert plan.spent >= 0.2 and plan.ahead == plan.spent and any("shared modules" in line for line in said)
+    spent = plan.spent
+    plan.prebuild(said.append)
+    assert plan.spent == spent, "nothing built the second time: nothing counted"
+
+    def fails() -> bool:
+        raise RuntimeError("nvcc failed")
+
+    monkeypatch.setattr(backend, "build_shared", fails)
+    plan.prebuild(said.append)
+    assert plan.spent == spent and "nvcc failed" in said[-1]
+
+
+def test_cascade_builds_merge_states_module_when_it_is_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = get_backend("flashinfer-cascade")
+    monkeypatch.setattr("pa_oracle.backends.flashinfer_cascade.built_module", lambda uri: "cached" if uri == "cascade" else None)
+    assert backend.build_shared() is False
+    assert get_backend("flashinfer-decode").build_shared() is False
+
+
 def test_a_key_whose_cases_are_all_known_is_passed_over_for_the_next() -> None:
     """The H200's sglang-extend-mask campaign drew 459 cases, every one skipped as known: its keys all fell in
     a ledger class. With ``known``, such keys give way to the next keys of the order; without, nothing changes."""

@@ -164,6 +164,7 @@ class VariantPlan:
     def prebuild(self, progress: Any = None) -> None:
         """Build the chosen keys ahead of the first case where the adapter can (FlashInfer: its modules
         side by side); what it builds is counted against the budget, also when some build failed."""
+        self._build_shared(progress)
         todo = [k for k in self.chosen if k not in self.compiled]
         if not todo or type(self.backend).build_variants is Backend.build_variants:
             return  # nothing to build, or no ahead-of-time build: each key compiles on its first case
@@ -186,6 +187,22 @@ class VariantPlan:
         self.ahead += seconds
         for key in built:
             self.compiled[key] = seconds / max(len(built), 1)
+
+    def _build_shared(self, progress: Any = None) -> None:
+        """The backend's modules shared by every key (``Backend.build_shared``), counted against the budget."""
+        start = time.monotonic()
+        try:
+            built = self.backend.build_shared()
+        except Exception as exc:  # noqa: BLE001 - not built ahead: the first case compiles it (or fails) as usual
+            built = False
+            if progress:
+                progress(f"  building {self.backend.name}'s shared modules failed ({type(exc).__name__}: {exc})")
+        if built:
+            seconds = time.monotonic() - start
+            self.spent += seconds
+            self.ahead += seconds
+            if progress:
+                progress(f"  built {self.backend.name}'s shared modules in {seconds:.1f}s")
 
     def lines(self) -> list[str]:
         """What the coverage table says about variants: which ran this time, which were never built."""
