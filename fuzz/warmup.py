@@ -45,6 +45,8 @@ def warm_backend(backend: Backend, count: int, at: int, limits: Limits, echo=cli
         return []
     echo(f"{backend.name}: {len(plan.free)} of {plan.space} variants already built; building {len(plan.chosen)}")
     start = time.monotonic()
+    if backend.build_shared():  # what every key loads (FlashInfer cascade's merge module)
+        echo(f"  built {backend.name}'s shared modules in {time.monotonic() - start:.1f}s")
     built = backend.build_variants(plan.chosen)
     if built is None:  # no ahead-of-time build: one judged case per key compiles it
         built = []

@@ -33,3 +33,13 @@ def test_a_crash_without_a_message_is_still_named_not_built(monkeypatch: pytest.
     lines: list[str] = []
     assert warmup.warm_backend(backend, 1, 0, Limits(), echo=lines.append) == []
     assert any(line.startswith("  ") and "not built" in line and "(crash: )" in line for line in lines)
+
+
+def test_a_warm_up_builds_the_modules_every_key_shares_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = get_backend("flex")
+    order: list[str] = []
+    monkeypatch.setattr(backend, "build_shared", lambda: order.append("shared") or True)
+    monkeypatch.setattr(backend, "build_variants", lambda keys: order.append("variants") or list(keys))
+    lines: list[str] = []
+    warmup.warm_backend(backend, 1, 0, Limits(), echo=lines.append)
+    assert order == ["shared", "variants"] and any("built flex's shared modules" in line for line in lines)
