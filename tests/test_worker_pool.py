@@ -61,6 +61,20 @@ def test_a_pool_answers_in_the_order_sent_as_one_process_does() -> None:
     assert [w.starts for w in pool.workers] == [1, 1] and pool.starts == 2
 
 
+def test_a_pool_refuses_another_backends_case_while_cases_are_pending() -> None:
+    spec, other = "tests.reliability.bad_kernels:correct", "tests.reliability.bad_kernels:slightly_off"
+    pool = WorkerPool(2, timeout=60, threads=1)
+    try:
+        _send(pool, spec, ONE_PAGE_MORE[:1])  # one process holds a case; the other is idle
+        with pytest.raises(AssertionError, match="pending"):
+            _send(pool, other, ONE_PAGE_MORE[1:2])
+        assert len(_answers(pool)) == 1
+        _send(pool, other, ONE_PAGE_MORE[1:2])  # nothing pending: another backend is welcome
+        assert len(_answers(pool)) == 1
+    finally:
+        pool.close()
+
+
 def test_a_death_drops_only_what_its_own_process_was_sent_after_the_case_in_its_kernel() -> None:
     """Sent in turn: process 0 gets cases 0, 2 (many pages: it dies there), 4; process 1 gets 1, 3, 5. Case 4
     was never judged; case 5, sent later but to the other process, is."""

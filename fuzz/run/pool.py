@@ -54,6 +54,7 @@ class WorkerPool:
         self.workers = [Worker(timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, startup=startup,
                                threads=threads) for _ in range(processes)]
         self._order: deque[int] = deque()  # the process of each pending case, oldest first
+        self._spec = ""  # the backend whose cases are pending
 
     @property
     def processes(self) -> int:
@@ -109,6 +110,9 @@ class WorkerPool:
         started = time.monotonic()
         if not self._order:
             self.ensure(spec, capabilities, deadline)
+            self._spec = spec
+        elif spec != self._spec:
+            raise AssertionError(f"{spec} submitted while {self._spec}'s cases are pending")  # (as one Worker refuses it)
         index = min(range(len(self.workers)), key=lambda i: self.workers[i].pending)
         self.workers[index].submit(spec, capabilities, case, judge, keep_output, deadline, pass_errors=pass_errors)
         self._order.append(index)
