@@ -200,8 +200,8 @@ class Worker:
         """The last step of ``ensure``: wait until ``spec`` is loaded."""
         if self._loading != spec:
             return
-        self._loading = None
-        reply = self._receive(deadline, spec)
+        reply = self._receive(deadline, spec)  # (no answer: the process is closed, and ``_loading`` with it)
+        self._loading = None  # only now: a wait cut short (Ctrl-C) leaves the answer unread, and says so
         if reply[0] != "loaded":
             raise WorkerStartError(f"the worker could not load {spec}: {reply[1]}")
         self._loaded.add(spec)

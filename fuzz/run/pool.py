@@ -61,16 +61,8 @@ class WorkerPool:
         return len(self.workers)
 
     @property
-    def timeout(self) -> float:
-        return self.workers[0].timeout
-
-    @property
     def starts(self) -> int:
         return sum(worker.starts for worker in self.workers)
-
-    @property
-    def rejudged(self) -> int:
-        return sum(worker.rejudged for worker in self.workers)
 
     @property
     def rejudged_changed(self) -> int:
@@ -131,20 +123,21 @@ class WorkerPool:
             self.close(graceful=False)
             raise
         except (OracleDisagreement, CaseError):  # the case's answer (the oracle's or the case's fault)
-            self._order.popleft()
-            if worker.pending < kept:
-                self._drop(index, worker.pending)
+            self._collected(index, kept)
             raise
         except BaseException:  # an exchange may have been cut half-way: nothing pending can be trusted
             self.close(graceful=False)
             raise
-        self._order.popleft()
-        if worker.pending < kept:
-            self._drop(index, worker.pending)
+        self._collected(index, kept)
         return got
 
-    def _drop(self, index: int, left: int) -> None:
-        """Keep only the first ``left`` pending cases of process ``index`` (the rest were dropped)."""
+    def _collected(self, index: int, kept: int) -> None:
+        """The oldest case (of process ``index``) was answered; if that process now holds fewer than ``kept``
+        cases, a death or a hang dropped its later ones: keep only the first it still holds."""
+        self._order.popleft()
+        left = self.workers[index].pending
+        if left >= kept:
+            return
         order: deque[int] = deque()
         for owner in self._order:
             if owner == index:
