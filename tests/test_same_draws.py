@@ -68,3 +68,22 @@ def test_a_campaign_draws_the_same_cases_whatever_else_the_process_imported(tmp_
     assert "literals_of_a_user" in sys.modules
     assert fuzz_backend(get_backend("sdpa-math"), examples=12, base_seed=0, isolate=False).seen == ENGINE
     assert _drawn("flashinfer-decode") == PINNED["flashinfer-decode"]
+
+
+def test_strategies_built_once_draw_what_strategies_built_per_draw_drew(monkeypatch) -> None:
+    """``pa_oracle.fuzz.draw.built`` reuses one strategy object per set of arguments (Hypothesis validates each new
+    object on its first draw); the cases are those of objects built anew at every draw, for every part of a case."""
+    from hypothesis import strategies as st
+    from pa_oracle.fuzz.draw import built
+
+    assert built.sampled_from([1, 2]) is built.sampled_from((1, 2))
+    assert built.permutations(range(5)) is built.permutations([0, 1, 2, 3, 4])
+    names = ["sdpa-math", "flashinfer-decode", "flashinfer-prefill-packed-mask", "flashinfer-mla", "flashinfer-decode-rope",
+             "flashinfer-sinks", "flashinfer-pod"]
+    reused = {name: _drawn(name, 30) for name in names}
+    for name in ("booleans", "integers", "one_of"):
+        monkeypatch.setattr(built, name, getattr(st, name))
+    for name in ("_sampled_from", "_permutations", "_lists"):
+        monkeypatch.setattr(built, name, getattr(st, name[1:]))
+    assert {name: _drawn(name, 30) for name in names} == reused
+    assert len({i for ids in reused.values() for i in ids}) > 60  # the draws are varied, not one case again

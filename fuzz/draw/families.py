@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
+from pa_oracle.fuzz.draw import built
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.oracle.case import Case, CustomMask, Heads, Layout, Options
 
@@ -38,14 +39,14 @@ def tree_parents(draw: st.DrawFn, max_depth: int = MAX_TREE_DEPTH, max_width: in
     """One draft tree, nodes in breadth-first order: ``parents[i]`` is -1 (a root, which follows
     the prefix) or an earlier node. Each node has 0..``max_width`` children; a chain (width 1) is
     the causal mask."""
-    depth = draw(st.integers(1, max_depth), label="tree depth")
-    width = draw(st.integers(1, max_width), label="tree width")
+    depth = draw(built.integers(1, max_depth), label="tree depth")
+    width = draw(built.integers(1, max_width), label="tree width")
     parents: list[int] = []
     frontier = [-1]
     for _ in range(depth):
         level: list[int] = []
         for parent in frontier:
-            for _ in range(draw(st.integers(1 if parent == frontier[0] else 0, width), label="children")):
+            for _ in range(draw(built.integers(1 if parent == frontier[0] else 0, width), label="children")):
                 if len(parents) == max_nodes:
                     break
                 level.append(len(parents))
@@ -63,7 +64,7 @@ def mla_dims(caps: Capabilities) -> list[tuple[int, int]]:
 
 def _mla_heads(draw: st.DrawFn, case: Case, caps: Capabilities, pinned: Mapping[str, Any]) -> Heads:
     dims = [(qk, vo) for qk, vo in mla_dims(caps) if pinned.get("head_dim_qk", qk) == qk and pinned.get("head_dim_vo", vo) == vo]
-    qk, vo = draw(st.sampled_from(dims), label="mla dims")
+    qk, vo = draw(built.sampled_from(dims), label="mla dims")
     return Heads(case.heads.num_qo_heads, 1, qk, vo, mla=True)
 
 
@@ -71,20 +72,20 @@ def _tree_case(draw: st.DrawFn, case: Case, caps: Capabilities, max_prefix: int)
     """``case``'s requests replaced by draft trees behind prefixes (same batch size and pages size)."""
     lay = case.layout
     trees = [draw(tree_parents(), label=f"tree[{b}]") for b in range(lay.batch_size)]
-    prefixes = [draw(st.integers(0, max_prefix), label=f"prefix[{b}]") for b in range(lay.batch_size)]
+    prefixes = [draw(built.integers(0, max_prefix), label=f"prefix[{b}]") for b in range(lay.batch_size)]
     kv_lens = [p + len(t) for p, t in zip(prefixes, trees)]
     needed = sum(-(-n // lay.page_size) for n in kv_lens)
-    order = draw(st.permutations(range(needed)), label="page_order")
+    order = draw(built.permutations(range(needed)), label="page_order")
     layout = Layout.from_lengths([len(t) for t in trees], kv_lens, lay.page_size, page_order=order)
     return case.replace(layout=layout, custom_mask=CustomMask(tree_parents=tuple(trees)))
 
 
 def _arbitrary_mask(draw: st.DrawFn, case: Case) -> CustomMask:
     lay = case.layout
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="mask seed"))
+    rng = np.random.default_rng(draw(built.integers(0, 2**32 - 1), label="mask seed"))
     masks = []
     for b, (qo, kv) in enumerate(zip(lay.qo_lens, lay.kv_lens)):
-        density = draw(st.sampled_from(MASK_DENSITIES), label=f"mask density[{b}]")
+        density = draw(built.sampled_from(MASK_DENSITIES), label=f"mask density[{b}]")
         masks.append(rng.random((qo, kv)) < density)
     return CustomMask.from_dense(masks)
 
@@ -95,13 +96,13 @@ def extend(
 ) -> Case:
     """``case`` made MLA and/or masked as ``caps`` admits (module docstring); inside a compile key's
     ``pinned`` values (its ``mla`` and head dims) when the campaign draws inside one."""
-    mla = pinned["mla"] if "mla" in pinned else True in caps.mla and (False not in caps.mla or draw(st.booleans(), label="mla"))
+    mla = pinned["mla"] if "mla" in pinned else True in caps.mla and (False not in caps.mla or draw(built.booleans(), label="mla"))
     if mla:
         case = case.replace(heads=_mla_heads(draw, case, caps, pinned))
         if case.options.is_fp8:  # one latent cache holds V too: one scale
             case = case.replace(options=_same_scale(case))
-    if True in caps.custom_mask and (False not in caps.custom_mask or draw(st.booleans(), label="custom mask")):
-        kind = draw(st.sampled_from(("tree", "arbitrary")), label="mask kind")
+    if True in caps.custom_mask and (False not in caps.custom_mask or draw(built.booleans(), label="custom mask")):
+        kind = draw(built.sampled_from(("tree", "arbitrary")), label="mask kind")
         if kind == "tree":
             case = _tree_case(draw, case, caps, max_prefix)
         else:

@@ -14,6 +14,7 @@ one labelled ``draw`` here and the copy in ``oracle.tensors.in_storage``.
 from __future__ import annotations
 
 from hypothesis import strategies as st
+from pa_oracle.fuzz.draw import built
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.oracle.case import POOL_OFFSET_MULTIPLE, Case, Storage
 
@@ -42,12 +43,12 @@ def applicable(case: Case, caps: Capabilities) -> list[str]:
 def storage(draw: st.DrawFn, case: Case, caps: Capabilities) -> Case:
     """``case`` with a storage drawn from ``caps.storages`` (module docstring)."""
     features = applicable(case, caps)
-    if not features or ("contiguous" in caps.storages and not draw(st.booleans(), label="storage")):
+    if not features or ("contiguous" in caps.storages and not draw(built.booleans(), label="storage")):
         return case
-    chosen = {name: draw(st.booleans(), label=name) for name in features}
+    chosen = {name: draw(built.booleans(), label=name) for name in features}
     if not any(chosen.values()):  # the default storage is not declared: one feature at least
-        chosen[draw(st.sampled_from(features), label="storage feature")] = True
-    offset = draw(st.sampled_from(POOL_OFFSETS), label="pool_offset") if chosen.get("pool_offset") else 0
+        chosen[draw(built.sampled_from(features), label="storage feature")] = True
+    offset = draw(built.sampled_from(POOL_OFFSETS), label="pool_offset") if chosen.get("pool_offset") else 0
     return case.replace(storage=Storage(
         kv="combined" if chosen.get("combined") else "separate",
         kv_layout="HND" if chosen.get("HND") else "NHD",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
+from pa_oracle.fuzz.draw import built
 from pa_oracle.backends.base import VARIANT_FIELDS, Capabilities, CompileKey
 from pa_oracle.fuzz.draw import families, storages
 from pa_oracle.oracle.case import CAP_THEN_ALIBI, DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, Rope, alibi_slopes
@@ -68,7 +69,7 @@ def _page_sizes(caps: Capabilities) -> list[int]:
 
 def _kv_len(draw: st.DrawFn, page: int, limits: Limits, min_len: int, label: str) -> int:
     edges = sorted({n for n in (1, page - 1, page, page + 1, 2 * page, 0) if min_len <= n <= limits.max_kv_len})
-    return draw(st.one_of(st.integers(min_len, limits.max_kv_len), st.sampled_from(edges)), label=label)
+    return draw(built.one_of(built.integers(min_len, limits.max_kv_len), built.sampled_from(edges)), label=label)
 
 
 def _qo_len(draw: st.DrawFn, kv_len: int, caps: Capabilities, limits: Limits, min_len: int, label: str) -> int:
@@ -76,17 +77,17 @@ def _qo_len(draw: st.DrawFn, kv_len: int, caps: Capabilities, limits: Limits, mi
     modes = [m for m in QO_MODES if not (m == "no_queries" and min_len > 0)]
     if not caps.qo_len_above_kv_len:
         modes.remove("qo_above_kv")
-    mode = draw(st.sampled_from(modes), label=label + " mode")
+    mode = draw(built.sampled_from(modes), label=label + " mode")
     if mode == "decode":
         n = 1
     elif mode == "speculative":
-        n = draw(st.integers(2, 8), label=label)
+        n = draw(built.integers(2, 8), label=label)
     elif mode == "chunked_prefill":
-        n = draw(st.integers(1, max(kv_len, 1)), label=label)
+        n = draw(built.integers(1, max(kv_len, 1)), label=label)
     elif mode == "full_prefill":
         n = kv_len
     elif mode == "qo_above_kv":
-        n = kv_len + draw(st.integers(1, 8), label=label)
+        n = kv_len + draw(built.integers(1, 8), label=label)
     else:
         n = 0
     if not caps.qo_len_above_kv_len:
@@ -97,11 +98,11 @@ def _qo_len(draw: st.DrawFn, kv_len: int, caps: Capabilities, limits: Limits, mi
 @st.composite
 def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits()) -> Layout:
     """Ragged batches with random page tables (see the module docstring)."""
-    page = draw(st.sampled_from(_page_sizes(caps)), label="page_size")
+    page = draw(built.sampled_from(_page_sizes(caps)), label="page_size")
     smallest = 2 if caps.mixed_batch else 1  # a decode and a prefill request
     if caps.mixed_batch and (caps.uniform_qo_len or min(limits.max_qo_len, caps.max_qo_len or 2) < 2):
         raise ValueError("mixed_batch needs requests of two qo_lens: not with uniform_qo_len or a max_qo_len below 2")
-    batch = draw(st.integers(smallest, max(limits.max_batch, smallest)), label="batch_size")
+    batch = draw(built.integers(smallest, max(limits.max_batch, smallest)), label="batch_size")
     min_len = 0 if caps.empty_requests else 1
     kv_lens = [_kv_len(draw, page, limits, min_len, f"kv_len[{b}]") for b in range(batch)]
     qo_lens = [_qo_len(draw, kv_lens[b], caps, limits, min_len, f"qo_len[{b}]") for b in range(batch)]
@@ -116,8 +117,8 @@ def layouts(draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits
         if not caps.qo_len_above_kv_len:
             kv_lens[0] = max(kv_lens[0], 1)
     needed = sum(-(-n // page) for n in kv_lens)
-    extra = draw(st.integers(0, limits.max_extra_pages), label="unused_pool_pages")
-    order = draw(st.permutations(range(needed + extra)), label="page_order")
+    extra = draw(built.integers(0, limits.max_extra_pages), label="unused_pool_pages")
+    order = draw(built.permutations(range(needed + extra)), label="page_order")
     return Layout.from_lengths(qo_lens, kv_lens, page, page_order=order, extra_pages=extra)
 
 
@@ -126,8 +127,8 @@ def _mix(draw: st.DrawFn, qo_lens: list[int], kv_lens: list[int], caps: Capabili
     become one of each (the one made longer gets at least 2 queries)."""
     if 1 in qo_lens and any(n > 1 for n in qo_lens):
         return
-    decode = draw(st.integers(0, len(qo_lens) - 1), label="decode request")
-    other = (decode + 1 + draw(st.integers(0, len(qo_lens) - 2), label="prefill request")) % len(qo_lens)
+    decode = draw(built.integers(0, len(qo_lens) - 1), label="decode request")
+    other = (decode + 1 + draw(built.integers(0, len(qo_lens) - 2), label="prefill request")) % len(qo_lens)
     qo_lens[decode] = 1
     qo_lens[other] = max(qo_lens[other], 2)
     if not caps.qo_len_above_kv_len:
@@ -138,15 +139,15 @@ def _mix(draw: st.DrawFn, qo_lens: list[int], kv_lens: list[int], caps: Capabili
 def heads(
     draw: st.DrawFn, caps: Capabilities = Capabilities(), limits: Limits = Limits(), pinned: Mapping[str, Any] = {}
 ) -> Heads:
-    num_kv = _pick(draw, pinned, "num_kv_heads", lambda: st.integers(1, limits.max_kv_heads))
-    group = _pick(draw, pinned, "group_size", lambda: st.sampled_from(_groups(caps, limits, num_kv)))
+    num_kv = _pick(draw, pinned, "num_kv_heads", lambda: built.integers(1, limits.max_kv_heads))
+    group = _pick(draw, pinned, "group_size", lambda: built.sampled_from(_groups(caps, limits, num_kv)))
     dims = _head_dims(caps, limits)
-    dim_qk = _pick(draw, pinned, "head_dim_qk", lambda: st.sampled_from(dims))
+    dim_qk = _pick(draw, pinned, "head_dim_qk", lambda: built.sampled_from(dims))
     dim_vo = dim_qk
     if "head_dim_vo" in pinned:
         dim_vo = pinned["head_dim_vo"]
-    elif caps.head_dim_vo_may_differ and draw(st.booleans(), label="head_dim_vo differs"):
-        dim_vo = draw(st.sampled_from(dims), label="head_dim_vo")
+    elif caps.head_dim_vo_may_differ and draw(built.booleans(), label="head_dim_vo differs"):
+        dim_vo = draw(built.sampled_from(dims), label="head_dim_vo")
     return Heads(num_kv * group, num_kv, dim_qk, dim_vo)
 
 
@@ -157,7 +158,7 @@ def _pick(draw: st.DrawFn, pinned: Mapping[str, Any], field: str, strategy: Any)
 
 def _switch(draw: st.DrawFn, pinned: Mapping[str, Any], field: str, reachable: bool, label: str) -> bool:
     """An option switch: the key's value if pinned, else a coin (when ``caps`` lets it be on)."""
-    return bool(pinned[field]) if field in pinned else reachable and draw(st.booleans(), label=label)
+    return bool(pinned[field]) if field in pinned else reachable and draw(built.booleans(), label=label)
 
 
 def _groups(caps: Capabilities, limits: Limits, num_kv: int) -> list[int]:
@@ -182,34 +183,34 @@ def options(
     draw: st.DrawFn, num_qo_heads: int, max_kv_len: int, caps: Capabilities = Capabilities(), pinned: Mapping[str, Any] = {},
     head_dim_qk: int = 0,
 ) -> Options:
-    q_dtype = _pick(draw, pinned, "q_dtype", lambda: st.sampled_from(caps.q_dtypes))
-    kv_dtype = _pick(draw, pinned, "kv_dtype", lambda: st.sampled_from(caps.accepted_kv_dtypes(q_dtype)))
+    q_dtype = _pick(draw, pinned, "q_dtype", lambda: built.sampled_from(caps.q_dtypes))
+    kv_dtype = _pick(draw, pinned, "kv_dtype", lambda: built.sampled_from(caps.accepted_kv_dtypes(q_dtype)))
     k_scale = v_scale = 1.0
     if kv_dtype in FP8_DTYPES and caps.fp8_scales:
-        k_scale = draw(st.sampled_from(FP8_SCALES), label="k_scale")
-        v_scale = draw(st.sampled_from(FP8_SCALES), label="v_scale")
+        k_scale = draw(built.sampled_from(FP8_SCALES), label="k_scale")
+        v_scale = draw(built.sampled_from(FP8_SCALES), label="v_scale")
     q_scale, o_dtype = 1.0, None  # an fp8 q's (drawn only for it: every other kernel draws as before)
     if q_dtype in FP8_DTYPES:
-        q_scale = draw(st.sampled_from(FP8_SCALES), label="q_scale") if caps.fp8_scales else 1.0
-        o_dtype = _pick(draw, pinned, "o_dtype", lambda: st.sampled_from(caps.o_dtypes))
-    causal = _pick(draw, pinned, "causal", lambda: st.sampled_from(sorted(caps.causal)))
+        q_scale = draw(built.sampled_from(FP8_SCALES), label="q_scale") if caps.fp8_scales else 1.0
+        o_dtype = _pick(draw, pinned, "o_dtype", lambda: built.sampled_from(caps.o_dtypes))
+    causal = _pick(draw, pinned, "causal", lambda: built.sampled_from(sorted(caps.causal)))
     window_left = -1
     if "window_left" in pinned:  # a kernel that compiles per window value (a Triton constexpr)
         window_left = pinned["window_left"]
     elif _switch(draw, pinned, "window", caps.window_left, "sliding window"):
-        window_left = draw(st.integers(0, max(max_kv_len, 1)), label="window_left")
+        window_left = draw(built.integers(0, max(max_kv_len, 1)), label="window_left")
     soft_cap = 0.0
     if "logits_soft_cap" in pinned:  # likewise per cap value
         soft_cap = pinned["logits_soft_cap"]
     elif _switch(draw, pinned, "soft_cap", caps.logits_soft_cap, "soft cap"):
-        soft_cap = draw(st.sampled_from(SOFT_CAPS), label="logits_soft_cap")
+        soft_cap = draw(built.sampled_from(SOFT_CAPS), label="logits_soft_cap")
     slopes = alibi_slopes(num_qo_heads) if _switch(draw, pinned, "alibi", caps.alibi, "alibi") else None
     sinks = None
     if _switch(draw, pinned, "sinks", caps.sinks, "sinks"):
-        sinks = tuple(draw(st.lists(st.sampled_from((0.0, 1.0, -2.0, 4.0)), min_size=num_qo_heads, max_size=num_qo_heads), label="sinks"))
+        sinks = tuple(draw(built.lists(built.sampled_from((0.0, 1.0, -2.0, 4.0)), min_size=num_qo_heads, max_size=num_qo_heads), label="sinks"))
     sm_scale = None
-    if caps.custom_sm_scale and draw(st.booleans(), label="custom sm_scale"):
-        sm_scale = draw(st.sampled_from(SM_SCALES), label="sm_scale")
+    if caps.custom_sm_scale and draw(built.booleans(), label="custom sm_scale"):
+        sm_scale = draw(built.sampled_from(SM_SCALES), label="sm_scale")
     rope = None  # drawn last and only for a kernel that declares it: every other kernel draws as before
     if True in caps.rope:
         optional = False in caps.rope
@@ -225,13 +226,13 @@ def options(
 
 
 def _rope(draw: st.DrawFn, caps: Capabilities, head_dim_qk: int) -> Rope:
-    style = draw(st.sampled_from(caps.rope_styles), label="rope style")
-    theta = draw(st.sampled_from(ROPE_THETAS), label="rope theta")
-    scale = draw(st.sampled_from(ROPE_SCALES), label="rope scale")
+    style = draw(built.sampled_from(caps.rope_styles), label="rope style")
+    theta = draw(built.sampled_from(ROPE_THETAS), label="rope theta")
+    scale = draw(built.sampled_from(ROPE_SCALES), label="rope scale")
     rotary_dim = None
     partial = [d for d in range(2, head_dim_qk, 2) if d in (head_dim_qk // 2, head_dim_qk // 4, 2) or d == head_dim_qk - 2]
-    if caps.rope_partial and partial and draw(st.booleans(), label="partial rotary"):
-        rotary_dim = draw(st.sampled_from(sorted(set(partial), reverse=True)), label="rotary_dim")
+    if caps.rope_partial and partial and draw(built.booleans(), label="partial rotary"):
+        rotary_dim = draw(built.sampled_from(sorted(set(partial), reverse=True)), label="rotary_dim")
     return Rope(style=style, theta=theta, scale=scale, rotary_dim=rotary_dim)
 
 
@@ -255,15 +256,15 @@ def cases(
     if variants is not None:
         if not variants:
             raise ValueError("variants: no compile key to draw from")
-        key = draw(st.sampled_from(list(variants)), label="compile key")
+        key = draw(built.sampled_from(list(variants)), label="compile key")
         pinned = dict(redirect(key) if redirect else key)
         if "group_size" in pinned and pinned.get("mla", caps.mla == (True,)) is True:
             pinned.setdefault("num_kv_heads", 1)  # an MLA case has one latent head: its group is all its qo heads
     layout = draw(layouts(caps, limits), label="layout")
     head = draw(heads(caps, limits, pinned), label="heads")
     opts = draw(options(head.num_qo_heads, max(layout.kv_lens), caps, pinned, head.head_dim_qk), label="options")
-    distribution = draw(st.sampled_from(DISTRIBUTIONS), label="distribution")
-    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    distribution = draw(built.sampled_from(DISTRIBUTIONS), label="distribution")
+    seed = draw(built.integers(0, 2**31 - 1), label="seed")
     case = Case(layout, head, opts, seed=seed, distribution=distribution)
     if caps.custom_mask != (False,) or caps.mla != (False,):  # off by default: existing kernels draw as before
         case = draw(families.extend(case, caps, max_prefix=limits.max_kv_len, pinned=pinned), label="families")
