@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import sys
 import textwrap
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from pa_oracle.backends import get_backend
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
+from pa_oracle.oracle.case import Case
 
 PINNED = {
     "sdpa-math": ["7caec8101447", "271cd287ec80", "987772bc318c", "b5ffdce70ae0", "f4ef5554827e", "26dd467c228b", "1538508fd952", "1d8eee9ffc5f"],
@@ -34,7 +36,7 @@ ENGINE = ["7caec8101447", "0aea747ce2a0", "395a4e6c3fb7", "a29b7c22fe1a", "df463
           "918566bb8791", "186f2534a7a1", "f465c10d64a6", "8d1a7a854d69", "9a5232831638"]  # fuzz -b sdpa-math --seed 0
 
 
-def _drawn(name: str, count: int = 8) -> list[str]:
+def _drawn(name: str, count: int = 8, show: Callable[[Case], str] = lambda case: case.case_id) -> list[str]:
     caps = get_backend(name).capabilities
     if "storages" in {f.name for f in dataclasses.fields(caps)}:
         caps = caps.replace(storages=("contiguous",))
@@ -44,7 +46,7 @@ def _drawn(name: str, count: int = 8) -> list[str]:
     @settings(max_examples=30, database=None, deadline=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
     @given(cases(caps, Limits()))
     def take(case):  # type: ignore[no-untyped-def]
-        ids.append(case.case_id)
+        ids.append(show(case))
 
     with seed_only_draws():
         take()
@@ -78,12 +80,15 @@ def test_strategies_built_once_draw_what_strategies_built_per_draw_drew(monkeypa
 
     assert built.sampled_from([1, 2]) is built.sampled_from((1, 2))
     assert built.permutations(range(5)) is built.permutations([0, 1, 2, 3, 4])
+    equal_values = [(False, True), (0, 1), (0.0, 1.0), (-0.0, 1.0)]  # equal tuples, four strategies
+    assert len({id(built.sampled_from(values)) for values in equal_values}) == len(equal_values)
+    assert built.integers(0, 1) is not built.integers(False, True)
     names = ["sdpa-math", "flashinfer-decode", "flashinfer-prefill-packed-mask", "flashinfer-mla", "flashinfer-decode-rope",
              "flashinfer-sinks", "flashinfer-pod"]
-    reused = {name: _drawn(name, 30) for name in names}
+    reused = {name: _drawn(name, 30, repr) for name in names}  # repr: an id does not tell False from 0
     for name in ("booleans", "integers", "one_of"):
         monkeypatch.setattr(built, name, getattr(st, name))
-    for name in ("_sampled_from", "_permutations", "_lists"):
-        monkeypatch.setattr(built, name, getattr(st, name[1:]))
-    assert {name: _drawn(name, 30) for name in names} == reused
+    monkeypatch.setattr(built, "_lists", st.lists)
+    monkeypatch.setattr(built, "_of_values", lambda make, values: make(tuple(values)))
+    assert {name: _drawn(name, 30, repr) for name in names} == reused
     assert len({i for ids in reused.values() for i in ids}) > 60  # the draws are varied, not one case again
