@@ -125,3 +125,33 @@ def test_a_killed_draw_process_leaves_the_campaign_drawing_itself() -> None:
         assert drawers.broken and drawers.take(spec, 2, 10, lambda _: False) is None
     finally:
         drawers.close()
+
+
+def test_started_draw_processes_are_up_before_their_first_chunk() -> None:
+    drawers = Drawers(2)  # first_wait 0: before the helpers answered, the campaign does not wait for them
+    try:
+        assert not drawers._up()
+        drawers.start()
+        deadline = time.monotonic() + 120
+        while not drawers._up() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert drawers._up(), "the start tasks returned: the helpers are up"
+        spec = _spec()
+        drawers.send(spec, 1, 10, set())
+        assert drawers.take(spec, 1, 10, lambda _: False) is not None, "so the first take waits for its draw"
+    finally:
+        drawers.close()
+
+
+def test_a_campaign_starts_its_draw_processes_only_for_isolated_backends(tmp_path, monkeypatch) -> None:
+    from pa_oracle.fuzz.campaign.engine import run_campaign
+    from pa_oracle.fuzz.campaign.state import CampaignState
+
+    started: list[int] = []
+    monkeypatch.setattr(Drawers, "start", lambda self: started.append(self.count))
+    monkeypatch.setenv("PA_ORACLE_DRAW_PROCESSES", "2")
+    backend = UserKernel.from_spec(f"{PLANTED}:correct_attention")
+    for isolate in (False, True):
+        run_campaign([backend], CampaignState({"seed": 0}), tmp_path / f"{isolate}.json", examples=5, limits=TINY,
+                     isolate=isolate, case_timeout=120)
+    assert started == [2], "started once: for the isolated run, not the in-process one"

@@ -139,14 +139,18 @@ def _pair(spec: DrawSpec) -> tuple[str, str]:
     return spec.known.backend, spec.known.check
 
 
+def _ready() -> None:
+    """A draw process's first task: it returns once the process has imported what drawing needs (this module)."""
+
+
 def _leave_ctrl_c_to_the_campaign() -> None:
     """A helper ignores Ctrl-C (sent to the whole process group): the campaign stops, then shuts the pool."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class Drawers:
-    """Up to ``count`` helper processes drawing chunks ahead (started on first use, shared by a campaign's
-    backends). A chunk not drawn yet when it is needed is waited for up to ``WAIT`` seconds once the helpers
+    """Up to ``count`` helper processes drawing chunks ahead (started by ``start`` or on first use, shared by a
+    campaign's backends). A chunk not drawn yet when it is needed is waited for up to ``WAIT`` seconds once the helpers
     have answered (while they start, the engine draws itself rather than wait)."""
 
     WAIT = 2.0
@@ -160,10 +164,31 @@ class Drawers:
         self.broken = False  # the pool failed: nothing more is sent
         self._clashed: dict[tuple[str, str], set[str]] = {}  # per (backend, check): drawn cases a helper drew again
         self.taken = self.redrawn = 0  # chunks taken from helpers; chunks the engine drew itself after a clash
+        self._starting: list[Future[None]] = []
 
     @property
     def active(self) -> bool:
         return self.count > 0 and not self.broken
+
+    def start(self) -> None:
+        """Start the helpers now (a campaign's start, while its worker starts), so that they are up (spawned, imports
+        done: seconds) by the first chunk they are sent, rather than have the first backend draw its chunks itself."""
+        if self.active and self._pool is None:
+            try:
+                self._pool = self._new_pool()
+                self._starting = [self._pool.submit(_ready) for _ in range(self.count)]
+            except Exception:  # noqa: BLE001 - no process could start: the campaign draws every chunk itself
+                self.broken = True
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_leave_ctrl_c_to_the_campaign)
+
+    def _up(self) -> bool:
+        """Whether the helpers answered: a draw was taken, or every start task returned."""
+        if not self.answered and self._starting and all(f.done() and f.exception() is None for f in self._starting):
+            self.answered = True
+        return self.answered
 
     def send(self, spec: DrawSpec, index: int, n: int, seen: set[str]) -> None:
         """Have a helper draw chunk ``index`` (``n`` examples) given cases drawn so far: any of them (the latest
@@ -174,8 +199,7 @@ class Drawers:
         seen = seen | self._clashed.get(_pair(spec), set())
         try:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_leave_ctrl_c_to_the_campaign)
+                self._pool = self._new_pool()
             self._pending[index] = (spec, n, self._pool.submit(draw_in_helper, spec, index, n, frozenset(seen)))
         except Exception:  # noqa: BLE001 - BrokenProcessPool, or no process could start
             self.broken = True
@@ -189,7 +213,7 @@ class Drawers:
             return None
         future = sent[2]
         try:
-            draw = future.result(timeout=self.WAIT if self.answered else self.first_wait)
+            draw = future.result(timeout=self.WAIT if self._up() else self.first_wait)
         except Exception:  # noqa: BLE001 - late, or the helper died: the engine draws the chunk itself
             future.cancel()
             return None

@@ -511,11 +511,15 @@ def run_campaign(
 
     workers: dict[str, Any] = {}  # one worker pool per device, shared by every backend and check (started on its first case)
     worker_processes("cpu")  # a bad PA_ORACLE_WORKER_PROCESSES is bad input before anything runs
-    drawers = Drawers(draw_processes())  # helper processes drawing ahead, shared likewise (started on first use)
+    drawers = Drawers(draw_processes())  # helper processes drawing ahead, shared likewise
     compiling = sum(1 for (b, _), _key in todo if b.compile_fields) or 1  # the compile budget is shared by those that compile
     plans: dict[str, VariantPlan | None] = {}
     end = None if time_budget is None else start + time_budget
     try:
+        from pa_oracle.fuzz.run.isolation import isolated_by_default
+
+        if any(isolated_by_default(b) if isolate is None else isolate for (b, _c), _key in todo):
+            drawers.start()  # only a pipelined (isolated) backend sends chunks to them
         turns = 0
         while True:  # turns: a pair runs again only when the deadline (not a finding, an end or a failure) stopped it
             active = [(pair, key) for pair, key in todo if (wants_more(state.results[key]) if turns == 0 else
