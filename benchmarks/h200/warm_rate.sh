@@ -1,7 +1,7 @@
 # issue 12, session 14 (2026-12-03): where a warm campaign's time goes, and the warm rate per backend.
 # FlashInfer 0.6.18.post1 with its prebuilt sm90 kernels and a msgspec wheel in /tmp/site (../shared/device/README.md).
 # Success: every backend judges >= 150 cases a second while judging, warm, with the default worker and draw processes.
-# Steps: bash warm_rate.sh shared | split BUDGET | stages | warm BUDGET
+# Steps: bash warm_rate.sh shared | split BUDGET | stages | warm BUDGET ["worker process counts"]
 export PYTHONPATH=/tmp/site:$PWD FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 PYTHONUNBUFFERED=1
 D=$OUT/warm_rate; mkdir -p $D /tmp/caches
 B="-b flashinfer-decode -b flashinfer-decode-tc -b flashinfer-decode-hnd -b flashinfer-cascade -b flashinfer-prefill-fa2"
@@ -12,11 +12,11 @@ shared)  # cascade alone with fresh caches: its shared merge module built ahead 
   grep -i "merge\|shared\|compil" $D/shared.log | head -5
   ;;
 split)  # warm the caches (40 s), then where the campaign process's time goes, BUDGET s over four backends
-  timeout 120 python3 benchmarks/cold_campaign.py --time-budget 40 --caches /tmp/caches $B | head -1
+  timeout 120 python3 benchmarks/cold_campaign.py --time-budget 30 --caches /tmp/caches $B > /dev/null
   export TRITON_CACHE_DIR=/tmp/caches/triton_cache_dir TORCHINDUCTOR_CACHE_DIR=/tmp/caches/torchinductor_cache_dir \
     FLASHINFER_WORKSPACE_BASE=/tmp/caches/flashinfer_workspace_base  # as cold_campaign.py --caches names them
   timeout $((${2:-80} + 60)) python3 benchmarks/campaign_split.py --time-budget ${2:-80} -b flashinfer-decode \
-    -b flashinfer-decode-hnd -b flashinfer-cascade -b sdpa-efficient > $D/split.log 2>&1
+    -b flashinfer-cascade ${3:--b flashinfer-decode-hnd -b sdpa-efficient} > $D/split.log 2>&1
   sed -n '/exited/,$p' $D/split.log
   ;;
 stages)  # one worker's judged decode case, stage by stage, warm
@@ -24,9 +24,12 @@ stages)  # one worker's judged decode case, stage by stage, warm
     FLASHINFER_WORKSPACE_BASE=/tmp/caches/flashinfer_workspace_base
   timeout 150 python3 benchmarks/fuzz_rate.py -b flashinfer-decode -b flashinfer-decode-tc -n 100 --stages 2>&1 | tail -40
   ;;
-warm)  # a BUDGET s campaign of eight backends on warm caches (run split first), the default worker and draw processes
-  timeout $((${2:-120} + 60)) python3 benchmarks/cold_campaign.py --time-budget ${2:-120} --caches /tmp/caches \
-    --log $D/warm.log $B
-  grep "drawn ahead" $D/warm.log
+warm)  # a BUDGET s campaign of eight backends on warm caches (run split first), each worker process count (default: 2)
+  for p in ${3:-2}; do
+    echo "== PA_ORACLE_WORKER_PROCESSES=$p"
+    PA_ORACLE_WORKER_PROCESSES=$p timeout $((${2:-120} + 60)) python3 benchmarks/cold_campaign.py --time-budget ${2:-120} \
+      --caches /tmp/caches --log $D/warm$p.log $B | grep -v " variants: "
+    grep "drawn ahead" $D/warm$p.log
+  done
   ;;
 esac
