@@ -1,7 +1,7 @@
 # issue 12, session 14 (2026-12-03): where a warm campaign's time goes, and the warm rate per backend.
 # FlashInfer 0.6.18.post1 with its prebuilt sm90 kernels and a msgspec wheel in /tmp/site (../shared/device/README.md).
 # Success: every backend judges >= 150 cases a second while judging, warm, with the default worker and draw processes.
-# Steps: bash warm_rate.sh shared | split BUDGET | stages | warm BUDGET ["worker process counts"]
+# Steps: bash warm_rate.sh shared | split BUDGET | warm BUDGET ["worker process counts"]
 export PYTHONPATH=/tmp/site:$PWD FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 PYTHONUNBUFFERED=1
 D=$OUT/warm_rate; mkdir -p $D /tmp/caches
 B="-b flashinfer-decode -b flashinfer-decode-tc -b flashinfer-decode-hnd -b flashinfer-cascade -b flashinfer-prefill-fa2"
@@ -18,11 +18,6 @@ split)  # warm the caches (40 s), then where the campaign process's time goes, B
   timeout $((${2:-80} + 60)) python3 benchmarks/campaign_split.py --time-budget ${2:-80} -b flashinfer-decode \
     -b flashinfer-cascade ${3:--b flashinfer-decode-hnd -b sdpa-efficient} > $D/split.log 2>&1
   sed -n '/exited/,$p' $D/split.log
-  ;;
-stages)  # one worker's judged decode case, stage by stage, warm
-  export TRITON_CACHE_DIR=/tmp/caches/triton_cache_dir TORCHINDUCTOR_CACHE_DIR=/tmp/caches/torchinductor_cache_dir \
-    FLASHINFER_WORKSPACE_BASE=/tmp/caches/flashinfer_workspace_base
-  timeout 150 python3 benchmarks/fuzz_rate.py -b flashinfer-decode -b flashinfer-decode-tc -n 100 --stages 2>&1 | tail -40
   ;;
 warm)  # a BUDGET s campaign of eight backends on warm caches (run split first), each worker process count (default: 2)
   for p in ${3:-2}; do
