@@ -190,3 +190,22 @@ def test_a_pass_comes_back_without_its_per_element_errors_unless_asked() -> None
         assert failing.status == "fail" and failing.verdict.error is not None, "a failing verdict keeps every tensor"
     with case_judge(kernel, tolerance=LOOSE) as check:
         assert check(CASE).verdict.error is not None
+
+
+def test_a_worker_imports_a_backends_library_when_it_loads_it(monkeypatch) -> None:
+    """The import (seconds for FlashInfer) counts as loading the backend, not as judging its first cases; a
+    library that cannot import there is a load that failed, with the import's error."""
+    import sys
+
+    from pa_oracle.backends import get_backend
+    from pa_oracle.backends.sdpa import SdpaMath
+    from pa_oracle.fuzz.run.serve import _load_backend
+
+    capabilities = get_backend("sdpa-math").capabilities
+    monkeypatch.delitem(sys.modules, "wave", raising=False)
+    monkeypatch.setattr(SdpaMath, "package", "wave")  # a standard-library module nothing here imports
+    _load_backend("sdpa-math", capabilities)
+    assert "wave" in sys.modules
+    monkeypatch.setattr(SdpaMath, "package", "no_such_kernel_library")
+    with pytest.raises(ImportError, match="no_such_kernel_library"):
+        _load_backend("sdpa-math", capabilities)

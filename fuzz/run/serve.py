@@ -21,6 +21,7 @@ every core through torch's own threads.
 
 from __future__ import annotations
 
+import importlib
 import dataclasses
 import pickle
 import queue
@@ -163,6 +164,8 @@ def _load_backend(spec: str, capabilities: Any) -> Any:
 
     backend = UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
     backend.capabilities = capabilities  # the parent's (narrowed by --only)
+    if backend.package is not None:  # the library's import (seconds, once a process) is loading, not its first cases' judging
+        importlib.import_module(backend.package)
     return backend
 
 
