@@ -142,7 +142,7 @@ def test_a_campaign_finds_a_crash_the_same_with_two_processes() -> None:
 def test_worker_processes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PA_ORACLE_WORKER_PROCESSES", raising=False)
     assert worker_processes("cpu", cores=64) == 1, "a CPU backend's judge and kernel share the host's cores"
-    assert worker_processes("cuda", cores=16) == 2 and worker_processes("cuda", cores=4) == 1
+    assert [worker_processes("cuda", cores=cores) for cores in (4, 8, 15, 16, 64)] == [1, 2, 2, 3, 3]
     monkeypatch.setenv("PA_ORACLE_WORKER_PROCESSES", "3")
     assert worker_processes("cuda") == 3 and worker_processes("cpu") == 3
     for bad in ("0", "two", "1.5", "-2"):

@@ -23,8 +23,10 @@ from pa_oracle.oracle.errors import BadInput, env_count
 from pa_oracle.oracle.tolerance import Tolerance
 
 ENV = "PA_ORACLE_WORKER_PROCESSES"
-ACCELERATOR_PROCESSES = 2  # worker processes for an accelerator when the host has the cores (benchmarks/RESULTS.md)
-CORES_FOR_TWO = 8  # fewer host cores: one process (the campaign, its draws and the worker share them)
+# an accelerator's worker processes: one, and one more for each 8 host cores (the campaign, its draw processes and the
+# workers share them), at most 3: 3 judged 13% more than 2 on a 16-core H200 host (benchmarks/RESULTS.md)
+CORES_PER_PROCESS = 8
+MAX_ACCELERATOR_PROCESSES = 3
 
 
 class BadWorkerProcesses(BadInput):
@@ -32,12 +34,13 @@ class BadWorkerProcesses(BadInput):
 
 
 def worker_processes(device: str, cores: int | None = None) -> int:
-    """``PA_ORACLE_WORKER_PROCESSES`` if set, else ``ACCELERATOR_PROCESSES`` for an accelerator on a host
-    with at least ``CORES_FOR_TWO`` ``cores`` (default: the host's), else one."""
+    """``PA_ORACLE_WORKER_PROCESSES`` if set, else for an accelerator one more process for each ``CORES_PER_PROCESS``
+    ``cores`` (default: the host's), at most ``MAX_ACCELERATOR_PROCESSES``: one below 8 cores, 2 below 16, then 3;
+    for the CPU one."""
     count = env_count(ENV, 1, BadWorkerProcesses, "a whole number of worker processes >= 1")
     if count is None:
         cores = (os.cpu_count() or 1) if cores is None else cores
-        return ACCELERATOR_PROCESSES if device != "cpu" and cores >= CORES_FOR_TWO else 1
+        return 1 if device == "cpu" else min(MAX_ACCELERATOR_PROCESSES, cores // CORES_PER_PROCESS + 1)
     return count
 
 
