@@ -127,8 +127,8 @@ def fuzz(
 ) -> None:
     """Fuzz kernels against the oracle; exit 1 on any finding.
 
-    The campaign's state is kept in --out (campaign.json, rewritten after every chunk of 25
-    examples), so --resume continues it after a kill. One campaign at a time per --out (a lock
+    The campaign's state is kept in --out (campaign.json, rewritten after a chunk of 25 examples
+    about every second), so --resume continues it after a kill. One campaign at a time per --out (a lock
     file); a campaign never replaces or deletes a finding folder. --workers N runs N shards side
     by side and merges them; --shard I/N runs one shard (a job-array task), --merge merges their
     states."""

@@ -7,8 +7,9 @@ gets the same isolation, resume, shards, ledger skip, budgets and coverage.
 Verification model: examples run in chunks of ``CHUNK``, each chunk one Hypothesis run with its
 own seed (``pa_oracle.fuzz.campaign.shard``). A case drawn before in the campaign (same case id) is rejected, so no
 example runs twice; a case that a ledger entry's ``matches`` predicate covers is skipped as known,
-so the campaign surfaces new findings. After every chunk the state (``pa_oracle.fuzz.campaign.state``) is saved:
-``run_campaign`` on that state continues at the next chunk after a kill.
+so the campaign surfaces new findings. The state (``pa_oracle.fuzz.campaign.state``) is saved after a chunk
+(``Checkpoints``: about every second, and at each turn's end and stop): ``run_campaign`` on that state continues at
+the next chunk saved after a kill, drawing the same cases.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pa_oracle.fuzz.campaign.drawers import SENT_IDS, Drawers, DrawSpec, KnownFi
 from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk, queue_drawn
 from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
-from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, FindingRecord
+from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
 from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime
@@ -468,7 +469,7 @@ def run_campaign(
     compile_budget: float | None = None,
 ) -> list[BackendResult]:
     """Run every check of ``checks`` on ``backends``, one (backend, check) after another, on
-    ``shard``, continuing ``state`` and saving it to ``state_file`` after every chunk. ``examples``
+    ``shard``, continuing ``state`` and saving it to ``state_file`` (``Checkpoints``). ``examples``
     is the campaign's total per backend and check (this shard runs its share); the time budget is
     shared by the pairs that still have work (each turn gets an equal share of what is left, so
     time one pair did not use goes to the others; a pair the deadline stopped gets another turn
@@ -500,9 +501,7 @@ def run_campaign(
     start = time.monotonic()
     label = f"[shard {shard}] " if shard.count > 1 else ""
 
-    def checkpoint(result: BackendResult) -> None:
-        state.results[result.key] = result
-        state.save(state_file)
+    checkpoint = Checkpoints(state, state_file)
 
     def report(result: BackendResult) -> None:
         if progress:
@@ -549,11 +548,15 @@ def run_campaign(
                 )
                 if plan is not None:
                     state.results[key].coverage.variants = plan.lines()
+                checkpoint.flush()
             if end is None:
                 break  # without a budget each pair ran to its count, its finding or its end
         if progress and (drawers.taken or drawers.redrawn):
             progress(f"{label}{drawers.taken} chunks drawn ahead by {drawers.count} draw processes "
                      f"({drawers.redrawn} more drawn again here: a case an earlier chunk drew since)")
+    except BaseException:
+        checkpoint.flush(broken=True)  # each pair as of its last whole chunk (a Ctrl-C, an error of the tool)
+        raise
     finally:
         drawers.close()
         for worker in workers.values():

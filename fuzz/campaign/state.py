@@ -2,16 +2,18 @@
 
 Per backend: chunks done (the next Hypothesis seed follows from it), counters, findings, coverage
 counts and the ids of the cases already drawn (a resumed or later chunk never runs one again). The
-file is rewritten atomically (temp file + ``os.replace``) after every chunk, so a kill leaves the
-state of the last finished chunk. Unsharded: ``OUT/campaign.json``; shard i of n:
+file is rewritten atomically (temp file + ``os.replace``) after a chunk, about every second
+(``Checkpoints``), so a kill leaves the state of a finished chunk, and a Ctrl-C that of the last. Unsharded: ``OUT/campaign.json``; shard i of n:
 ``OUT/shards/campaign-i-of-n.json``.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
+import time
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -160,13 +162,12 @@ class CampaignState:
     config: dict[str, Any]
     results: dict[str, BackendResult] = field(default_factory=dict)
 
-    def save(self, path: Path) -> None:
-        payload = {
-            "schema_version": SCHEMA_VERSION,
-            "config": self.config,
-            "backends": {name: r.to_json() for name, r in self.results.items()},
-        }
+    def save(self, path: Path, as_of: dict[str, dict[str, Any]] | None = None) -> None:
+        """Write the state; ``as_of`` gives some results as they were earlier (``snapshot``), not as they are."""
+        backends = {name: (as_of or {}).get(name) or r.to_json() for name, r in self.results.items()}
+        payload = {"schema_version": SCHEMA_VERSION, "config": self.config, "backends": backends}
         write_atomically(path, json.dumps(payload, indent=1) + "\n")
+
 
     @classmethod
     def load(cls, path: Path) -> CampaignState:
@@ -240,6 +241,58 @@ class _StateFile(msgspec.Struct, forbid_unknown_fields=True):
     schema_version: int
     config: _ConfigFile
     backends: dict[str, Any]  # each is read by BackendResult.from_json, so a message names it
+
+
+def snapshot(result: BackendResult) -> dict[str, Any]:
+    """``result.to_json()`` as it is now, sharing nothing the engine changes later (a list of drawn ids is copied,
+    not deep-copied: its strings do not change)."""
+    data = result.to_json()
+    seen = data.pop("seen")
+    data = copy.deepcopy(data)
+    data["seen"] = list(seen)
+    return data
+
+
+class Checkpoints:
+    """Saves a campaign's state after a pair's chunk, but not after every one: a save writes every drawn id
+    (~25 ms at 80,000 on the H200 host), and saving after each of a 5-minute campaign's ~1,900 chunks took ~15% of
+    it. A chunk is saved once ``EVERY`` seconds have passed since the last save, and no sooner than ``SHARE`` of
+    the time since then went to saving; a chunk that ends a pair's run (any status but "running") is saved at
+    once, and ``flush`` saves at a turn's end. Every chunk's result is kept as a snapshot, so that a run cut in
+    the middle of a chunk (Ctrl-C, an error of the tool) saves the last whole chunk of each pair (``flush``
+    with ``broken``). A kill loses at most the chunks of the last ``EVERY`` seconds (or so): a resume draws them
+    again, the same cases."""
+
+    EVERY = 1.0
+    SHARE = 0.05
+
+    def __init__(self, state: CampaignState, path: Path) -> None:
+        self.state, self.path = state, path
+        self._whole: dict[str, dict[str, Any]] = {}  # each pair's result at its last whole chunk
+        self._unsaved = False
+        self._next = 0.0  # monotonic time after which a chunk is saved
+
+    def __call__(self, result: BackendResult) -> None:
+        self.state.results[result.key] = result
+        self._whole[result.key] = snapshot(result)
+        self._unsaved = True
+        if result.status != "running" or time.monotonic() >= self._next:
+            self._save()
+
+    def _save(self) -> None:
+        started = time.monotonic()
+        self.state.save(self.path, as_of=self._whole)
+        ended = time.monotonic()
+        self._next = ended + max(self.EVERY, (ended - started) / self.SHARE)
+        self._unsaved = False
+
+    def flush(self, broken: bool = False) -> None:
+        """Save what was not: each pair as it is now (between turns), or, ``broken`` (the run stopped in the
+        middle of a chunk), as of its last whole chunk."""
+        if self._unsaved or broken:
+            if not broken:
+                self._whole.clear()
+            self._save()
 
 
 def write_atomically(path: Path, text: str) -> None:
