@@ -64,3 +64,17 @@ def test_a_run_cut_in_a_chunk_saves_each_pair_as_of_its_last_whole_chunk(saves) 
     saved = CampaignState.load(path).results
     assert (saved["k"].seen, saved["k"].examples, saved["k"].chunks_done) == (["a", "b"], 2, 2)
     assert saved["m"].seen == ["x"]
+
+
+def test_a_run_cut_in_a_turns_first_chunk_saves_the_pair_as_it_was_before_it(saves) -> None:
+    state, path, _ = saves
+    checkpoint = Checkpoints(state, path)
+    checkpoint(_chunk(state.results["k"], ["a"]))
+    checkpoint.flush()  # k's turn ends; m's turn starts
+    checkpoint(_chunk(state.results["m"], ["x"]))
+    checkpoint.flush()  # m's turn ends; k's second turn starts
+    state.results["k"].seen.append("half")  # cut in its first chunk, before any checkpoint of this turn
+    state.results["k"].examples += 1
+    checkpoint.flush(broken=True)
+    saved = CampaignState.load(path).results
+    assert (saved["k"].seen, saved["k"].examples) == (["a"], 1) and saved["m"].seen == ["x"]

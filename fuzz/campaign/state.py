@@ -268,7 +268,7 @@ class Checkpoints:
 
     def __init__(self, state: CampaignState, path: Path) -> None:
         self.state, self.path = state, path
-        self._whole: dict[str, dict[str, Any]] = {}  # each pair's result at its last whole chunk
+        self._whole = {key: snapshot(r) for key, r in state.results.items()}  # each pair's result at its last whole chunk
         self._unsaved = False
         self._next = 0.0  # monotonic time after which a chunk is saved
 
@@ -287,11 +287,11 @@ class Checkpoints:
         self._unsaved = False
 
     def flush(self, broken: bool = False) -> None:
-        """Save what was not: each pair as it is now (between turns), or, ``broken`` (the run stopped in the
-        middle of a chunk), as of its last whole chunk."""
+        """Save what was not: each pair as it is now (between turns, when every pair is whole), or, ``broken`` (the
+        run stopped in the middle of a chunk), as of its last whole chunk."""
+        if not broken:
+            self._whole = {key: snapshot(r) for key, r in self.state.results.items()}
         if self._unsaved or broken:
-            if not broken:
-                self._whole.clear()
             self._save()
 
 

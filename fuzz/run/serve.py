@@ -21,8 +21,8 @@ every core through torch's own threads.
 
 from __future__ import annotations
 
-import importlib
 import dataclasses
+import importlib
 import pickle
 import queue
 import signal
