@@ -47,8 +47,9 @@ def test_chunks_are_saved_once_a_second_and_a_pairs_end_at_once(saves, monkeypat
     checkpoint(_chunk(result, ["f"]))
     checkpoint.flush()
     assert len(written) == 4 and CampaignState.load(path).results["k"].seen == list("abcdef"), "a turn's end is saved"
+    result.notes.append("a note the turn's end adds after its last chunk")
     checkpoint.flush()
-    assert len(written) == 4, "nothing unsaved, nothing written"
+    assert len(written) == 5 and CampaignState.load(path).results["k"].notes == result.notes
 
 
 def test_a_run_cut_in_a_chunk_saves_each_pair_as_of_its_last_whole_chunk(saves) -> None:

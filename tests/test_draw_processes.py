@@ -129,6 +129,7 @@ def test_a_killed_draw_process_leaves_the_campaign_drawing_itself() -> None:
 
 def test_started_draw_processes_are_up_before_their_first_chunk() -> None:
     drawers = Drawers(2)  # first_wait 0: before the helpers answered, the campaign does not wait for them
+    drawers.WAIT = 120.0  # once up, the wait for a draw (2 s in a campaign; a loaded CI machine draws slower)
     try:
         assert not drawers._up()
         drawers.start()
@@ -151,7 +152,7 @@ def test_a_campaign_starts_its_draw_processes_only_for_isolated_backends(tmp_pat
     monkeypatch.setattr(Drawers, "start", lambda self: started.append(self.count))
     monkeypatch.setenv("PA_ORACLE_DRAW_PROCESSES", "2")
     backend = UserKernel.from_spec(f"{PLANTED}:correct_attention")
-    for isolate in (False, True):
-        run_campaign([backend], CampaignState({"seed": 0}), tmp_path / f"{isolate}.json", examples=5, limits=TINY,
-                     isolate=isolate, case_timeout=120)
-    assert started == [2], "started once: for the isolated run, not the in-process one"
+    for isolate, examples in ((False, 30), (True, 5), (True, 30)):
+        run_campaign([backend], CampaignState({"seed": 0}), tmp_path / f"{isolate}{examples}.json", examples=examples,
+                     limits=TINY, isolate=isolate, case_timeout=120)
+    assert started == [2], "started once: for the isolated run past one chunk, not the in-process one or one chunk"

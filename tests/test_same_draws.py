@@ -36,9 +36,9 @@ ENGINE = ["7caec8101447", "0aea747ce2a0", "395a4e6c3fb7", "a29b7c22fe1a", "df463
           "918566bb8791", "186f2534a7a1", "f465c10d64a6", "8d1a7a854d69", "9a5232831638"]  # fuzz -b sdpa-math --seed 0
 
 
-def _drawn(name: str, count: int = 8, show: Callable[[Case], str] = lambda case: case.case_id) -> list[str]:
+def _drawn(name: str, count: int = 8, show: Callable[[Case], str] = lambda case: case.case_id, narrow: bool = True) -> list[str]:
     caps = get_backend(name).capabilities
-    if "storages" in {f.name for f in dataclasses.fields(caps)}:
+    if narrow and "storages" in {f.name for f in dataclasses.fields(caps)}:
         caps = caps.replace(storages=("contiguous",))
     ids: list[str] = []
 
@@ -85,10 +85,13 @@ def test_strategies_built_once_draw_what_strategies_built_per_draw_drew(monkeypa
     assert built.integers(0, 1) is not built.integers(False, True)
     names = ["sdpa-math", "flashinfer-decode", "flashinfer-prefill-packed-mask", "flashinfer-mla", "flashinfer-decode-rope",
              "flashinfer-sinks", "flashinfer-pod"]
-    reused = {name: _drawn(name, 30, repr) for name in names}  # repr: an id does not tell False from 0
+    def drawn() -> dict[str, list[str]]:  # repr: an id does not tell False from 0; decode's storages too
+        return {**{name: _drawn(name, 30, repr) for name in names}, "storages": _drawn("flashinfer-decode", 30, repr, narrow=False)}
+
+    reused = drawn()
     for name in ("booleans", "integers", "one_of"):
         monkeypatch.setattr(built, name, getattr(st, name))
     monkeypatch.setattr(built, "_lists", st.lists)
     monkeypatch.setattr(built, "_of_values", lambda make, values: make(tuple(values)))
-    assert {name: _drawn(name, 30, repr) for name in names} == reused
+    assert drawn() == reused
     assert len({i for ids in reused.values() for i in ids}) > 60  # the draws are varied, not one case again

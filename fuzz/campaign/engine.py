@@ -517,8 +517,8 @@ def run_campaign(
     try:
         from pa_oracle.fuzz.run.isolation import isolated_by_default
 
-        if any(isolated_by_default(b) if isolate is None else isolate for (b, _c), _key in todo):
-            drawers.start()  # only a pipelined (isolated) backend sends chunks to them
+        if target > CHUNK and any(isolated_by_default(b) if isolate is None else isolate for (b, _c), _key in todo):
+            drawers.start()  # only a pipelined (isolated) backend sends them chunks, and only those after its first
         turns = 0
         while True:  # turns: a pair runs again only when the deadline (not a finding, an end or a failure) stopped it
             active = [(pair, key) for pair, key in todo if (wants_more(state.results[key]) if turns == 0 else
@@ -555,7 +555,10 @@ def run_campaign(
             progress(f"{label}{drawers.taken} chunks drawn ahead by {drawers.count} draw processes "
                      f"({drawers.redrawn} more drawn again here: a case an earlier chunk drew since)")
     except BaseException:
-        checkpoint.flush(broken=True)  # each pair as of its last whole chunk (a Ctrl-C, an error of the tool)
+        try:
+            checkpoint.flush(broken=True)  # each pair as of its last whole chunk (a Ctrl-C, an error of the tool)
+        except Exception:  # noqa: BLE001 - a save that fails (a full disk) must not hide what stopped the run
+            pass  # (the file keeps its last save)
         raise
     finally:
         drawers.close()

@@ -287,12 +287,11 @@ class Checkpoints:
         self._unsaved = False
 
     def flush(self, broken: bool = False) -> None:
-        """Save what was not: each pair as it is now (between turns, when every pair is whole), or, ``broken`` (the
-        run stopped in the middle of a chunk), as of its last whole chunk."""
+        """Save each pair as it is now (between turns, when every pair is whole: a turn's end adds notes after its
+        last chunk), or, ``broken`` (the run stopped in the middle of a chunk), as of its last whole chunk."""
         if not broken:
             self._whole = {key: snapshot(r) for key, r in self.state.results.items()}
-        if self._unsaved or broken:
-            self._save()
+        self._save()
 
 
 def write_atomically(path: Path, text: str) -> None:
