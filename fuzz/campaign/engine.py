@@ -34,7 +34,7 @@ from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
 from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
 from pa_oracle.fuzz.draw.strategies import Limits, cases
-from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime
+from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime, isolated_by_default
 from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
@@ -114,7 +114,6 @@ def fuzz_backend(
         WorkerStartError,
         check_timeout,
         isolatable,
-        isolated_by_default,
     )
 
     if isolate_timeout is not None:
@@ -515,8 +514,6 @@ def run_campaign(
     plans: dict[str, VariantPlan | None] = {}
     end = None if time_budget is None else start + time_budget
     try:
-        from pa_oracle.fuzz.run.isolation import isolated_by_default
-
         if target > CHUNK and any(isolated_by_default(b) if isolate is None else isolate for (b, _c), _key in todo):
             drawers.start()  # only a pipelined (isolated) backend sends them chunks, and only those after its first
         turns = 0

@@ -3,8 +3,8 @@
 Per backend: chunks done (the next Hypothesis seed follows from it), counters, findings, coverage
 counts and the ids of the cases already drawn (a resumed or later chunk never runs one again). The
 file is rewritten atomically (temp file + ``os.replace``) after a chunk, about every second
-(``Checkpoints``), so a kill leaves the state of a finished chunk, and a Ctrl-C that of the last. Unsharded: ``OUT/campaign.json``; shard i of n:
-``OUT/shards/campaign-i-of-n.json``.
+(``Checkpoints``), so a kill leaves the state of a finished chunk, and a Ctrl-C that of the last.
+Unsharded: ``OUT/campaign.json``; shard i of n: ``OUT/shards/campaign-i-of-n.json``.
 """
 
 from __future__ import annotations
@@ -168,7 +168,6 @@ class CampaignState:
         payload = {"schema_version": SCHEMA_VERSION, "config": self.config, "backends": backends}
         write_atomically(path, json.dumps(payload, indent=1) + "\n")
 
-
     @classmethod
     def load(cls, path: Path) -> CampaignState:
         """Read a state file, strictly: a ``CampaignStateError`` names the file and the field."""
@@ -255,7 +254,7 @@ def snapshot(result: BackendResult) -> dict[str, Any]:
 
 class Checkpoints:
     """Saves a campaign's state after a pair's chunk, but not after every one: a save writes every drawn id
-    (~25 ms at 80,000 on the H200 host), and saving after each of a 5-minute campaign's ~1,900 chunks took ~15% of
+    (~33 ms at 80,000 on the development machine's core), and saving after each of a 5-minute campaign's ~1,900 chunks took ~15% of
     it. A chunk is saved once ``EVERY`` seconds have passed since the last save, and no sooner than ``SHARE`` of
     the time since then went to saving; a chunk that ends a pair's run (any status but "running") is saved at
     once, and ``flush`` saves at a turn's end. Every chunk's result is kept as a snapshot, so that a run cut in
@@ -269,13 +268,11 @@ class Checkpoints:
     def __init__(self, state: CampaignState, path: Path) -> None:
         self.state, self.path = state, path
         self._whole = {key: snapshot(r) for key, r in state.results.items()}  # each pair's result at its last whole chunk
-        self._unsaved = False
         self._next = 0.0  # monotonic time after which a chunk is saved
 
     def __call__(self, result: BackendResult) -> None:
         self.state.results[result.key] = result
         self._whole[result.key] = snapshot(result)
-        self._unsaved = True
         if result.status != "running" or time.monotonic() >= self._next:
             self._save()
 
@@ -284,7 +281,6 @@ class Checkpoints:
         self.state.save(self.path, as_of=self._whole)
         ended = time.monotonic()
         self._next = ended + max(self.EVERY, (ended - started) / self.SHARE)
-        self._unsaved = False
 
     def flush(self, broken: bool = False) -> None:
         """Save each pair as it is now (between turns, when every pair is whole: a turn's end adds notes after its

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
-from pa_oracle.fuzz.draw import built
 from pa_oracle.backends.base import Capabilities
+from pa_oracle.fuzz.draw import built
 from pa_oracle.oracle.case import Case, CustomMask, Heads, Layout, Options
 
 MLA_DIMS = ((12, 8), (576, 512), (192, 128), (24, 16), (80, 64))  # (head_dim_qk, head_dim_vo): shrinks to small

@@ -14,8 +14,8 @@ one labelled ``draw`` here and the copy in ``oracle.tensors.in_storage``.
 from __future__ import annotations
 
 from hypothesis import strategies as st
-from pa_oracle.fuzz.draw import built
 from pa_oracle.backends.base import Capabilities
+from pa_oracle.fuzz.draw import built
 from pa_oracle.oracle.case import POOL_OFFSET_MULTIPLE, Case, Storage
 
 # elements before the caches in their pool: 64, 448, 4096. Written as multiples of numbers the package

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
-from pa_oracle.fuzz.draw import built
 from pa_oracle.backends.base import VARIANT_FIELDS, Capabilities, CompileKey
-from pa_oracle.fuzz.draw import families, storages
+from pa_oracle.fuzz.draw import built, families, storages
 from pa_oracle.oracle.case import CAP_THEN_ALIBI, DISTRIBUTIONS, FP8_DTYPES, Case, Heads, Layout, Options, Rope, alibi_slopes
 
 PAGE_SIZES = (16, 1, 2, 3, 5, 8, 32, 64, 128, 256)  # shrinks toward the first
