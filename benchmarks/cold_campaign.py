@@ -3,8 +3,7 @@
     python benchmarks/cold_campaign.py --time-budget 240 -b flashinfer-decode -b sdpa-math ...
     python benchmarks/cold_campaign.py --time-budget 120 -b flex            # CPU
 
-Points ``TRITON_CACHE_DIR``, ``TORCHINDUCTOR_CACHE_DIR`` and ``FLASHINFER_WORKSPACE_BASE`` (FlashInfer's
-JIT cache) at empty temp folders, runs ``pa-oracle fuzz`` as a user would, and prints per backend the
+Points ``PA_ORACLE_CACHE_DIR`` (FlashInfer's JIT cache, Triton's and inductor's) at an empty temp folder, runs ``pa-oracle fuzz`` as a user would, and prints per backend the
 cases judged and the split of its wall time: compiling (the campaign's own account: the first case of
 each new variant, ahead-of-time builds), judging (the rest of its chunks) and starting (what is left:
 process start, imports, worker starts, planning). Prebuilt FlashInfer kernels (its AOT folder) stay
@@ -26,9 +25,8 @@ from pathlib import Path
 
 
 def run(args: argparse.Namespace, caches: Path, out: Path) -> tuple[float, str, list[dict], int]:
-    env = dict(os.environ)
-    for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
-        env[name] = str(caches / name.lower())
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")}
+    env["PA_ORACLE_CACHE_DIR"] = str(caches)  # pa-oracle points every compile cache into it
     command = [sys.executable, "-m", "pa_oracle", "fuzz", "--time-budget", str(args.time_budget), "-n", str(args.examples),
                "--seed", str(args.seed), "--out", str(out), "--overwrite"]
     command += [a for b in args.backend for a in ("-b", b)]
@@ -49,7 +47,7 @@ def run(args: argparse.Namespace, caches: Path, out: Path) -> tuple[float, str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-b", "--backend", action="append", required=True)
+    parser.add_argument("-b", "--backend", action="append", default=[], help="(repeatable) default: every available one, the main job")
     parser.add_argument("--time-budget", type=float, default=240.0)
     parser.add_argument("--compile-budget", type=float, default=None)
     parser.add_argument("-n", "--examples", type=int, default=100000)
@@ -79,10 +77,13 @@ def main() -> None:
         print(f"  {r['backend']:<28} {judged[r['backend']]:>6} judged ({r['status']}): start {start:6.1f}s  "
               f"compile {compile_:6.1f}s  judge {judge:6.1f}s  ({judged[r['backend']] / max(judge, 1e-9):.1f}/s judging)")
     other = max(wall - sum(split.values()), 0.0)
+    for r in summary:
+        if r.get("not_built"):
+            print(f"  {r['backend']:<28} not built: {r['not_built']}")
     print(f"  split of the wall time: start {split['start']:.0f}s, compile {split['compile']:.0f}s, judge {split['judge']:.0f}s, "
           f"other (process start, planning, summary) {other:.0f}s -> {split['judge'] / wall:.0%} judging")
     for line in text.splitlines():
-        if " variants: " in line:
+        if " variants: " in line or "compile plan:" in line or "LEFT OUT" in line:
             print(line)
 
 

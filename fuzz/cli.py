@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
-from pa_oracle.fuzz.exits import TOOL_FAILED, campaign_exit_code, remember_out_dir
+from pa_oracle.fuzz.exits import TOOL_FAILED, BadInput, campaign_exit_code, remember_out_dir
 
 if TYPE_CHECKING:  # the commands import what they use: `pa-oracle --help` imports neither torch nor Hypothesis
     from pa_oracle.backends.base import Backend
@@ -155,7 +155,7 @@ def fuzz(
     shard = _parse_shard(shard_text)
     if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
         chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
-    started, worker_codes = time.monotonic(), []
+    started, worker_codes, left_out = time.monotonic(), [], {}
     with campaign_lock(out_dir, shard):  # the --workers parent holds --out, each worker its shard
         if merge_only:
             states = load_shards(out_dir)
@@ -166,22 +166,30 @@ def fuzz(
             results, worker_codes = _fuzz_with_workers(ctx, out_dir, workers, resume, overwrite)
         else:
             path = state_path(out_dir, shard)
+            ledger = load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None
+            budget, plan = campaign_compile_budget(time_budget, compile_budget), None
+            if not resume:  # a named backend the budget cannot build is refused before anything is written
+                plan = _compile_plan(chosen, Limits(max_batch=max_batch, max_kv_len=max_kv_len), ledger, budget,
+                                     seed + shard.index, explicit=bool(backend_names or kernels))
             asked = {"seed": seed, "max_batch": max_batch, "max_kv_len": max_kv_len, "only": list(only),
                      "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard)}
             state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not resume else [], resume=resume,
                                              overwrite=overwrite, workers=workers)
             config = state.config
+            limits = Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"])
+            if resume:
+                plan = _compile_plan(chosen, limits, ledger, budget, int(config.get("seed", 0)) + shard.index, explicit=False)
+            if plan is not None and plan.left_out:
+                chosen = [b for b in chosen if b.name not in plan.left_out]
             display = CampaignProgress(shard.share(examples), write=lambda line: click.echo(line, err=True))
             ctx.call_on_close(display.close)  # a live display on a terminal, else a heartbeat: stopped on any exit
             results = run_campaign(
-                chosen, state, path, examples=examples, time_budget=time_budget, shard=shard,
-                limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),
-                ledger=load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None,
+                chosen, state, path, examples=examples, time_budget=time_budget, shard=shard, limits=limits, ledger=ledger,
                 rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
-                progress=display.line, on_case=display.case,
-                compile_budget=campaign_compile_budget(time_budget, compile_budget),
+                progress=display.line, on_case=display.case, compile_plan=plan,
             )
             display.close()
+            left_out = plan.left_out if plan is not None else {}
         summary = [_result_json(r) for r in results]
         write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
     if as_json:
@@ -192,6 +200,8 @@ def fuzz(
                 click.echo(f"\nFINDING in {r.backend}: {f.message}\n  minimal case: {f.case}")
                 click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}\n")
         click.echo("\n".join(r.line() for r in results))
+        for name, why in (left_out if not merge_only and workers == 1 else {}).items():
+            click.echo(f"{name}: LEFT OUT ({why})")
         click.echo("\n".join(coverage_table([(r.backend, r.coverage, r.declared) for r in results])))
     out_of_time = time_budget is not None and time.monotonic() - started >= time_budget
     may_be_empty = merge_only or out_of_time or (workers == 1 and shard.share(examples) == 0)
@@ -200,6 +210,22 @@ def fuzz(
     for line in problems:
         click.echo(f"pa-oracle: {line}{kept}", err=True)
     ctx.exit(code)
+
+
+def _compile_plan(backends: list[Backend], limits: Any, ledger: Any, budget: float | None, seed: int, *,
+                  explicit: bool) -> Any:
+    """The run's compile plan (None without a compile budget). A backend the user named whose variants cannot
+    be built within the budget is bad input (exit 2, before anything runs); the default job leaves it out."""
+    from pa_oracle.fuzz.campaign.compile_plan import CompilePlan
+    from pa_oracle.fuzz.campaign.engine import known_findings
+
+    if budget is None:
+        return None
+    known = (lambda b: known_findings(ledger, b)) if ledger else None
+    plan = CompilePlan.make(backends, limits, budget=budget, seed=seed, known=known)
+    if explicit and plan.left_out:
+        raise BadInput("; ".join(f"{name}: {why}" for name, why in plan.left_out.items()))
+    return plan
 
 
 def _start_or_resume(ctx: click.Context, out_dir: Path, path: Path, asked: dict[str, Any], chosen: list[Backend], *,
@@ -310,7 +336,7 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
         "seconds": round(result.seconds, 2), "start_seconds": round(result.start_seconds, 2),
         "compile_seconds": round(result.compile_seconds, 2), "judge_seconds": round(result.judge_seconds, 2),
         "worst_ratio": result.worst_ratio, "coverage": result.coverage.to_json(result.declared),
-        "finding": findings[0] if findings else None, "findings": findings, "notes": result.notes,
+        "finding": findings[0] if findings else None, "findings": findings, "notes": result.notes, "not_built": result.not_built,
     }
 
 
@@ -552,6 +578,11 @@ def metamorphic(
             results = merge_results([list(s.results.values()) for s in load_shards(out_dir, CHECKS_CAMPAIGN)])
         else:
             path = state_path(out_dir, shard, CHECKS_CAMPAIGN)
+            ledger = load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None
+            budget, plan = campaign_compile_budget(time_budget, compile_budget), None
+            if not resume:  # a named backend the budget cannot build is refused before anything is written
+                plan = _compile_plan(chosen, Limits(max_batch=max_batch, max_kv_len=max_kv_len), ledger, budget,
+                                     seed + shard.index, explicit=bool(backend_names or kernels))
             asked = {"seed": seed, "max_batch": Limits.max_batch, "max_kv_len": Limits.max_kv_len, "only": list(only),
                      "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard), "checks": names}
             state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not resume else [], resume=resume,

@@ -130,6 +130,8 @@ def why_incomplete(result: Any, *, may_be_empty: bool) -> str | None:
     its example count, time budget or a finding (a status outside ``COMPLETE_STATUSES``), or it
     ran no example although it should have (``may_be_empty``: the time budget ran out, or its
     share of the examples is 0)."""
+    if getattr(result, "not_built", None) is not None and not result.findings:
+        return None  # the compile plan built none of its variants: said by name, no failure of the tool
     if result.status not in COMPLETE_STATUSES:
         notes = f": {result.notes[-1]}" if result.notes else ""
         return f"{result.backend} stopped early ({result.status}) after {result.examples} examples{notes}"

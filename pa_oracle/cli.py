@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 import click
+from pa_oracle.backends.caches import use_compile_caches
 from pa_oracle.fuzz.exits import EPILOG, ExitCodeGroup
 from pa_oracle.fuzz.hypothesis_home import keep_hypothesis_out_of_the_working_directory
 
@@ -95,6 +96,7 @@ def _short(text: str, limit: int) -> str:
 def main() -> None:
     """Differential testing of paged-attention kernels against a float64 oracle."""
     keep_hypothesis_out_of_the_working_directory()
+    use_compile_caches()  # one folder for FlashInfer, Triton and inductor (PA_ORACLE_CACHE_DIR), set before any import
 
 
 __all__ = ["COMMANDS", "LazyGroup", "main"]

@@ -69,7 +69,10 @@ def _inductor_cache() -> str:
 
 def caches() -> dict[str, str]:
     """Where compiled kernels are cached (a stale or unwritable cache explains many a slow or failing run)."""
-    return {"triton": _triton_cache(), "flashinfer_jit": _flashinfer_cache(), "inductor": _inductor_cache()}
+    from pa_oracle.backends.caches import cache_dir
+
+    return {"compile (PA_ORACLE_CACHE_DIR)": str(cache_dir()), "triton": _triton_cache(), "flashinfer_jit": _flashinfer_cache(),
+            "inductor": _inductor_cache()}
 
 
 def golden_in_use() -> dict[str, Any]:

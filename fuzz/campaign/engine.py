@@ -32,9 +32,10 @@ from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk, qu
 from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
-from pa_oracle.fuzz.campaign.variants import VariantPlan, plan_variants
+from pa_oracle.fuzz.campaign.compile_plan import CompilePlan
+from pa_oracle.fuzz.campaign.variants import VariantPlan
 from pa_oracle.fuzz.draw.strategies import Limits, cases
-from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime, isolated_by_default
+from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime, isolatable, isolated_by_default
 from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
@@ -466,19 +467,23 @@ def run_campaign(
     tolerance: Tolerance = Tolerance(),
     on_case: Callable[[BackendResult, bool], None] | None = None,
     compile_budget: float | None = None,
+    compile_plan: CompilePlan | None = None,
 ) -> list[BackendResult]:
     """Run every check of ``checks`` on ``backends``, one (backend, check) after another, on
     ``shard``, continuing ``state`` and saving it to ``state_file`` (``Checkpoints``). ``examples``
     is the campaign's total per backend and check (this shard runs its share); the time budget is
     shared by the pairs that still have work (each turn gets an equal share of what is left, so
     time one pair did not use goes to the others; a pair the deadline stopped gets another turn
-    while time is left) and bounds a hanging case too. One worker process per device serves
+    while time is left) and bounds a hanging case too. A pair whose variants are still building
+    (``compile_plan``) gives its place to the next and waits only when no other pair is left; that wait
+    counts as its compile time. One worker process per device serves
     every isolated pair. A pair that stopped
     at a finding runs again only with ``rerun_findings``. ``isolate`` None:
     ``pa_oracle.fuzz.run.isolation.isolated_by_default`` per backend. ValueError for a
-    ``case_timeout`` that is not a finite number > 0. ``compile_budget`` (seconds, shared like the
-    time budget): each backend draws inside a few compiled variants (``pa_oracle.fuzz.campaign.variants``);
-    None draws without that restriction."""
+    ``case_timeout`` that is not a finite number > 0. ``compile_plan`` (``pa_oracle.fuzz.campaign.compile_plan``,
+    made from ``compile_budget`` seconds when not given): each backend draws inside its built variants, the
+    planned ones built together in the background while ready pairs judge; None (no budget) draws without
+    that restriction."""
     from pa_oracle.fuzz.run.isolation import check_timeout
 
     check_timeout(case_timeout)
@@ -496,8 +501,14 @@ def run_campaign(
 
     keys = [BackendResult(b.name, check=c.name).key for b, c in pairs]
     todo = [(pair, key) for pair, key in zip(pairs, keys) if wants_more(state.results[key])]
-    todo.sort(key=lambda item: bool(item[0][0].compile_fields))  # those that may compile (and overrun a share) go last
     start = time.monotonic()
+    seed = int(state.config.get("seed", 0)) + shard.index
+    if compile_plan is None and compile_budget is not None:
+        known = (lambda b: known_findings(ledger, b)) if ledger else None
+        compile_plan = CompilePlan.make([b for (b, c), _key in todo if c is ORACLE], limits, budget=compile_budget, seed=seed,
+                                        known=known)
+    if compile_plan is not None:  # those whose variants are building go after the ready ones
+        todo.sort(key=lambda item: _waits(compile_plan, *item[0]))
     label = f"[shard {shard}] " if shard.count > 1 else ""
 
     checkpoint = Checkpoints(state, state_file)
@@ -510,10 +521,11 @@ def run_campaign(
     workers: dict[str, Any] = {}  # one worker pool per device, shared by every backend and check (started on its first case)
     worker_processes("cpu")  # a bad PA_ORACLE_WORKER_PROCESSES is bad input before anything runs
     drawers = Drawers(draw_processes())  # helper processes drawing ahead, shared likewise
-    compiling = sum(1 for (b, _), _key in todo if b.compile_fields) or 1  # the compile budget is shared by those that compile
-    plans: dict[str, VariantPlan | None] = {}
+    started: set[str] = set()
     end = None if time_budget is None else start + time_budget
     try:
+        if compile_plan is not None:
+            compile_plan.start(compile_plan.tasks(limits, seed, isolatable), progress)
         if target > CHUNK and any(isolated_by_default(b) if isolate is None else isolate for (b, _c), _key in todo):
             drawers.start()  # only a pipelined (isolated) backend sends them chunks, and only those after its first
         turns = 0
@@ -523,18 +535,44 @@ def run_campaign(
             turns += 1
             if not active or (turns > 1 and end is not None and time.monotonic() >= end):
                 break
-            for i, ((backend, check), key) in enumerate(active):
-                now = time.monotonic()
-                if turns > 1 and end is not None and now >= end:
+            queue = list(active)
+            while queue:
+                (backend, check), key = queue.pop(0)
+                if turns > 1 and end is not None and time.monotonic() >= end:
                     break  # (in the first turn every pair runs, so one the budget never reached says so: incomplete)
+                plan = compile_plan.plan_for(backend) if compile_plan is not None and check is ORACLE else None
+                if compile_plan is not None and _waits(compile_plan, backend, check):
+                    if any(not _waits(compile_plan, *pair) for pair, _key in queue):
+                        queue.append(((backend, check), key))  # its builds go on while the others judge
+                        continue
+                    if progress:
+                        progress(f"{label}{backend.name}: waiting for its variants to build ...")
+                    waited = compile_plan.wait(backend, end)  # no one else to judge: its wait is its compile time
+                    state.results[key].seconds += waited
+                    state.results[key].compile_seconds += waited
+                    if _waits(compile_plan, backend, check):  # the run's time ran out first
+                        _not_built(state.results[key], f"its variants were still building when the run's time ran out "
+                                   f"(waited {waited:.0f}s)", progress, label)
+                        checkpoint.flush()
+                        continue
+                if plan is not None and compile_plan is not None and (why := compile_plan.not_built(backend)):
+                    if plan.failed:  # a build that failed is no verdict: the tool (or the library's toolchain) failed
+                        state.results[key].status = "incomplete"
+                        state.results[key].notes.append(why)
+                        if progress:
+                            progress(f"{label}{backend.name}: {why}")
+                    else:
+                        _not_built(state.results[key], why, progress, label)
+                    checkpoint.flush()
+                    continue
+                now = time.monotonic()
                 # a fair share of what is left: one that overran or finished early moves the others' deadlines, never to nothing
-                deadline = None if end is None else now + max(end - now, 0.0) / (len(active) - i)
-                if key not in plans:
-                    plans[key] = _start_pair(backend, check, state, key, limits, shard, compile_budget, compiling, label, progress,
-                                             ledger)
-                elif progress:
-                    progress(f"{label}{_doing(backend, check)} ... (turn {turns})")
-                plan = plans[key]
+                deadline = None if end is None else now + max(end - now, 0.0) / (len(queue) + 1)
+                if progress:
+                    progress(f"{label}{_doing(backend, check)} ..." + (f" (turn {turns})" if key in started else ""))
+                started.add(key)
+                if plan is not None:
+                    plan.announce = progress
                 fuzz_backend(
                     backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
                     cutoff=end, limits=limits, tolerance=tolerance, out_dir=out_dir,
@@ -561,7 +599,26 @@ def run_campaign(
         drawers.close()
         for worker in workers.values():
             worker.close()
+        if compile_plan is not None:
+            compile_plan.close()
+            for (backend, check), key in zip(pairs, keys):
+                if (plan := compile_plan.plan_for(backend)) is not None and check is ORACLE:
+                    state.results[key].coverage.variants = plan.lines()
     return [state.results[key] for key in keys]
+
+
+def _waits(compile_plan: CompilePlan, backend: Backend, check: Check) -> bool:
+    """Whether the pair's backend has no usable variant yet, only variants still building."""
+    return check is ORACLE and compile_plan.waiting(backend)
+
+
+def _not_built(result: BackendResult, why: str, progress: Callable[[str], None] | None, label: str) -> None:
+    """A pair that can judge nothing because no variant of it was built: said, and no failure of the tool."""
+    result.not_built = why
+    if result.status in ("pending", "running"):
+        result.status = "done"
+    if progress:
+        progress(f"{label}{result.backend}: {why}")
 
 
 def _doing(backend: Backend, check: Check) -> str:
@@ -572,32 +629,14 @@ def _doing(backend: Backend, check: Check) -> str:
     return f"{what} on {where}"
 
 
+def known_findings(ledger: list[Entry] | None, backend: Backend) -> KnownFindings:
+    """Whether a drawn case is a known finding of ``backend`` (the oracle comparison) at its installed versions."""
+    return _known_test(ledger, backend, ORACLE, backend.versions())
+
+
 def _known_test(ledger: list[Entry] | None, backend: Backend, check: Check, versions: dict[str, str]) -> KnownFindings:
     """Whether a drawn case is a known finding of ``backend`` at ``versions`` (a ledger class), for ``check``."""
     return KnownFindings(tuple(ledger or ()), backend.name, tuple(sorted(versions.items())), backend.kernel_family, check.name)
-
-
-def _start_pair(
-    backend: Backend, check: Check, state: CampaignState, key: str, limits: Limits, shard: Shard,
-    compile_budget: float | None, compiling: int, label: str, progress: Callable[[str], None] | None,
-    ledger: list[Entry] | None = None,
-) -> VariantPlan | None:
-    """Announce a (backend, check) pair's first turn and plan (and build ahead) its variants, passing
-    over keys the ``ledger`` makes all known; the build's seconds count as the pair's compile time."""
-    if progress:
-        progress(f"{label}{_doing(backend, check)} ...")
-    if compile_budget is None or check is not ORACLE:
-        return None
-    known = _known_test(ledger, backend, check, backend.versions()) if ledger and backend.compile_fields else None
-    plan = plan_variants(backend, limits, budget=compile_budget / compiling, seed=int(state.config.get("seed", 0)) + shard.index,
-                         known=known)
-    if plan is not None:
-        plan.announce = progress
-        plan.prebuild(progress)
-        result = state.results[key]
-        result.seconds += plan.ahead
-        result.compile_seconds += plan.ahead
-    return plan
 
 
 def judge_one(

@@ -71,6 +71,7 @@ class BackendResult:
     check: str = "oracle"  # which check (``pa_oracle.fuzz.checks.registry.ALL_CHECKS``)
     start_seconds: float = 0.0  # of ``seconds``: starting worker processes (spawn, CUDA context, imports)
     compile_seconds: float = 0.0  # of ``seconds``: builds ahead of the first case and first cases of unbuilt variants
+    not_built: str | None = None  # why it judged nothing: no variant of it was built in the run's compile plan
     # this run only (not persisted): the latest finding as an Outcome, where it was saved, its repro
     finding: Outcome | None = field(default=None, compare=False)
     finding_dir: Path | None = field(default=None, compare=False)
@@ -86,7 +87,7 @@ class BackendResult:
         """It ran to its example count, its time budget or a finding; "incomplete" (reason in
         ``notes``) and "exhausted" are not, nor is a run that judged no example. A check that
         cannot apply to the backend is complete."""
-        if self.not_applicable is not None:
+        if self.not_applicable is not None or self.not_built is not None:
             return True
         judged = self.examples > self.unsupported or bool(self.findings)
         return self.status in ("done", "finding", "running") and judged
@@ -109,6 +110,8 @@ class BackendResult:
         if self.check != "oracle":
             return self._check_line()
         rate = self.examples / self.seconds if self.seconds else 0.0
+        if self.not_built is not None and not self.examples:
+            return f"{self.backend}: NOT BUILT ({self.not_built[:300]}); 0 examples, {self.seconds:.1f}s ({self.time_split()})"
         state = f"{len(self.findings)} FINDING(S)" if self.findings else "ok"
         if not self.is_complete:
             state = f"INCOMPLETE ({self.notes[-1][:160] if self.notes else self.status})" + (f", {state}" if self.findings else "")

@@ -87,6 +87,10 @@ class VariantPlan:
     warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
     ahead: float = 0.0  # seconds of ``prebuild`` (before the first case)
     announce: Callable[[str], None] | None = field(default=None, repr=False)  # a progress line before a compile
+    inline: bool = True  # False: a run's builds (``compile_plan``) build ``chosen``; a key is usable once built there
+    warmed: dict[CompileKey, float] = field(default_factory=dict)  # key -> seconds a warm-up case took (caches filled)
+    failed: dict[CompileKey, str] = field(default_factory=dict)  # key -> why its build failed
+    refused: dict[CompileKey, float] = field(default_factory=dict)  # keys the budget left out -> estimated seconds
     _slow_before: float = field(default=0.0, repr=False)  # seconds of the case before if it counted as compiling
     _paced: bool = field(default=False, repr=False)  # the first PACE_CASES warm cases were looked at again
     _announced: set[CompileKey] = field(default_factory=set, repr=False)  # keys whose compile was announced
@@ -96,8 +100,13 @@ class VariantPlan:
         return list(self.free) + self.chosen
 
     def allowed(self, key: CompileKey) -> bool:
-        """Whether a case may be drawn inside ``key`` now: free, built this run, or budget is left."""
-        return key in self.free or key in self.compiled or self.spent < self.budget
+        """Whether a case may be drawn inside ``key`` now: free, built (or warmed) this run, or (compiling on a
+        first case) budget is left."""
+        return key in self.free or key in self.compiled or key in self.warmed or (self.inline and self.spent < self.budget)
+
+    def ready(self) -> bool:
+        """Whether some key is usable now (a plan whose keys are still building is not)."""
+        return any(self.allowed(k) for k in self.keys)
 
     def usable(self) -> list[CompileKey]:
         """The keys the next case may be drawn from (never empty)."""
@@ -211,11 +220,28 @@ class VariantPlan:
         shown = "; ".join(f"{key_label(k)} [{how[k]}] {self.ran[k]}" for k in ran[:8])
         more = f"; +{len(ran) - 8} more" if len(ran) > 8 else ""
         unbuilt = self.space - len(self.free) - len(self.compiled)
-        return [
+        lines = [
             f"  {self.backend.name} variants: {len(ran)} ran this time ({shown}{more}); compiled {len(self.compiled)} "
             f"in {self.spent:.1f}s ({self.ahead:.1f}s ahead of the first case) of a {self.budget:.0f}s budget; "
             f"{unbuilt} of {self.space} never built",
         ]
+        if not self.inline:
+            lines.append("  " + self.plan_line())
+        return lines
+
+    def plan_line(self) -> str:
+        """What the run's compile plan did for this backend: planned, built, prebuilt/cached, refused."""
+        free = list(self.free.values())
+        built = [k for k in self.chosen if k in self.compiled or k in self.warmed]
+        unfinished = [k for k in self.chosen if k not in built and k not in self.failed]
+        text = (f"{self.backend.name} compile plan: {len(self.chosen)} planned, {len(built)} built, "
+                f"{free.count('prebuilt')} prebuilt, {len(free) - free.count('prebuilt')} cached, "
+                f"{len(self.refused)} refused by the budget")
+        if self.failed:
+            text += "; failed: " + "; ".join(f"{key_label(k)} ({why[:120]})" for k, why in list(self.failed.items())[:3])
+        if unfinished:
+            text += "; not finished in the run: " + ", ".join(key_label(k) for k in unfinished[:4])
+        return text
 
 
 def plan_variants(
@@ -226,14 +252,10 @@ def plan_variants(
     compiles per case (its draws stay exactly those of an unrestricted campaign). With ``known`` (a case
     the campaign skips as a known finding), a key whose probe draws are all known is passed over for
     the next one: every case of it would be skipped, and a plan of such keys judges nothing."""
-    fields = backend.compile_fields
-    if not fields:
+    found = candidates(backend, limits)
+    if found is None:
         return None
-    reasons = {k: backend.built_reason(k) for k in variant_keys(backend.capabilities, limits, fields)}
-    keys = [k for k, why in reasons.items() if not (why or "").startswith(REFUSED)]  # no case of them runs
-    free = {k: why for k in keys if (why := reasons[k]) is not None}
-    unbuilt = [k for k in keys if k not in free]
-    _shuffle(unbuilt, backend, limits)  # one fixed order per backend
+    keys, free, unbuilt = found
     cost = compile_seconds or backend.compile_seconds
     count = min(len(unbuilt), int(budget // cost) if cost > 0 else len(unbuilt))
     if not free and unbuilt:
@@ -247,6 +269,20 @@ def plan_variants(
         live = (k for k in order[: count + PROBED_SPARES] if not all_known(backend, limits, k, known))
         chosen = list(itertools.islice(live, count)) or order[:count]
     return VariantPlan(backend, len(keys), free, chosen, budget)
+
+
+def candidates(backend: Backend, limits: Limits) -> tuple[list[CompileKey], dict[CompileKey, str], list[CompileKey]] | None:
+    """(every key a case of ``backend`` can run on, those free with why, the others in one fixed order per
+    backend); None when nothing about it compiles per case. Keys the adapter refuses are left out."""
+    fields = backend.compile_fields
+    if not fields:
+        return None
+    reasons = {k: backend.built_reason(k) for k in variant_keys(backend.capabilities, limits, fields)}
+    keys = [k for k, why in reasons.items() if not (why or "").startswith(REFUSED)]  # no case of them runs
+    free = {k: why for k in keys if (why := reasons[k]) is not None}
+    unbuilt = [k for k in keys if k not in free]
+    _shuffle(unbuilt, backend, limits)  # one fixed order per backend
+    return keys, free, unbuilt
 
 
 PACE_CASES = 5  # warm cases that set the pace a first slow case is told from
