@@ -417,6 +417,7 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
     else:
         backends, unavailable = available()
     show = (lambda r: click.echo(corpus.record_line(r), err=True)) if as_json else (lambda r: click.echo(corpus.record_line(r)))
+    _build_corpus(files, backends)
     try:
         records = corpus.replay_corpus(files, backends, ledger, lambda b, c: case_judge(b, timeout=timeout, judge=c), show)
     except corpus.ReplayError as exc:
@@ -434,6 +435,29 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
         sys.exit(1)
     if "error" in kinds:
         sys.exit(3)  # a case the tool could not judge
+
+
+def _build_corpus(files: list[Path], backends: list[Backend]) -> None:
+    """Build every variant the corpus runs on, on every backend, together before judging (one pass, with progress)."""
+    from pa_oracle.fuzz.campaign.compile_plan import build_everything, corpus_plan
+    from pa_oracle.fuzz.run.isolation import isolatable
+    from pa_oracle.oracle.case import CaseError
+    from pa_oracle.oracle.tensors import load_case
+
+    cases = []
+    for path in files:
+        try:
+            cases.append(load_case(path))
+        except CaseError:
+            continue  # replay_corpus reports it, as bad input
+    plan = corpus_plan(cases, backends)
+    if not any(p.chosen for p in plan.plans.values()):
+        return
+    say = lambda line: click.echo(line, err=True)  # noqa: E731
+    seconds = build_everything(plan, isolatable, say)
+    built = sum(len(p.compiled) + len(p.warmed) for p in plan.plans.values())
+    failed = sum(len(p.failed) for p in plan.plans.values())
+    say(f"built {built} variants in {seconds:.1f}s before judging" + (f" ({failed} failed: their cases compile on first use)" if failed else ""))
 
 
 @click.command("replay-compare")

@@ -13,13 +13,14 @@ in a worker, and a backend whose keys are still building waits its turn (``pa_or
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pa_oracle.backends.base import Backend, CompileKey
 from pa_oracle.fuzz.campaign.builds import SHARED, Build, Builds, BuildTask, parallel_builds
-from pa_oracle.fuzz.campaign.variants import PROBED_SPARES, VariantPlan, all_known, candidates, key_label
+from pa_oracle.fuzz.campaign.variants import PROBED_SPARES, REFUSED, VariantPlan, all_known, candidates, key_label
 from pa_oracle.fuzz.draw.strategies import Limits
 from pa_oracle.oracle.case import Case
 
@@ -46,8 +47,9 @@ class CompilePlan:
 
     @classmethod
     def make(cls, backends: list[Backend], limits: Limits, *, budget: float, seed: int, known: Known | None = None,
-             parallel: int | None = None) -> CompilePlan:
-        """Plan every backend of ``backends`` (see the module docstring); nothing is built yet (``start``)."""
+             parallel: int | None = None, per_backend: int = MAX_KEYS) -> CompilePlan:
+        """Plan every backend of ``backends`` (see the module docstring), at most ``per_backend`` keys each;
+        nothing is built yet (``start``)."""
         parallel = parallel or parallel_builds()
         plans: dict[str, VariantPlan] = {}
         orders: dict[str, list[CompileKey]] = {}
@@ -57,16 +59,16 @@ class CompilePlan:
                 continue
             keys, free, unbuilt = found
             test = known(backend) if known is not None else None
-            order = _rotated(unbuilt, seed)
+            order = _rotated(unbuilt, seed, per_backend)
             if test is not None:  # a key whose probe cases are all known findings would judge nothing
                 free = {k: why for k, why in free.items() if not all_known(backend, limits, k, test)} or free
-                live = [k for k in order[: MAX_KEYS + PROBED_SPARES] if not all_known(backend, limits, k, test)]
+                live = [k for k in order[: per_backend + PROBED_SPARES] if not all_known(backend, limits, k, test)]
                 order = live or order
             plans[backend.name] = VariantPlan(backend, len(keys), free, [], budget, inline=False)
-            orders[backend.name] = order[:MAX_KEYS]
+            orders[backend.name] = order[:per_backend]
         costs: list[float] = []
         names = sorted(plans, key=lambda name: bool(plans[name].free))  # those with nothing built choose first
-        for turn in range(MAX_KEYS):
+        for turn in range(per_backend):
             added = False
             for name in names:
                 plan, order = plans[name], orders[name]
@@ -188,11 +190,11 @@ class CompilePlan:
         return lines
 
 
-def _rotated(keys: list[CompileKey], seed: int) -> list[CompileKey]:
-    """``keys`` starting at the slice of ``seed`` (consecutive seeds: consecutive slices of ``MAX_KEYS``)."""
+def _rotated(keys: list[CompileKey], seed: int, per_backend: int) -> list[CompileKey]:
+    """``keys`` starting at the slice of ``seed`` (consecutive seeds: consecutive slices of ``per_backend``)."""
     if not keys:
         return []
-    start = (seed * MAX_KEYS) % len(keys)
+    start = (seed * per_backend) % len(keys)
     return keys[start:] + keys[:start]
 
 
@@ -214,3 +216,40 @@ def _plan_lines(plan: VariantPlan) -> list[str]:
     if plan.refused:
         head += f", {len(plan.refused)} refused by the budget (~{max(plan.refused.values()):.0f}s each)"
     return [head]
+
+
+def corpus_plan(cases: list[Case], backends: list[Backend]) -> CompilePlan:
+    """A plan building every variant that ``cases`` (a corpus, a triaged case) run on, on each of ``backends``
+    that supports them, with no budget: replay and triage build them all together before judging."""
+    plans: dict[str, VariantPlan] = {}
+    for backend in backends:
+        if not backend.compile_fields or backend.name in plans or type(backend).build_variants is Backend.build_variants:
+            continue  # (a key with no ahead-of-time build compiles on its first case: warming it first would only wait)
+        keys: list[CompileKey] = []
+        for case in cases:
+            try:
+                if backend.unsupported_reason(case) is not None:
+                    continue
+                key = backend.compile_key(case)
+            except Exception:  # noqa: BLE001 - a case the adapter cannot key is judged (and reported) as it is
+                continue
+            if key not in keys:
+                keys.append(key)
+        reasons = {k: backend.built_reason(k) for k in keys}
+        keys = [k for k in keys if not (reasons[k] or "").startswith(REFUSED)]
+        free = {k: why for k in keys if (why := reasons[k]) is not None}
+        plans[backend.name] = VariantPlan(backend, len(keys), free, [k for k in keys if k not in free], math.inf,
+                                          inline=False)
+    return CompilePlan(plans, {}, math.inf, parallel_builds())
+
+
+def build_everything(plan: CompilePlan, spec_of: Callable[[Backend], str | None], progress: Callable[[str], None]) -> float:
+    """Build every planned key of ``plan`` together and wait for them (``progress`` says each); the seconds taken."""
+    start = time.monotonic()
+    plan.start(plan.tasks(Limits(), 0, spec_of), progress)
+    try:
+        while plan.builds is not None and plan.builds.pending:
+            plan.builds.wait(5.0)
+    finally:
+        plan.close()
+    return time.monotonic() - start

@@ -20,10 +20,13 @@ from pa_oracle.oracle.case import CaseError
 @click.option("--no-minimize", is_flag=True, help="Skip delta debugging; localize the case as given.")
 @click.option("--budget", default=200, show_default=True, help="Kernel runs the minimization may spend.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+@click.option("--cross-check", "cross_check", type=click.Choice(["built", "all"]), default="built", show_default=True,
+              help="Without -b/-k: run the case on the other available backends only where its variant is built "
+                   "(prebuilt or cached), or on all of them (compiling each one's variant first, together).")
 @click.option("--upstream", "upstream_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write DIR/repro.py (standalone: torch, numpy and the kernel's library) and DIR/ISSUE.md.")
 def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...], out_dir: Path | None,
-           no_minimize: bool, budget: int, as_json: bool, upstream_dir: Path | None) -> None:
+           no_minimize: bool, budget: int, as_json: bool, cross_check: str, upstream_dir: Path | None) -> None:
     """Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the
     error and write triage.md / triage.html; exit 1 if any backend fails the case."""
     from pa_oracle.backends import BackendSpecError, available, resolve
@@ -47,8 +50,14 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
                 backends += resolve((), (own_kernel,))
     except BackendSpecError as exc:
         raise click.UsageError(str(exc)) from None
-    out_dir = out_dir or (source / "triage" if source.is_dir() else Path("pa-triage") / case.case_id)
     say = (lambda _: None) if as_json else (lambda line: click.echo(line, err=True))
+    if not (backend_names or kernels) and cross_check == "built":
+        backends, unbuilt = _with_built_variants(backends, case)
+        if unbuilt:
+            say(f"not cross-checked ({len(unbuilt)} backends whose variant of this case is not built here; "
+                f"--cross-check all builds and runs them): {', '.join(unbuilt)}")
+    _build_variants(case, backends, say)
+    out_dir = out_dir or (source / "triage" if source.is_dir() else Path("pa-triage") / case.case_id)
     result = run_triage(case, case_json, backends, out_dir, minimize_case=not no_minimize, budget=budget, progress=say)
     written = write_report(result, out_dir)
     if upstream_dir is not None:
@@ -74,6 +83,31 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
         sys.exit(3)  # a backend the tool could not judge, or no verdict at all
     if result.failing:
         sys.exit(1)
+
+
+def _with_built_variants(backends: list, case) -> tuple[list, list[str]]:  # type: ignore[type-arg,no-untyped-def]
+    """The backends that run ``case`` on a built variant (or compile nothing), the one that found it always
+    kept; and the names of the others."""
+    own = {case.meta.get("backend"), case.meta.get("kernel")}
+    kept, left = [], []
+    for backend in backends:
+        try:
+            ready = backend.name in own or not backend.compile_fields or backend.unsupported_reason(case) is not None \
+                or backend.built_reason(backend.compile_key(case)) is not None
+        except Exception:  # noqa: BLE001 - an adapter that cannot say: run it, as before
+            ready = True
+        (kept if ready else left).append(backend if ready else backend.name)
+    return kept, left
+
+
+def _build_variants(case, backends: list, say) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """Build the case's variant on every backend that will run it, together, before triage runs it."""
+    from pa_oracle.fuzz.campaign.compile_plan import build_everything, corpus_plan
+    from pa_oracle.fuzz.run.isolation import isolatable
+
+    plan = corpus_plan([case], backends)
+    if any(p.chosen for p in plan.plans.values()):
+        say(f"built the case's variants in {build_everything(plan, isolatable, say):.1f}s")
 
 
 def _write_upstream(result, backends, upstream_dir: Path) -> dict[str, Path]:  # type: ignore[no-untyped-def]
