@@ -1,0 +1,166 @@
+"""One compile plan per command (``pa_oracle.fuzz.campaign.compile_plan``): variants chosen within the budget before
+judging, built together in build processes while ready backends judge, what cannot be built named; the one
+compile-cache folder (``PA_ORACLE_CACHE_DIR``). flex is the CPU backend that compiles (a warm-up per key)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from pa_oracle.backends import get_backend
+from pa_oracle.backends.caches import LIBRARY_CACHES, use_compile_caches
+from pa_oracle.backends.sdpa import SdpaMath
+from pa_oracle.cli import main
+from pa_oracle.fuzz.campaign.builds import Build, Builds, BuildTask
+from pa_oracle.fuzz.campaign.compile_plan import MAX_KEYS, CompilePlan, estimated_wall
+from pa_oracle.fuzz.campaign.engine import run_campaign
+from pa_oracle.fuzz.campaign.state import CampaignState
+from pa_oracle.fuzz.draw.strategies import Limits
+from pa_oracle.fuzz.exits import BAD_INPUT, NO_FINDING, campaign_exit_code
+
+LIMITS = Limits(max_batch=2, max_kv_len=20)
+
+
+class _Keyed(SdpaMath):
+    """sdpa-math pretending to compile one variant per q dtype (not registered)."""
+
+    name = "test-keyed"
+    compile_fields = ("q_dtype",)
+    compile_seconds = 10.0
+
+
+class _Expensive(_Keyed):
+    name = "test-expensive"
+    compile_seconds = 500.0
+
+
+class _HalfBuilt(_Keyed):
+    name = "test-half-built"
+
+    def built_reason(self, key):  # type: ignore[no-untyped-def]
+        return "prebuilt" if dict(key)["q_dtype"] == "float32" else None
+
+
+def test_the_plan_fits_the_budget_together_and_names_what_it_leaves_out() -> None:
+    plan = CompilePlan.make([_Keyed(), _Expensive(), _HalfBuilt()], LIMITS, budget=25.0, seed=0, parallel=2)
+    costs = [p.backend.compile_seconds for p in plan.plans.values() for _ in p.chosen]
+    assert estimated_wall(costs, 2) <= 25.0 and costs, "keys planned within the budget, built side by side"
+    assert "test-expensive" in plan.left_out and "~500s" in plan.left_out["test-expensive"]
+    assert "--compile-budget 500" in plan.left_out["test-expensive"], "the way out is said"
+    keyed = plan.plans["test-keyed"]
+    assert keyed.chosen and not keyed.ready(), "nothing built yet: a planned key is not drawn before its build"
+    half = plan.plans["test-half-built"]
+    assert half.ready() and set(half.free) == {(("q_dtype", "float32"),)}, "a prebuilt key is usable at once"
+    assert len(keyed.chosen) + len(keyed.refused) == min(MAX_KEYS, keyed.space)
+    assert "refused by the budget" in keyed.plan_line()
+
+
+def test_consecutive_seeds_plan_other_keys_and_a_seed_plans_the_same() -> None:
+    first = CompilePlan.make([_Keyed()], LIMITS, budget=10.0, seed=0, parallel=1).plans["test-keyed"].chosen
+    again = CompilePlan.make([_Keyed()], LIMITS, budget=10.0, seed=0, parallel=1).plans["test-keyed"].chosen
+    second = CompilePlan.make([_Keyed()], LIMITS, budget=10.0, seed=1, parallel=1).plans["test-keyed"].chosen
+    assert first == again and len(first) == 1 and first != second
+
+
+def test_builds_report_a_failed_load_and_close_stops_what_still_runs() -> None:
+    got: list[Build] = []
+    bad = BuildTask(0, "no-such-backend", "no-such-backend", None, (("q_dtype", "float32"),), LIMITS, ahead=True)
+    builds = Builds([bad], got.append, parallel=1, jobs=1)
+    builds.start()
+    deadline = time.monotonic() + 120
+    while builds.pending and time.monotonic() < deadline:
+        builds.wait(1.0)
+    builds.close()
+    assert len(got) == 1 and got[0].error is not None and "no-such-backend" in got[0].error
+
+    flex = get_backend("flex")
+    from pa_oracle.fuzz.campaign.variants import candidates
+
+    keys = candidates(flex, LIMITS)[2][:2]  # type: ignore[index]
+    slow = [BuildTask(i, "flex", "flex", flex.capabilities, key, LIMITS, ahead=False) for i, key in enumerate(keys)]
+    builds = Builds(slow, got.append, parallel=1, jobs=1)
+    builds.start()
+    unfinished = builds.close()  # at once: the warm-ups had no time to end
+    assert unfinished and all(not p.is_alive() for p, _ in builds._processes), "the build process was stopped"
+
+
+def test_a_campaign_judges_ready_backends_while_a_variant_builds(tmp_path: Path) -> None:
+    flex, sdpa = get_backend("flex"), get_backend("sdpa-math")
+    plan = CompilePlan.make([flex, sdpa], LIMITS, budget=30.0, seed=0)
+    assert plan.plan_for(sdpa) is None and plan.plans["flex"].chosen and not plan.plans["flex"].ready()
+    lines: list[str] = []
+    state = CampaignState({"seed": 0})
+    results = run_campaign([flex, sdpa], state, tmp_path / "campaign.json", examples=50, time_budget=200.0, limits=LIMITS,
+                           progress=lines.append, compile_plan=plan)
+    by = {r.backend: r for r in results}
+    starts = [line for line in lines if line.startswith("fuzzing ")]
+    assert starts[0].startswith("fuzzing sdpa-math"), f"the ready backend judges first: {starts}"
+    assert any(line.startswith("  warmed flex") for line in lines), "flex's variant was built in the build process"
+    assert by["flex"].examples == 50 and by["sdpa-math"].examples == 50
+    assert by["flex"].compile_seconds > 0 and by["sdpa-math"].compile_seconds == 0
+    assert any("flex compile plan: 1 planned, 1 built" in line for line in by["flex"].coverage.variants)
+    assert campaign_exit_code(results)[0] == NO_FINDING
+
+
+def test_a_backend_whose_builds_all_failed_is_no_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flex = get_backend("flex")
+    plan = CompilePlan.make([flex], LIMITS, budget=30.0, seed=0)
+    monkeypatch.setattr("pa_oracle.fuzz.campaign.engine.isolatable", lambda backend: "no-such-backend")  # its build cannot load it
+    results = run_campaign([flex], CampaignState({"seed": 0}), tmp_path / "c.json", examples=10, time_budget=100.0, limits=LIMITS,
+                           compile_plan=plan)
+    assert results[0].status == "incomplete" and results[0].examples == 0
+    assert "could be built" in results[0].notes[-1] and "no-such-backend" in results[0].notes[-1]
+    assert campaign_exit_code(results)[0] == 3
+
+
+def test_a_named_backend_the_budget_cannot_build_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(get_backend("flex")), "compile_seconds", 1000.0)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["fuzz", "-b", "flex", "-b", "sdpa-math", "--time-budget", "20", "--out", str(out)])
+    assert result.exit_code == BAD_INPUT, result.output
+    assert "flex" in result.output and "~1000s" in result.output and "--compile-budget 1000" in result.output
+    assert not (out / "campaign.json").exists()
+
+
+def test_the_default_job_leaves_out_what_it_cannot_build_and_exits_by_the_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pa_oracle.backends as registry
+
+    monkeypatch.setattr(type(get_backend("flex")), "compile_seconds", 1000.0)
+    monkeypatch.setattr(registry, "available", lambda: ([get_backend("sdpa-math"), get_backend("flex")], {}))
+    result = CliRunner().invoke(main, ["fuzz", "--time-budget", "30", "-n", "25", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == NO_FINDING, result.output
+    assert "left out flex" in result.output and "flex: LEFT OUT" not in result.output  # --json: the summary is JSON
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["backend"] for r in summary] == ["sdpa-math"] and summary[0]["examples"] == 25
+
+
+def test_the_cache_folder_holds_every_compile_cache_and_keeps_a_users_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for variable in LIBRARY_CACHES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("PA_ORACLE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/mine")
+    got = use_compile_caches()
+    assert got["TRITON_CACHE_DIR"] == "/somewhere/mine"
+    assert got["FLASHINFER_WORKSPACE_BASE"] == str(tmp_path / "flashinfer") and got["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+
+
+def test_a_second_warm_up_with_the_kept_cache_folder_compiles_nothing_new(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in LIBRARY_CACHES}
+    env["PA_ORACLE_CACHE_DIR"] = str(tmp_path / "caches")
+    command = [sys.executable, "-m", "pa_oracle", "warmup", "-b", "flex", "--variants", "1"]
+    files = []
+    for run in range(2):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "warmed flex" in done.stdout and "1 built" in done.stdout
+        files.append(sorted(p for p in (tmp_path / "caches").rglob("*") if p.is_file()))
+    assert files[0], "the first warm-up compiled into the cache folder"
+    assert files[1] == files[0], "the second found everything there: nothing new was compiled"
