@@ -14,7 +14,7 @@ import hashlib
 import json
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -51,27 +51,38 @@ class Tensors:
 
     def to(self, device: str | torch.device) -> Tensors:
         if self.pool is not None or self.q_buffer is not None:
-            return self._moved(device)
+            return self._rebuilt(lambda t: t.to(device))
         k_cache = self.k_cache.to(device)
         if self.v_is_latent_view():  # MLA: V stays a view of the latent cache
             return Tensors(self.q.to(device), k_cache, k_cache[..., : self.v_cache.shape[-1]])
         return Tensors(self.q.to(device), k_cache, self.v_cache.to(device))
 
-    def _moved(self, device: str | torch.device) -> Tensors:
-        """On ``device`` with the same storage: the buffers are copied, the views rebuilt over them."""
+    def copy(self) -> Tensors:
+        """A private copy, bit for bit (poison, NaN payloads and a storage's other elements included),
+        with the same strides and storage: a write to one never reaches the other. The judge keeps
+        the tensors it drew and hands a kernel their copy."""
+        if self.pool is not None or self.q_buffer is not None:
+            return self._rebuilt(torch.clone)
+        k_cache = self.k_cache.clone()
+        if self.v_is_latent_view():
+            return Tensors(self.q.clone(), k_cache, k_cache[..., : self.v_cache.shape[-1]])
+        return Tensors(self.q.clone(), k_cache, self.v_cache.clone())
+
+    def _rebuilt(self, make: Callable[[torch.Tensor], torch.Tensor]) -> Tensors:
+        """The same storage over ``make`` of each buffer (a move, a copy), the views rebuilt over them."""
         moved = replace(self)
         for base, views in (("pool", ("k_cache", "v_cache", "kv_cache")), ("q_buffer", ("q",))):
             old = getattr(self, base)
             if old is None:
                 continue
-            new = old.to(device)
+            new = make(old)
             setattr(moved, base, new)
             for name in views:
                 view = getattr(self, name)
                 if view is not None:
                     setattr(moved, name, _rebased(view, old, new))
         if self.q_buffer is None:
-            moved.q = self.q.to(device)
+            moved.q = make(self.q)
         return moved
 
     @property
@@ -109,14 +120,11 @@ class Tensors:
             return memory | {"k_cache": self.k_cache, "v_cache": self.v_cache}
         return memory | {"kv_pool": self.pool}
 
-    def fingerprint(self, extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, tuple[int, int]]:
-        """Checksums of the raw bits, to check that a kernel left its inputs alone (NaN-safe;
-        computed where the tensors are, so a many-GiB pool is not copied to the host). ``extra``
-        adds the other tensors the kernel is given (index tensors, block tables), by name. Under a
-        storage it covers the whole buffers (``memory``), so a write outside the views shows too. The
-        sums of all tensors on one device come back in one copy (one stream sync on CUDA)."""
-        named = {**self.memory(), **(extra or {})}
-        return dict(zip(named, _read_back([_checksum_parts(t) for t in named.values()])))
+    def fingerprint(self, extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, str]:
+        """A cryptographic digest (``digest``) of each tensor a kernel is handed (``memory``: the whole
+        buffers under a storage), and of ``extra`` (index tensors, block tables), by name: equal digests,
+        equal bits."""
+        return {name: digest(t) for name, t in {**self.memory(), **(extra or {})}.items()}
 
 
 def _rebased(view: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -135,43 +143,20 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b).to(a.device))
 
 
-def _checksum_parts(t: torch.Tensor, chunk: int = 1 << 24) -> list[torch.Tensor]:
-    """(sum, position-weighted sum) of the raw bits as int64, of each chunk of ``chunk`` elements,
-    as 0-d tensors where ``t`` is (nothing is read back here). Any single changed element changes
-    the weighted sum (weights 1..65521 are never 0 mod 2**64)."""
-    bits = raw_bits(t).flatten()
-    parts = []
-    for start in range(0, bits.numel(), chunk):
-        part = bits[start : start + chunk]  # summed in int64, as the widened values (no int64 copy)
-        parts += [part.sum(dtype=torch.int64), (part * _weights(start, part.numel(), part.device)).sum()]
-    return parts
+DIGEST_CHUNK = 1 << 26  # bytes read back to the host at a time by ``digest``
 
 
-def _read_back(sums: list[list[torch.Tensor]]) -> list[tuple[int, int]]:
-    """Each tensor's checksum from its chunks' ``_checksum_parts``, added as Python ints (no int64
-    wrap across chunks), read in one copy per device."""
-    totals = [[0, 0] for _ in sums]
-    entries = [(i, j % 2, part) for i, parts in enumerate(sums) for j, part in enumerate(parts)]
-    for device in {part.device for *_, part in entries}:
-        here = [entry for entry in entries if entry[2].device == device]
-        for (i, weighted, _), value in zip(here, torch.stack([part for *_, part in here]).tolist()):
-            totals[i][weighted] += value
-    return [(plain, weighted) for plain, weighted in totals]
-
-
-_WEIGHTS: dict[torch.device, torch.Tensor] = {}  # the weights from position 0, by device (reused: 3 ops less a tensor)
-_WEIGHTS_KEPT = 1 << 22  # elements (32 MiB of int64): what a fuzz-sized pool needs
-
-
-def _weights(start: int, n: int, device: torch.device) -> torch.Tensor:
-    """The checksum's weights of positions ``start .. start + n - 1``: ``position % 65521 + 1``."""
-    if start == 0 and n <= _WEIGHTS_KEPT:
-        kept = _WEIGHTS.get(device)
-        if kept is None or kept.numel() < n:
-            size = min(_WEIGHTS_KEPT, max(n, 1 << 16))
-            kept = _WEIGHTS[device] = (torch.arange(size, device=device) % 65521) + 1
-        return kept[:n]
-    return (torch.arange(start, start + n, device=device) % 65521) + 1
+def digest(t: torch.Tensor) -> str:
+    """blake2b of a tensor's dtype, shape and raw bits (NaN payloads and -0.0 included), read in
+    chunks of ``DIGEST_CHUNK`` bytes, so a many-GiB pool on a device needs no host copy of it whole.
+    Unlike a sum of the bits, no change of the bits that keeps the digest is known."""
+    hasher = hashlib.blake2b(digest_size=32)
+    hasher.update(repr((str(t.dtype), tuple(t.shape))).encode())
+    bits = raw_bits(t.detach()).flatten()
+    step = max(DIGEST_CHUNK // max(t.element_size(), 1), 1)
+    for start in range(0, bits.numel(), step):
+        hasher.update(bits[start : start + step].cpu().numpy().tobytes())
+    return hasher.hexdigest()
 
 
 def _master(gen: torch.Generator, shape: tuple[int, ...], distribution: str, role: str) -> torch.Tensor:

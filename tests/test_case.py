@@ -140,13 +140,17 @@ def test_every_distribution_carries_signal_and_is_deterministic(distribution) ->
     assert torch.isfinite(a.q).all()
 
 
-def test_fingerprint_is_the_position_weighted_sum_of_the_raw_bits() -> None:
-    from pa_oracle.oracle.tensors import _checksum_parts, _read_back, raw_bits
+def test_fingerprint_is_a_blake2b_of_dtype_shape_and_raw_bits(monkeypatch) -> None:
+    import hashlib
 
-    def definition(t: torch.Tensor) -> tuple[int, int]:
-        bits = raw_bits(t).flatten().to(torch.int64)
-        weights = torch.arange(bits.numel()) % 65521 + 1
-        return int(bits.sum()), int((bits * weights).sum())
+    import pa_oracle.oracle.tensors as tensors_module
+    from pa_oracle.oracle.tensors import digest, raw_bits
+
+    def definition(t: torch.Tensor) -> str:
+        hasher = hashlib.blake2b(digest_size=32)
+        hasher.update(repr((str(t.dtype), tuple(t.shape))).encode())
+        hasher.update(raw_bits(t).flatten().numpy().tobytes())
+        return hasher.hexdigest()
 
     pool = torch.randn(3, 70_000).to(torch.bfloat16)
     pool[0, 5] = float("nan")
@@ -154,8 +158,13 @@ def test_fingerprint_is_the_position_weighted_sum_of_the_raw_bits() -> None:
     extra = {"kv_indices": torch.tensor([3, -1, 7], dtype=torch.int32), "none": torch.zeros(0), "fp8": torch.randn(9).to(torch.float8_e4m3fn)}
     named = {**tensors.as_dict(), **extra}
     assert tensors.fingerprint(extra) == {name: definition(t) for name, t in named.items()}
-    # chunked: the same sums (added as Python ints), wherever the chunks start
-    assert _read_back([_checksum_parts(pool, chunk=65_536)]) == [definition(pool)]
-    changed = pool.clone()
-    changed.view(torch.int16)[2, 69_999] += 1
-    assert Tensors(pool[0], changed, pool[:, :7]).fingerprint()["k_cache"] != tensors.fingerprint()["k_cache"]
+    monkeypatch.setattr(tensors_module, "DIGEST_CHUNK", 1000)  # read back in chunks: the same digest
+    assert digest(pool) == definition(pool)
+    # changes that keep a position-weighted sum of the bits: (+d, -2d, +d) on three words, a swap 65521 apart
+    three = pool.clone()
+    three.view(torch.int16)[0, 10:13] += torch.tensor([64, -128, 64], dtype=torch.int16)
+    swapped = pool.clone().flatten()
+    swapped[[70_000, 70_000 + 65_521]] = swapped[[70_000 + 65_521, 70_000]]
+    for changed in (three, swapped.view(3, 70_000)):
+        assert not torch.equal(raw_bits(changed), raw_bits(pool))
+        assert Tensors(pool[0], changed, pool[:, :7]).fingerprint()["k_cache"] != tensors.fingerprint()["k_cache"]

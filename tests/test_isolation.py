@@ -167,7 +167,9 @@ def test_one_backend_cannot_loosen_torchs_numerics_for_the_next_in_the_shared_wo
     worker = Worker(timeout=60)
     try:
         (flips, flipper), (strict, checker) = _user("flips_tf32"), _user("refuses_loosened_numerics")
-        assert worker.check(flips, flipper.capabilities, CASE, ORACLE, False)[0].status == "pass"
+        flipped, _ = worker.check(flips, flipper.capabilities, CASE, ORACLE, False)
+        assert flipped.status == "fail" and "changed torch's numerics switches during its call" in flipped.message, flipped.message
+        assert "torch.backends.cuda.matmul.allow_tf32 False -> True" in flipped.message, flipped.message
         outcome, _ = worker.check(strict, checker.capabilities, CASE, ORACLE, False)
         assert outcome.status == "pass" and worker.starts == 1, outcome.message
     finally:

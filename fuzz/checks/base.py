@@ -119,12 +119,21 @@ def case_key(case: Case) -> str:
     return case.replace(tensors_file=None, meta={}).case_id
 
 
+def owned(result: KernelOutput) -> KernelOutput:
+    """A copy of a kernel's output, taken as soon as it returns: a kernel may write every call into one
+    buffer per shape (a CUDA-graph-captured kernel does), and a relation compares outputs of several calls."""
+    out, lse = result
+    return KernelOutput(out.detach().clone() if isinstance(out, torch.Tensor) else out,
+                        lse.detach().clone() if isinstance(lse, torch.Tensor) else lse)
+
+
 def run_supported(backend: Backend, case: Case, tensors: Tensors, label: str) -> KernelOutput:
-    """Plan and run ``case``; a derived case the kernel does not declare is a skip, naming it."""
+    """Plan and run ``case`` (its output copied: ``owned``); a derived case the kernel does not declare
+    is a skip, naming it."""
     reason = backend.unsupported_reason(case)
     if reason:
         raise Unsupported(f"the {label} case: {reason}")
-    return backend.run(backend.plan(case), tensors)
+    return owned(backend.run(backend.plan(case), tensors))
 
 
 def tensors_for(backend: Backend, case: Case) -> Tensors:

@@ -35,6 +35,7 @@ from pa_oracle.fuzz.checks.base import (
     Check,
     case_key,
     judge_relation,
+    owned,
     run_supported,
     tensors_for,
 )
@@ -193,7 +194,7 @@ def _relabel(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     relabeled, moved = relabel_pages(case, tensors, new_id)
     cases = [("original", case, tensors), ("relabeled", relabeled, moved)]
     plan = backend.plan(case)
-    first = backend.run(plan, tensors)
+    first = owned(backend.run(plan, tensors))
     deterministic = same_bits(first.out, backend.run(plan, tensors).out)
     other = run_supported(backend, relabeled, moved, "relabeled")
     rows = torch.arange(case.layout.total_q)

@@ -33,7 +33,7 @@ def measure(backend: Backend, case: Case, tensors: Tensors | None = None) -> Pro
     """Run ``case`` twice, then each request alone, on ``backend`` (which must support it)."""
     tensors = tensors if tensors is not None else make_tensors(case, backend.device or "cpu")
     plan = backend.plan(case)
-    first = backend.run(plan, tensors).out
+    first = backend.run(plan, tensors).out.clone()  # a kernel may write each call into one buffer per shape
     deterministic = same_bits(first, backend.run(plan, tensors).out)
     lay = case.layout
     if lay.batch_size == 1:

@@ -15,6 +15,7 @@ there every KeyboardInterrupt is the kernel's.
 
 from __future__ import annotations
 
+import copy
 import signal
 import threading
 import traceback
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
+from pa_oracle.fuzz.run import boundary
 from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.reference import fp8_logit_noise, plain_controls, reference, shared_plan
@@ -186,30 +188,47 @@ def _describe(value: Any) -> str:
 def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(), keep_output: bool = False) -> Outcome:
     """Run ``case`` on ``backend`` and compare with the float64 reference. A failing well-formed
     output is kept in the outcome (detached, on the CPU) for triage; with ``keep_output`` a
-    passing one too."""
+    passing one too.
+
+    The kernel's side (``plan``, ``run``) gets a deep copy of the case and a private copy of its
+    tensors; the judge keeps the case as drawn and the tensors it drew, compares the kernel's copies
+    with them bit for bit after the call, and puts back (and fails the case for) whatever of the
+    judge's code or torch's numerics switches the call changed (``pa_oracle.fuzz.run.boundary``). The
+    judge's functions are bound here, before the call: what the kernel rebinds cannot judge its own
+    case, and is named and put back after it."""
+    watch, judge_output, problem_of = WATCH, judge, contract_problem
     reason = backend.unsupported_reason(case)
     if reason:
         return Outcome(case, backend.name, "unsupported", reason)
     tensors = make_tensors(case, backend.device or "cpu", draw=AHEAD.take(case))  # drawn ahead in a worker, if it was
-    plan, raised = call_kernel(lambda: backend.plan(case))
+    seen = copy.deepcopy(case)  # what the kernel's side is handed: its writes never reach the case judged
+    settings = boundary.judge_numerics()
+    watch.checkpoint()  # what the judge's side changed before the call is its own
+    plan, raised = call_kernel(lambda: backend.plan(seen))
+    given = None
     if raised is None:
-        inputs = backend.plan_inputs(plan)
-        before = tensors.fingerprint(inputs)
-        result, raised = call_kernel(lambda: finished(backend.run(plan, tensors), tensors.q.device))
+        given = boundary.handed(tensors, backend.plan_inputs(plan))
+        result, raised = call_kernel(lambda: finished(backend.run(plan, given.tensors), tensors.q.device))
+    breaches = boundary.breaches(settings, watch)  # before anything of the judge runs again
     if raised is not None:
-        return _raised(backend, case, raised)
-    problem = contract_problem(result, tensors.q.device)
-    if problem is None:
+        outcome = _raised(backend, case, raised)
+        if not breaches:
+            return outcome
+        failures = [f"{CONTRACT}: {text}" for text in breaches] + [f"and the kernel then raised: {outcome.message.splitlines()[0]}"]
+        return Outcome(case, backend.name, "fail", "FAIL: " + "; ".join(failures), Verdict(False, failures))
+    problem = problem_of(result, tensors.q.device)
+    if problem is None and not breaches:
         try:
-            verdict = judge(case, tensors, KernelOutput(*result), tolerance)
+            verdict = judge_output(case, tensors, KernelOutput(*result), tolerance)
         except (OracleDisagreement, CaseError):
             raise
         except Exception as exc:  # noqa: BLE001 - a well-formed output the oracle cannot judge: a tool failure
             return Outcome(case, backend.name, "error",
                            f"the oracle could not judge the output: {describe_exception(exc)}\n{_traceback_text(exc)}")
     else:
-        verdict = Verdict(False, [f"{CONTRACT}: {problem}"])
-    changed = [name for name, bits in tensors.fingerprint(inputs).items() if bits != before[name]]
+        verdict = Verdict(False, [f"{CONTRACT}: {text}" for text in ([problem] if problem else []) + breaches])
+    assert given is not None
+    changed = given.changed()
     if changed:
         verdict.passed = False
         verdict.failures.append(f"kernel modified its inputs: {', '.join(changed)}")
@@ -286,3 +305,8 @@ def _watch_sigint() -> Iterator[dict[str, bool]]:
         yield seen
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# what the judge's code is bound to: the judging modules, this one among them (``serve`` adds itself)
+WATCH = boundary.Watch(boundary.judging_modules(), (torch.Tensor,))
+WATCH.add(())  # recorded again with WATCH itself bound

@@ -26,6 +26,7 @@ import importlib
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -34,8 +35,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.run import boundary
 from pa_oracle.fuzz.run.ahead import AHEAD
-from pa_oracle.fuzz.run.runner import ORACLE_CHECK, exception_text, finished
+from pa_oracle.fuzz.run.runner import ORACLE_CHECK, WATCH, exception_text, finished
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.errors import BadInput, env_count
 from pa_oracle.oracle.tensors import Tensors
@@ -110,7 +112,8 @@ class KernelLock:  # not a Backend subclass: its defaults would shadow the wrapp
     turn, the in-kernel slot names the holder's case. The turn is left however ``check_case`` leaves a
     case (``release``: ``plan_inputs`` or the fingerprint raising between plan and run would otherwise
     keep it), and ``finish`` gives up the turn of a case that never took it (a skip). torch's numerics
-    switches are put back before the turn ends."""
+    switches are put back before the turn ends (what the kernel changed is noted for its case's judge:
+    ``boundary.end_turn``)."""
 
     def __init__(self, backend: Backend, turns: KernelTurns, slot: Any, restore: Any) -> None:
         self.__dict__.update(_inner=backend, _turns=turns, _slot=slot, _restore=restore, _held=threading.local())
@@ -169,38 +172,6 @@ def _load_backend(spec: str, capabilities: Any) -> Any:
     return backend
 
 
-_NUMERICS_FLAGS = (  # torch's process-wide numerics switches a library import may flip (e.g. TF32 for its own speed)
-    ("backends.cuda.matmul", "allow_tf32"),
-    ("backends.cuda.matmul", "allow_fp16_reduced_precision_reduction"),
-    ("backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
-    ("backends.cudnn", "allow_tf32"),
-    ("backends.cudnn", "benchmark"),
-    ("backends.cudnn", "deterministic"),
-)
-
-
-def _numerics() -> dict[tuple[str, str], Any]:
-    import operator
-
-    import torch
-
-    return {(where, name): getattr(operator.attrgetter(where)(torch), name) for where, name in _NUMERICS_FLAGS}
-
-
-def _restore_numerics(saved: dict[tuple[str, str], Any]) -> None:
-    """Put back torch's numerics switches as they were when the worker started: one backend's
-    import (or kernel) must not loosen the controls of another judged in the same worker."""
-    import operator
-
-    import torch
-
-    if _numerics() != saved:
-        for (where, name), value in saved.items():
-            setattr(operator.attrgetter(where)(torch), name, value)
-    if torch.get_default_dtype() != torch.float32:
-        torch.set_default_dtype(torch.float32)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Unreadable:
     """A request the worker could not unpickle (answered in its turn as the tool's failure)."""
@@ -251,7 +222,8 @@ class _Overlap:
 class _Server:
     def __init__(self, tolerance: Tolerance, conn: Connection, threads: int | None, slot: Any) -> None:
         self.tolerance, self.conn, self.threads, self.slot = tolerance, conn, threads, slot
-        self.saved = _numerics()
+        self.saved = boundary.judged_with(boundary.numerics())  # every case is judged with these
+        WATCH.add([boundary])  # recorded with them
         self.backends: dict[str, Any] = {}
         self.locked: dict[str, KernelLock] = {}
         self.turns = KernelTurns()
@@ -337,7 +309,7 @@ class _Server:
 
     def _locked(self, spec: str, backend: Any) -> KernelLock:
         if spec not in self.locked or self.locked[spec]._inner is not backend:  # noqa: SLF001
-            self.locked[spec] = KernelLock(backend, self.turns, self.slot, lambda: _restore_numerics(self.saved))
+            self.locked[spec] = KernelLock(backend, self.turns, self.slot, lambda: boundary.end_turn(self.saved))
         return self.locked[spec]
 
     def judge(self, request: Request, backend: Any, ticket: int = -1) -> bytes:
@@ -351,7 +323,7 @@ class _Server:
         try:
             if backend is None:
                 raise KeyError(f"{request.spec} was not loaded in this worker")
-            _restore_numerics(self.saved)
+            boundary.restore_numerics(self.saved)  # one backend's import must not loosen another's controls
             start = time.monotonic()
             outcome = request.check.judge(request.case, backend, self.tolerance, request.keep_output)
             if outcome.status == "pass" and outcome.verdict is not None and not (request.keep_output or request.pass_errors):
@@ -398,3 +370,6 @@ def serve(tolerance: Tolerance, conn: Connection, threads: int | None = None, sl
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn.send_bytes(pickle.dumps("ready"))
     _Server(tolerance, conn, threads, slot).serve()
+
+
+WATCH.add([sys.modules[__name__]])  # the worker's judging code: a kernel that rebinds it is named and it is put back

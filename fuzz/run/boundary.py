@@ -1,0 +1,312 @@
+"""The trust boundary around a kernel call: what the judge uses is made before the call and kept where
+the kernel's writes do not reach it, and what the kernel could change in the process is checked after.
+
+- Inputs: the kernel is handed a private copy of the case's tensors and of the plan's index tensors
+  (``handed``); the judge keeps the originals, computes the reference and the controls from them, and
+  compares the kernel's copies with them bit for bit after the call (a tensor over ``DEVICE_COPY_LIMIT``
+  bytes is kept on the host instead, and the kernel gets the original).
+- The case: the kernel's side (plan and run) is handed a deep copy (``copy.deepcopy``); the judge keeps
+  the case as drawn.
+- torch's numerics switches (TF32, reduced-precision reductions, fp32 precisions, the default dtype,
+  deterministic algorithms, SDPA backends): read before the call (``numerics``), compared and put back
+  after it (``restore_numerics``), before the reference and the controls are computed.
+- The judge's code: every function, class and constant of the judging modules (and torch's namespace,
+  ``torch.Tensor``, ``torch.nn.functional``, ``pickle``, ``builtins``) is recorded before the call
+  (``Watch``); after it any rebinding, any swapped ``__code__`` or defaults, and any class attribute added
+  or replaced is named, and put back, before the judge runs.
+
+All of this is within one process: a kernel that sets out to defeat it (reaching the judge's frames
+through ``sys._getframe`` or ``gc``, patching C state) can. What it stops is a kernel whose writes or
+patches would otherwise be judged as if they had not happened.
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+import pickle
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional
+from pa_oracle.oracle.tensors import Tensors, same_bits
+
+DEVICE_COPY_LIMIT = 1 << 30  # bytes of inputs copied on their device; past it (huge pools) they are kept on the host
+
+# --- inputs ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Handed:
+    """What a kernel is handed (``tensors``, ``inputs``: the plan's index tensors) and the judge's
+    copies of every element of it as it was before the call (``kept``, by name)."""
+
+    tensors: Tensors
+    inputs: dict[str, torch.Tensor]
+    kept: dict[str, torch.Tensor]
+
+    def changed(self) -> list[str]:
+        """The names of the tensors whose bits the kernel changed (NaN payloads and -0.0 included)."""
+        now = {**self.tensors.memory(), **self.inputs}
+        return [name for name, kept in self.kept.items() if not same_bits(now[name], kept)]
+
+
+def handed(tensors: Tensors, inputs: Mapping[str, torch.Tensor]) -> Handed:
+    """A private copy of ``tensors`` to hand the kernel (the judge keeps ``tensors``), and copies of the
+    plan's ``inputs`` (the adapter made them: the kernel gets them, the judge a copy to compare with).
+    Inputs larger than ``DEVICE_COPY_LIMIT`` bytes on a device are kept on the host and handed as they are."""
+    memory = tensors.memory()
+    size = sum(t.numel() * t.element_size() for t in (*memory.values(), *inputs.values()))
+    if size > DEVICE_COPY_LIMIT and tensors.q.device.type != "cpu":
+        everything = {**memory, **inputs}
+        return Handed(tensors, dict(inputs), {name: t.to("cpu", copy=True) for name, t in everything.items()})
+    copy = tensors.copy()
+    return Handed(copy, dict(inputs), {**memory, **{name: t.clone() for name, t in inputs.items()}})
+
+
+# --- torch's numerics switches -------------------------------------------------------------------------------
+
+
+def _attribute(path: str) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
+    where, name = path.rsplit(".", 1)
+    try:
+        owner = operator.attrgetter(where)(torch) if where else torch
+        getattr(owner, name)
+    except (AttributeError, RuntimeError):
+        return None
+    return (lambda: getattr(owner, name)), (lambda value: setattr(owner, name, value))
+
+
+def _deterministic() -> tuple[bool, bool]:
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def _set_deterministic(value: tuple[bool, bool]) -> None:
+    torch.use_deterministic_algorithms(value[0], warn_only=value[1])
+
+
+def _sdp(name: str) -> tuple[str, Callable[[], Any], Callable[[Any], None]]:
+    cuda = torch.backends.cuda
+    return f"torch.backends.cuda.{name}_sdp_enabled()", getattr(cuda, f"{name}_sdp_enabled"), getattr(cuda, f"enable_{name}_sdp")
+
+
+def _switches() -> tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], ...]:
+    """(name, read, write) of each switch, in the order they are put back: the fine-grained precisions
+    before the legacy flags that alias them."""
+    paths = (
+        "backends.fp32_precision", "backends.cuda.matmul.fp32_precision", "backends.cudnn.fp32_precision",
+        "backends.cudnn.conv.fp32_precision", "backends.cudnn.rnn.fp32_precision", "backends.mkldnn.fp32_precision",
+        "backends.mkldnn.matmul.fp32_precision", "backends.mkldnn.conv.fp32_precision", "backends.mkldnn.rnn.fp32_precision",
+        "backends.cuda.matmul.allow_tf32", "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+        "backends.cuda.matmul.allow_bf16_reduced_precision_reduction", "backends.cuda.matmul.allow_fp16_accumulation",
+        "backends.cudnn.allow_tf32", "backends.cudnn.benchmark", "backends.cudnn.deterministic",
+    )
+    found = [(f"torch.{path}", *access) for path in paths if (access := _attribute(path)) is not None]
+    found += [
+        ("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
+        ("deterministic algorithms (enabled, warn only)", _deterministic, _set_deterministic),
+    ]
+    return (*found, *(_sdp(name) for name in ("flash", "mem_efficient", "math", "cudnn")))
+
+
+_SWITCHES = _switches()
+_UNREADABLE = "unreadable"  # a switch whose getter raises (torch refuses reading a mix of its legacy and new TF32 APIs)
+
+
+def numerics() -> dict[str, Any]:
+    """torch's process-wide numerics switches, by name (a getter that raises reads as unreadable)."""
+    values = {}
+    for name, read, _ in _SWITCHES:
+        try:
+            values[name] = read()
+        except RuntimeError as exc:
+            values[name] = f"{_UNREADABLE}: {str(exc).splitlines()[0][:80]}"
+    return values
+
+
+_JUDGED_WITH: Mapping[str, Any] | None = None  # the worker's switches (``judged_with``), else None
+_TURN = threading.local()  # what a kernel changed in its turn, noted for its case's judge (``end_turn``)
+
+
+def judged_with(saved: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Set the switches every case in this process is judged with (a worker's, at its start): a case's
+    kernel is compared with these, not with what another thread's kernel may have set meanwhile."""
+    global _JUDGED_WITH
+    _JUDGED_WITH = types.MappingProxyType(dict(saved))
+    return _JUDGED_WITH
+
+
+def judge_numerics() -> Mapping[str, Any]:
+    """The switches a case is judged with: the worker's (``judged_with``), else this process's now."""
+    return _JUDGED_WITH if _JUDGED_WITH is not None else numerics()
+
+
+def end_turn(saved: Mapping[str, Any]) -> None:
+    """The end of a kernel's turn (the worker's judge threads): what the kernel changed of ``saved`` is
+    noted for this thread's ``breaches``, and put back before the next kernel's turn."""
+    if changed := numerics_changed(saved):
+        _TURN.changed = [*getattr(_TURN, "changed", []), *changed]
+        restore_numerics(saved)
+
+
+def numerics_changed(saved: Mapping[str, Any]) -> list[str]:
+    """``name: before -> now`` of every switch that differs from ``saved``."""
+    now = numerics()
+    return [f"{name} {saved[name]!r} -> {now[name]!r}" for name in saved if now[name] != saved[name]]
+
+
+def restore_numerics(saved: Mapping[str, Any]) -> bool:
+    """Put torch's switches back as ``saved`` (some alias others: a few passes); False if they could not be."""
+    for _ in range(3):
+        now = numerics()
+        if now == saved:
+            return True
+        for name, _, write in _SWITCHES:
+            value = saved[name]
+            if now[name] != value and not (isinstance(value, str) and value.startswith(_UNREADABLE)):
+                try:
+                    write(value)
+                except (RuntimeError, ValueError, TypeError):
+                    pass
+    return numerics() == saved
+
+
+# --- the judge's code ---------------------------------------------------------------------------------------
+
+
+_IGNORED_CLASS_KEYS = frozenset({"__slotnames__"})  # copyreg caches it on a class at its first pickle or deepcopy
+_MISSING = object()
+_FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
+_PART = tuple(operator.attrgetter(part) for part in _FUNCTION_PARTS)
+
+
+class Watch:
+    """What the judge's code is bound to: module attributes by identity, the code object and defaults of
+    every function among them (and in the classes), and the whole ``__dict__`` of the classes defined in
+    the watched modules of this package and of ``classes`` (torch's C types and builtins cannot be
+    changed). ``checkpoint`` records the state before a kernel call (a change made outside a call, by the
+    caller or a test's monkeypatch, is the judge's own); ``tampered`` names what differs after it (compared
+    in C, identity first: ~0.15 ms for this package's judging modules and torch's namespace), ``put_back``
+    restores it."""
+
+    __slots__ = ("_sources", "_modules", "_classes", "_functions", "_parts")
+
+    def __init__(self, modules: Iterable[types.ModuleType], classes: Iterable[type] = ()) -> None:
+        self._sources: tuple[list[types.ModuleType], list[type]] = ([], [])
+        self._modules: list[tuple[types.ModuleType, tuple[str, ...], Callable[[Any], Any], Any]] = []
+        self._classes: list[tuple[type, dict[str, Any]]] = []
+        self._functions: list[types.FunctionType] = []
+        self._parts: list[list[Any]] = []
+        self.add(modules, classes)
+
+    def add(self, modules: Iterable[types.ModuleType], classes: Iterable[type] = ()) -> None:
+        """Watch ``modules`` and ``classes`` too, everything recorded as it is now (a module watched
+        already, e.g. one still being imported when first recorded, is recorded anew)."""
+        sources, more = self._sources[0], self._sources[1]
+        sources += [module for module in modules if all(module is not known for known in sources)]
+        more += [cls for cls in classes if all(cls is not known for known in more)]
+        self._record()
+
+    def _record(self) -> None:
+        self._modules, self._classes, functions = [], [], {}
+        classes = list(self._sources[1])
+        for module in self._sources[0]:
+            keys = tuple(name for name in vars(module) if not (name.startswith("__") and name.endswith("__")))
+            getter = operator.itemgetter(*keys) if len(keys) > 1 else (lambda ns, k=keys: tuple(ns[n] for n in k))
+            values = getter(vars(module))
+            self._modules.append((module, keys, getter, values))
+            functions.update((id(v), v) for v in values if isinstance(v, types.FunctionType))
+            if module.__name__.startswith("pa_oracle."):
+                classes += [v for v in values if isinstance(v, type) and v.__module__ == module.__name__]
+        for cls in dict.fromkeys(classes):
+            namespace = dict(vars(cls))
+            self._classes.append((cls, namespace))
+            functions.update((id(v), v) for v in namespace.values() if isinstance(v, types.FunctionType))
+        self._functions = list(functions.values())
+        self._parts = [list(map(part, self._functions)) for part in _PART]
+
+    def _same(self) -> bool:
+        try:
+            return (all(getter(vars(module)) == values for module, _, getter, values in self._modules)
+                    and all(vars(cls) == namespace for cls, namespace in self._classes)
+                    and all(list(map(part, self._functions)) == kept for part, kept in zip(_PART, self._parts)))
+        except Exception:  # noqa: BLE001 - a key gone, or a replaced value whose == raises: look closer
+            return False
+
+    def checkpoint(self) -> None:
+        """Before a kernel call: what changed since the last record was changed by the judge's side (a
+        caller, a test): record it as it is."""
+        if not self._same():
+            self._record()
+
+    def tampered(self) -> list[str]:
+        """The qualified names of what was rebound, swapped or added since the last record."""
+        if self._same():
+            return []
+        found = []
+        for module, keys, _, values in self._modules:
+            namespace = vars(module)
+            found += [f"{module.__name__}.{name}" for name, value in zip(keys, values) if namespace.get(name, _MISSING) is not value]
+        for cls, namespace in self._classes:
+            now = vars(cls)
+            for name in (set(now) - set(namespace)) & _IGNORED_CLASS_KEYS:  # a cache of copyreg's: accepted
+                namespace[name] = now[name]
+            found += [f"{cls.__module__}.{cls.__qualname__}.{name}" for name in sorted(set(now) | set(namespace))
+                      if now.get(name, _MISSING) is not namespace.get(name, _MISSING)]
+        for part, name, kept in zip(_PART, _FUNCTION_PARTS, self._parts):
+            found += [f"{f.__module__}.{f.__qualname__}.{name}" for f, value in zip(self._functions, kept) if part(f) is not value]
+        return list(dict.fromkeys(found))
+
+    def put_back(self) -> None:
+        """Restore every recorded binding, code object and default; remove class attributes added since."""
+        for module, keys, _, values in self._modules:
+            namespace = vars(module)
+            for name, value in zip(keys, values):
+                if namespace.get(name, _MISSING) is not value:
+                    setattr(module, name, value)
+        for cls, namespace in self._classes:
+            now = dict(vars(cls))
+            for name in set(now) - set(namespace):
+                try:
+                    delattr(cls, name)
+                except (AttributeError, TypeError):
+                    pass
+            for name, value in namespace.items():
+                if now.get(name, _MISSING) is not value:
+                    try:
+                        setattr(cls, name, value)
+                    except (AttributeError, TypeError):
+                        pass
+        for name, kept in zip(_FUNCTION_PARTS, self._parts):
+            for f, value in zip(self._functions, kept):
+                if getattr(f, name) is not value:
+                    setattr(f, name, value)
+
+
+def judging_modules() -> list[types.ModuleType]:
+    """The modules whose code judges a case (the oracle, the adapters' base, this room), as imported
+    now, and torch's namespace, ``torch.nn.functional``, ``pickle`` and ``builtins``."""
+    names = [name for name in sys.modules if name.startswith(("pa_oracle.oracle.", "pa_oracle.backends.base", "pa_oracle.fuzz.run."))]
+    return [sys.modules[name] for name in sorted(names)] + [torch, torch.nn.functional, pickle, builtins]
+
+
+def breaches(saved_numerics: Mapping[str, Any], watch: Watch) -> list[str]:
+    """What a kernel call changed on the judge's side of the boundary, each put back: the judge's code
+    (``watch``) and torch's numerics switches (``saved_numerics``: as before the call)."""
+    found = []
+    if changed := watch.tampered():
+        watch.put_back()
+        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        found.append(f"the kernel changed the judge: {shown} (put back; judged with the code recorded at import)")
+    noted, _TURN.changed = getattr(_TURN, "changed", []), []
+    if changed := [*noted, *numerics_changed(saved_numerics)]:
+        restored = restore_numerics(saved_numerics)
+        found.append(f"the kernel changed torch's numerics switches during its call: {', '.join(changed)} "
+                     + ("(put back before the reference and the controls were computed)" if restored else "(could not be put back)"))
+    return found
