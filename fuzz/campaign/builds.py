@@ -115,7 +115,10 @@ def _build_process(tasks: list[BuildTask], answers: Any, parallel: int, jobs: in
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
         answers.put(Build(task, time.monotonic() - start, error))
 
-    ahead = [t for t in tasks if t.ahead]
+    for task in tasks:
+        if task.key == SHARED:
+            build(task)  # what every key of its backend loads: before them
+    ahead = [t for t in tasks if t.ahead and t.key != SHARED]
     with ThreadPoolExecutor(max_workers=max(parallel, 1)) as pool:
         list(pool.map(build, ahead))
     for task in tasks:
