@@ -73,7 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from pa_oracle.fuzz.hypothesis_home import keep_hypothesis_out_of_the_working_directory
 
     keep_hypothesis_out_of_the_working_directory()  # no ./.hypothesis: a run writes under --pa-out only
-    from pa_oracle.backends.caches import use_compile_caches
+    from pa_oracle.fuzz.caches import use_compile_caches
 
     use_compile_caches()  # PA_ORACLE_CACHE_DIR: the kernel compile caches of the run
     if any(config.getoption(name) for name in _SELECTING):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 import click
-from pa_oracle.backends.caches import use_compile_caches
+from pa_oracle.fuzz.caches import use_compile_caches
 from pa_oracle.fuzz.exits import EPILOG, ExitCodeGroup
 from pa_oracle.fuzz.hypothesis_home import keep_hypothesis_out_of_the_working_directory
 
@@ -41,7 +41,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "writes": ("pa_oracle.fuzz.write_cli:writes",
                "Append ragged batches into canary-filled paged pools and compare every byte: the appended slots "
                "must hold the appended values, everything else must be unchanged."),
-    "warmup": ("pa_oracle.fuzz.warmup:warmup", "Build the kernel variants a campaign will draw from (FlashInfer: in parallel, MAX_JOBS jobs)."),
+    "warmup": ("pa_oracle.fuzz.warmup:warmup",
+               "Build the kernel variants a campaign (or a corpus replay) will run on, all together (FlashInfer: "
+               "MAX_JOBS jobs)."),
     "env": ("pa_oracle.env:env", "Versions, devices, kernel libraries, caches and the golden corpus in use."),
 }
 

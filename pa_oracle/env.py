@@ -69,7 +69,7 @@ def _inductor_cache() -> str:
 
 def caches() -> dict[str, str]:
     """Where compiled kernels are cached (a stale or unwritable cache explains many a slow or failing run)."""
-    from pa_oracle.backends.caches import cache_dir
+    from pa_oracle.fuzz.caches import cache_dir
 
     return {"compile (PA_ORACLE_CACHE_DIR)": str(cache_dir()), "triton": _triton_cache(), "flashinfer_jit": _flashinfer_cache(),
             "inductor": _inductor_cache()}

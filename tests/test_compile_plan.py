@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from pa_oracle.backends import get_backend
-from pa_oracle.backends.caches import LIBRARY_CACHES, use_compile_caches
+from pa_oracle.fuzz.caches import LIBRARY_CACHES, use_compile_caches
 from pa_oracle.backends.sdpa import SdpaMath
 from pa_oracle.cli import main
 from pa_oracle.fuzz.campaign.builds import Build, Builds, BuildTask
