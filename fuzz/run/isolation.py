@@ -26,9 +26,10 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
+from pa_oracle.fuzz.run.runner import ORACLE, BadEngine, Check, OracleDisagreement, Outcome, engine_from_env
 from pa_oracle.fuzz.run.serve import NO_CASE, Request, serve, threads_from_env
 from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.tolerance import Tolerance
 
 STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
@@ -37,8 +38,11 @@ FIRST_CASE_FACTOR = 3.0  # the first case after a (re)start may compile kernels 
 OUT_OF_TIME = "the time budget ran out"  # how an OutOfTime message starts
 
 
-class BadTimeout(ValueError):
-    """A case timeout that is not a finite number of seconds > 0 (bad input: exit 2)."""
+MAX_CASE_TIMEOUT = 86400.0  # a day: longer is no timeout (and 3x of 1e9 s overflows the pipe's wait)
+
+
+class BadTimeout(BadInput):
+    """A case timeout that is not a finite number of seconds > 0, at most ``MAX_CASE_TIMEOUT`` (bad input: exit 2)."""
 
 
 class WorkerStartError(RuntimeError):
@@ -50,10 +54,12 @@ class OutOfTime(Exception):
 
 
 def check_timeout(seconds: float) -> float:
-    """``seconds`` if it is a usable case timeout (finite, > 0); ``BadTimeout`` otherwise (0 would
-    make every case a false hang)."""
+    """``seconds`` if it is a usable case timeout (finite, > 0, at most ``MAX_CASE_TIMEOUT``); ``BadTimeout``
+    otherwise (0 would make every case a false hang)."""
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds) or seconds <= 0:
         raise BadTimeout(f"the case timeout must be a finite number of seconds > 0, got {seconds!r}")
+    if seconds > MAX_CASE_TIMEOUT:
+        raise BadTimeout(f"the case timeout must be at most {MAX_CASE_TIMEOUT:g} seconds (a day), got {seconds!r}")
     return float(seconds)
 
 
@@ -66,6 +72,9 @@ def default_case_timeout() -> float:
         return check_timeout(float(raw))
     except ValueError:
         raise BadTimeout(f"PA_ORACLE_CASE_TIMEOUT={raw!r}: give a finite number of seconds > 0") from None
+
+
+_BAD_INPUT = {"CaseError": CaseError, "BadEngine": BadEngine}  # what the worker raised that is the user's input
 
 
 @dataclasses.dataclass
@@ -107,6 +116,7 @@ class Worker:
         first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, threads: int | None = None,
     ) -> None:
         self.timeout = check_timeout(timeout)
+        engine_from_env()  # a bad PA_ORACLE_ENGINE is refused before a process starts
         self.tolerance = tolerance
         self.first_case_factor = first_case_factor
         self.startup = startup
@@ -312,8 +322,8 @@ class Worker:
         kind, message, tb = reply[1:4]
         if kind == "OracleDisagreement":
             raise OracleDisagreement(message)
-        if kind == "CaseError":
-            raise CaseError(message)  # the case cannot be judged at all: bad input, not a kernel's fault
+        if kind in _BAD_INPUT:
+            raise _BAD_INPUT[kind](message)  # the case (or the oracle's setting) cannot be judged at all: bad input, not a kernel's fault
         failed = Outcome(sent.case, sent.spec, "error", f"the worker failed to judge the case: {kind}: {message}\n{tb}",
                          check=sent.check.name)
         return failed, time.monotonic() - start
@@ -530,6 +540,7 @@ def case_judge(
     a worker process when ``isolate`` (default: ``isolated_by_default``) and the backend can be
     loaded there, else in this process. Used by replay, triage and the campaign engine, so a crash
     or hang finding replays as one."""
+    engine_from_env()  # a bad PA_ORACLE_ENGINE is bad input before any case
     spec = isolatable(backend) if (isolated_by_default(backend) if isolate is None else isolate) else None
     if spec is None:
         yield lambda case: judge.judge(case, backend, tolerance, keep_output)

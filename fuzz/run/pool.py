@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any
 
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, FIRST_CASE_FACTOR, STARTUP_SECONDS, OutOfTime, Worker
-from pa_oracle.fuzz.run.runner import Check, OracleDisagreement, Outcome
+from pa_oracle.fuzz.run.runner import Check, OracleDisagreement, Outcome, engine_from_env
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.errors import BadInput, env_count
 from pa_oracle.oracle.tolerance import Tolerance
@@ -37,6 +37,7 @@ def worker_processes(device: str, cores: int | None = None) -> int:
     """``PA_ORACLE_WORKER_PROCESSES`` if set, else for an accelerator one more process for each ``CORES_PER_PROCESS``
     ``cores`` (default: the host's), at most ``MAX_ACCELERATOR_PROCESSES``: one below 8 cores, 2 below 16, then 3;
     for the CPU one."""
+    engine_from_env()  # read where a campaign checks its environment before anything runs: a bad PA_ORACLE_ENGINE too
     count = env_count(ENV, 1, BadWorkerProcesses, "a whole number of worker processes >= 1")
     if count is None:
         cores = (os.cpu_count() or 1) if cores is None else cores

@@ -29,7 +29,8 @@ from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, Ke
 from pa_oracle.fuzz.run import boundary
 from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.oracle.case import Case, CaseError
-from pa_oracle.oracle.reference import fp8_logit_noise, plain_controls, reference, shared_plan
+from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.reference import default_engine, fp8_logit_noise, plain_controls, reference, shared_plan
 from pa_oracle.oracle.tensors import Tensors, make_tensors, torch_dtype
 from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
 
@@ -128,12 +129,26 @@ class OracleDisagreement(AssertionError):
     oracle itself, never a finding about the kernel."""
 
 
+class BadEngine(BadInput):
+    """``PA_ORACLE_ENGINE`` names no engine of the oracle (bad input: exit 2)."""
+
+
+def engine_from_env() -> str:
+    """The oracle's engine ``PA_ORACLE_ENGINE`` asks for (``auto`` when unset); ``BadEngine`` for another
+    value, so that a run refuses it before it judges anything, not as every case's tool error."""
+    try:
+        return default_engine()
+    except ValueError as exc:
+        raise BadEngine(str(exc)) from None
+
+
 def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Tolerance = Tolerance()) -> Verdict:
     """Compare a kernel's output for ``case`` on ``tensors`` with the float64 reference.
 
     On CUDA the reference is computed by the fused kernel (``pa_oracle.oracle.fused``); a failing verdict is
     computed again against the torch reference, the definition, which alone decides a finding.
     """
+    engine_from_env()
     plan = shared_plan(case, tensors, AHEAD.take_plan(case))  # the reference's buckets, the controls' too (planned ahead, if it was)
     ref = reference(case, tensors, logit_noise=True, plan=plan)
     controls = plain_controls(case, tensors, torch_dtype(case.options.out_dtype), plan=plan)
@@ -220,7 +235,7 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
     if problem is None and not breaches:
         try:
             verdict = judge_output(case, tensors, KernelOutput(*result), tolerance)
-        except (OracleDisagreement, CaseError):
+        except (OracleDisagreement, BadInput):  # the oracle's bug, the user's input (a case, PA_ORACLE_ENGINE): no verdict
             raise
         except Exception as exc:  # noqa: BLE001 - a well-formed output the oracle cannot judge: a tool failure
             return Outcome(case, backend.name, "error",

@@ -238,3 +238,43 @@ def test_the_checks_cli_passes_a_correct_kernel_that_reuses_its_output_buffer(tm
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0 and "VIOLATED" not in result.output, result.output
     assert all(f"{name}: ok" in result.output for name in ("reorder", "relabel", "alone", "merge")), result.output
+
+
+# --- settings the user gives that no run can use: refused with exit 2 before anything is judged
+
+SMALL_RUN = ["-n", "3", "--max-batch", "2", "--max-kv-len", "12"]
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["isolated", "in-process"])
+def test_a_bad_oracle_engine_is_bad_input_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolate: bool) -> None:
+    monkeypatch.setenv("PA_ORACLE_ENGINE", "quick")
+    args = ["fuzz", "--kernel", f"{MODULE}:correct", *SMALL_RUN, "--out", str(tmp_path), *([] if isolate else ["--no-isolate"])]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "PA_ORACLE_ENGINE must be one of ('auto', 'torch', 'fused'), got 'quick'" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "summary.json").exists()
+
+
+def test_a_bad_oracle_engine_is_bad_input_for_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    case_path = TWO_REQUESTS.save(tmp_path / "case.json")
+    monkeypatch.setenv("PA_ORACLE_ENGINE", "")
+    result = CliRunner().invoke(main, ["replay", str(case_path), "-k", f"{MODULE}:correct"])
+    assert result.exit_code == 2 and "PA_ORACLE_ENGINE must be one of" in result.output, result.output
+    monkeypatch.setenv("PA_ORACLE_ENGINE", "torch")
+    assert CliRunner().invoke(main, ["replay", str(case_path), "-k", f"{MODULE}:correct"]).exit_code == 0
+
+
+def test_a_judge_meeting_a_bad_engine_raises_bad_input_not_a_tool_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pa_oracle.fuzz.run.runner import BadEngine
+
+    monkeypatch.setenv("PA_ORACLE_ENGINE", "fast")
+    with pytest.raises(BadEngine, match="got 'fast'"):
+        check_case(_kernel("correct"), TWO_REQUESTS)
+
+
+@pytest.mark.parametrize("seconds", ["1e9", "86401"])
+def test_a_case_timeout_past_a_day_is_bad_input(tmp_path: Path, seconds: str) -> None:
+    result = CliRunner().invoke(main, ["fuzz", "--kernel", f"{MODULE}:correct", *SMALL_RUN, "--out", str(tmp_path), "--case-timeout", seconds])
+    assert result.exit_code == 2, result.output
+    assert f"the case timeout must be at most 86400 seconds (a day), got {float(seconds)!r}" in result.output, result.output
+    assert "OverflowError" not in result.output and "Traceback" not in result.output
