@@ -602,11 +602,6 @@ def metamorphic(
             results = merge_results([list(s.results.values()) for s in load_shards(out_dir, CHECKS_CAMPAIGN)])
         else:
             path = state_path(out_dir, shard, CHECKS_CAMPAIGN)
-            ledger = load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None
-            budget, plan = campaign_compile_budget(time_budget, compile_budget), None
-            if not resume:  # a named backend the budget cannot build is refused before anything is written
-                plan = _compile_plan(chosen, Limits(max_batch=max_batch, max_kv_len=max_kv_len), ledger, budget,
-                                     seed + shard.index, explicit=bool(backend_names or kernels))
             asked = {"seed": seed, "max_batch": Limits.max_batch, "max_kv_len": Limits.max_kv_len, "only": list(only),
                      "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard), "checks": names}
             state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not resume else [], resume=resume,

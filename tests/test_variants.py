@@ -105,26 +105,6 @@ def test_a_campaign_draws_inside_the_planned_variants() -> None:
     assert key_label(plan.chosen[0]) in plan.lines()[0]
 
 
-def test_a_partly_failed_ahead_of_time_build_still_counts_the_keys_it_built() -> None:
-    built: set = set()
-
-    class BuildsOneThenFails(_DtypeKeyed):
-        def built_reason(self, key):  # type: ignore[no-untyped-def]
-            return "cached" if key in built else None
-
-        def build_variants(self, keys):  # type: ignore[no-untyped-def]
-            built.add(keys[0])
-            raise RuntimeError(f"1 of {len(keys)} FlashInfer module builds failed")
-
-    backend: Backend = BuildsOneThenFails()
-    plan = plan_variants(backend, Limits(max_batch=2, max_kv_len=20), budget=10.0, seed=3)
-    assert plan is not None and len(plan.chosen) >= 2
-    said: list[str] = []
-    plan.prebuild(said.append)
-    assert "ahead-of-time build failed (RuntimeError" in said[-1]
-    assert set(plan.compiled) == {plan.chosen[0]} and plan.spent == plan.ahead  # the built one is free for the campaign
-
-
 def test_fuzz_sized_cases_stay_below_the_fused_threshold() -> None:
     limits = Limits()
     largest = Case(
@@ -204,35 +184,20 @@ def test_the_sink_wrapper_builds_by_judging_not_with_the_plain_prefills_spec() -
     assert get_backend("flashinfer-sinks").build_variants([key]) is None
 
 
-def test_a_module_every_key_shares_is_built_once_ahead_and_counted_as_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FlashInfer's cascade loads merge_state's module, which no key names: the plan builds it before its first case,
-    counted against the budget, even with no key to build; a failed build is left to the first case."""
-    import time as clock
+def test_a_module_every_key_shares_is_built_before_the_keys_of_its_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashInfer's cascade loads merge_state's module, which no key names: the run's builds build it first, as a task
+    of its own, even when the budget plans no key of it."""
+    from pa_oracle.fuzz.campaign.builds import SHARED
+    from pa_oracle.fuzz.campaign.compile_plan import CompilePlan
 
-    backend = get_backend("flex")
-    plan = plan_variants(backend, Limits(), budget=30, seed=0)
-    assert plan is not None
-    plan.chosen, calls = [], []
-
-    def shared() -> bool:
-        calls.append(1)
-        clock.sleep(0.2)
-        return len(calls) == 1  # built the first time, already built after
-
-    monkeypatch.setattr(backend, "build_shared", shared)
-    said: list[str] = []
-    plan.prebuild(said.append)
-    assert plan.spent >= 0.2 and plan.ahead == plan.spent and any("shared modules" in line for line in said)
-    spent = plan.spent
-    plan.prebuild(said.append)
-    assert plan.spent == spent, "nothing built the second time: nothing counted"
-
-    def fails() -> bool:
-        raise RuntimeError("nvcc failed")
-
-    monkeypatch.setattr(backend, "build_shared", fails)
-    plan.prebuild(said.append)
-    assert plan.spent == spent and "nvcc failed" in said[-1]
+    cascade, decode = get_backend("flashinfer-cascade"), get_backend("flashinfer-decode")
+    monkeypatch.setattr("pa_oracle.backends.flashinfer.built_module", lambda uri: None)  # nothing built here
+    plan = CompilePlan.make([cascade, decode], Limits(), budget=1000, seed=0)
+    tasks = plan.tasks(Limits(), 0, lambda backend: backend.name)
+    mine = [t.key for t in tasks if t.backend == cascade.name]
+    assert mine[0] == SHARED and len(mine) == 1 + len(plan.plans[cascade.name].chosen)
+    assert SHARED not in [t.key for t in tasks if t.backend == decode.name], "decode loads no shared module"
+    assert all(t.ahead for t in tasks), "FlashInfer builds its modules ahead (build_variants), not by judging a case"
 
 
 def test_cascade_builds_merge_states_module_when_it_is_not_built(monkeypatch: pytest.MonkeyPatch) -> None:

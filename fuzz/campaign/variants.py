@@ -15,10 +15,8 @@ import itertools
 import math
 import random
 import statistics
-import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
 
 from hypothesis import strategies as st
 from pa_oracle.backends.base import Backend, CompileKey
@@ -169,49 +167,6 @@ class VariantPlan:
     def _warm_again(self) -> float:
         self._slow_before = 0.0
         return 0.0
-
-    def prebuild(self, progress: Any = None) -> None:
-        """Build the chosen keys ahead of the first case where the adapter can (FlashInfer: its modules
-        side by side); what it builds is counted against the budget, also when some build failed."""
-        self._build_shared(progress)
-        todo = [k for k in self.chosen if k not in self.compiled]
-        if not todo or type(self.backend).build_variants is Backend.build_variants:
-            return  # nothing to build, or no ahead-of-time build: each key compiles on its first case
-        if progress:
-            progress(f"  building {len(todo)} {self.backend.name} variants: " + "; ".join(key_label(k) for k in todo[:6]))
-        start = time.monotonic()
-        try:
-            built = self.backend.build_variants(todo)
-        except Exception as exc:  # noqa: BLE001 - a failed ahead-of-time build: the first case compiles (or fails) as usual
-            if progress:
-                progress(f"  ahead-of-time build failed ({type(exc).__name__}: {exc}); cases compile on first use")
-            try:
-                built = [key for key in todo if self.backend.built_reason(key) is not None]  # those that did build
-            except Exception:  # noqa: BLE001 - the adapter cannot say: count none, as before
-                return
-        if built is None:
-            return
-        seconds = time.monotonic() - start
-        self.spent += seconds
-        self.ahead += seconds
-        for key in built:
-            self.compiled[key] = seconds / max(len(built), 1)
-
-    def _build_shared(self, progress: Any = None) -> None:
-        """The backend's modules shared by every key (``Backend.build_shared``), counted against the budget."""
-        start = time.monotonic()
-        try:
-            built = self.backend.build_shared()
-        except Exception as exc:  # noqa: BLE001 - not built ahead: the first case compiles it (or fails) as usual
-            built = False
-            if progress:
-                progress(f"  building {self.backend.name}'s shared modules failed ({type(exc).__name__}: {exc})")
-        if built:
-            seconds = time.monotonic() - start
-            self.spent += seconds
-            self.ahead += seconds
-            if progress:
-                progress(f"  built {self.backend.name}'s shared modules in {seconds:.1f}s")
 
     def lines(self) -> list[str]:
         """What the coverage table says about variants: which ran this time, which were never built."""
