@@ -61,6 +61,16 @@ def test_the_plan_fits_the_budget_together_and_names_what_it_leaves_out() -> Non
     assert "refused by the budget" in keyed.plan_line()
 
 
+def test_a_cheap_backend_is_not_left_out_for_an_expensive_one() -> None:
+    class Costly(_Keyed):
+        name = "test-costly"
+        compile_seconds = 20.0
+
+    plan = CompilePlan.make([Costly(), _Keyed()], LIMITS, budget=20.0, seed=0, parallel=1)
+    assert plan.plans["test-keyed"].chosen and "test-keyed" not in plan.left_out
+    assert "test-costly" in plan.left_out, "20 s did not fit beside the 10 s key: said, not hidden"
+
+
 def test_consecutive_seeds_plan_other_keys_and_a_seed_plans_the_same() -> None:
     first = CompilePlan.make([_Keyed()], LIMITS, budget=10.0, seed=0, parallel=1).plans["test-keyed"].chosen
     again = CompilePlan.make([_Keyed()], LIMITS, budget=10.0, seed=0, parallel=1).plans["test-keyed"].chosen

@@ -3,7 +3,7 @@
 Verification model: for each backend whose cases compile per key (``Backend.compile_fields``), the keys
 already built (prebuilt AOT, in the library's cache: ``free``) are usable at once; up to ``MAX_KEYS``
 others per backend (rotating with the seed, as ``variants`` orders them) are planned in rounds, one key per
-backend a round (backends with no free key first), while the estimated wall time of building all of them
+backend a round (backends with no free key first, the cheapest first), while the estimated wall time of building all of them
 together (``estimated_wall``: ``parallel`` side by side) stays within the compile budget. A key the budget
 leaves out is *refused* (with its estimate); a backend left with no usable key at all is *left out*
 (``left_out``: the reason names its cheapest key and what it would take). The planned keys are built by
@@ -67,7 +67,8 @@ class CompilePlan:
             plans[backend.name] = VariantPlan(backend, len(keys), free, [], budget, inline=False)
             orders[backend.name] = order[:per_backend]
         costs: list[float] = []
-        names = sorted(plans, key=lambda name: bool(plans[name].free))  # those with nothing built choose first
+        # those with nothing built choose first, the cheapest first: as many backends as possible get a key
+        names = sorted(plans, key=lambda name: (bool(plans[name].free), plans[name].backend.compile_seconds))
         for turn in range(per_backend):
             added = False
             for name in names:
@@ -203,9 +204,11 @@ def _why_left_out(plan: VariantPlan, budget: float) -> str:
     if cheapest is None:
         return "no variant it can run"
     key, seconds = cheapest
+    why = (f"more than this run's compile budget ({budget:.0f}s)" if seconds > budget else
+           f"and this run's compile budget ({budget:.0f}s) went to the builds of backends that cost less")
     return (f"none of its {plan.space} variants is built here, and building one ({key_label(key)}) takes ~{seconds:.0f}s, "
-            f"more than this run's compile budget ({budget:.0f}s): give --compile-budget {seconds:.0f} or more, or "
-            f"run `pa-oracle warmup -b {plan.backend.name}` first (PA_ORACLE_CACHE_DIR keeps what it builds)")
+            f"{why}: give --compile-budget {seconds:.0f} or more, or run `pa-oracle warmup -b {plan.backend.name}` first "
+            f"(PA_ORACLE_CACHE_DIR keeps what it builds)")
 
 
 def _plan_lines(plan: VariantPlan) -> list[str]:
