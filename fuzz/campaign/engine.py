@@ -33,6 +33,7 @@ from pa_oracle.fuzz.campaign.requests import fewer_requests
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
 from pa_oracle.fuzz.campaign.compile_plan import CompilePlan
+from pa_oracle.fuzz.campaign.schedule import Schedule
 from pa_oracle.fuzz.campaign.variants import VariantPlan
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime, isolatable, isolated_by_default
@@ -507,8 +508,7 @@ def run_campaign(
         known = (lambda b: known_findings(ledger, b)) if ledger else None
         compile_plan = CompilePlan.make([b for (b, c), _key in todo if c is ORACLE], limits, budget=compile_budget, seed=seed,
                                         known=known)
-    if compile_plan is not None:  # those whose variants are building go after the ready ones
-        todo.sort(key=lambda item: _waits(compile_plan, *item[0]))
+    end = None if time_budget is None else start + time_budget
     label = f"[shard {shard}] " if shard.count > 1 else ""
 
     checkpoint = Checkpoints(state, state_file)
@@ -521,8 +521,8 @@ def run_campaign(
     workers: dict[str, Any] = {}  # one worker pool per device, shared by every backend and check (started on its first case)
     worker_processes("cpu")  # a bad PA_ORACLE_WORKER_PROCESSES is bad input before anything runs
     drawers = Drawers(draw_processes())  # helper processes drawing ahead, shared likewise
-    started: set[str] = set()
-    end = None if time_budget is None else start + time_budget
+    schedule = Schedule(state.results, end, compile_plan, say=lambda line: progress(f"{label}{line}") if progress else None)
+    todo = schedule.order(todo)  # those whose variants are building go after the ready ones
     try:
         if compile_plan is not None:
             compile_plan.start(compile_plan.tasks(limits, seed, isolatable), progress)
@@ -535,46 +535,14 @@ def run_campaign(
             turns += 1
             if not active or (turns > 1 and end is not None and time.monotonic() >= end):
                 break
-            queue = list(active)
-            while queue:
-                (backend, check), key = queue.pop(0)
-                if turns > 1 and end is not None and time.monotonic() >= end:
-                    break  # (in the first turn every pair runs, so one the budget never reached says so: incomplete)
-                plan = compile_plan.plan_for(backend) if compile_plan is not None and check is ORACLE else None
-                if compile_plan is not None and _waits(compile_plan, backend, check):
-                    if any(not _waits(compile_plan, *pair) for pair, _key in queue):
-                        queue.append(((backend, check), key))  # its builds go on while the others judge
-                        continue
-                    if progress:
-                        progress(f"{label}{backend.name}: waiting for its variants to build ...")
-                    waited = compile_plan.wait(backend, end)  # no one else to judge: its wait is its compile time
-                    state.results[key].seconds += waited
-                    state.results[key].compile_seconds += waited
-                    if _waits(compile_plan, backend, check):  # the run's time ran out first
-                        _not_built(state.results[key], f"its variants were still building when the run's time ran out "
-                                   f"(waited {waited:.0f}s)", progress, label)
-                        checkpoint.flush()
-                        continue
-                if plan is not None and compile_plan is not None and (why := compile_plan.not_built(backend)):
-                    if plan.failed:  # a build that failed is no verdict: the tool (or the library's toolchain) failed
-                        state.results[key].status = "incomplete"
-                        state.results[key].notes.append(why)
-                        if progress:
-                            progress(f"{label}{backend.name}: {why}")
-                    else:
-                        _not_built(state.results[key], why, progress, label)
-                    checkpoint.flush()
-                    continue
-                now = time.monotonic()
-                # a fair share of what is left: one that overran or finished early moves the others' deadlines, never to nothing
-                deadline = None if end is None else now + max(end - now, 0.0) / (len(queue) + 1)
+            for turn in schedule.turns(active, first=turns == 1):
+                (backend, check), key, plan = turn.pair, turn.key, turn.plan
                 if progress:
-                    progress(f"{label}{_doing(backend, check)} ..." + (f" (turn {turns})" if key in started else ""))
-                started.add(key)
+                    progress(f"{label}{_doing(backend, check)} ..." + (f" (turn {turns})" if turn.again else ""))
                 if plan is not None:
                     plan.announce = progress
                 fuzz_backend(
-                    backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=deadline,
+                    backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=turn.deadline,
                     cutoff=end, limits=limits, tolerance=tolerance, out_dir=out_dir,
                     kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
                     progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
@@ -584,6 +552,7 @@ def run_campaign(
                 if plan is not None:
                     state.results[key].coverage.variants = plan.lines()
                 checkpoint.flush()
+            checkpoint.flush()  # (a pair settled without a turn: not built)
             if end is None:
                 break  # without a budget each pair ran to its count, its finding or its end
         if progress and (drawers.taken or drawers.redrawn):
@@ -605,20 +574,6 @@ def run_campaign(
                 if (plan := compile_plan.plan_for(backend)) is not None and check is ORACLE:
                     state.results[key].coverage.variants = plan.lines()
     return [state.results[key] for key in keys]
-
-
-def _waits(compile_plan: CompilePlan, backend: Backend, check: Check) -> bool:
-    """Whether the pair's backend has no usable variant yet, only variants still building."""
-    return check is ORACLE and compile_plan.waiting(backend)
-
-
-def _not_built(result: BackendResult, why: str, progress: Callable[[str], None] | None, label: str) -> None:
-    """A pair that can judge nothing because no variant of it was built: said, and no failure of the tool."""
-    result.not_built = why
-    if result.status in ("pending", "running"):
-        result.status = "done"
-    if progress:
-        progress(f"{label}{result.backend}: {why}")
 
 
 def _doing(backend: Backend, check: Check) -> str:
