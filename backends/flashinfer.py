@@ -515,7 +515,10 @@ class FlashInferPrefillFA3(_PagedPrefill):
     family = "flashinfer-prefill-fa3"
     backend = "fa3"
     compile_seconds = 220.0
-    capabilities = _FLASHINFER.replace(storages=STORAGE_FEATURES)
+    # no ALiBi: the sm90 attention is DefaultAttention<use_logits_soft_cap> (jit/attention/modules.py), and
+    # utils.is_fa3_backend_supported refuses any pos_encoding_mode but NONE (backend="auto" then takes fa2); an
+    # explicit backend="fa3" plans and runs ALiBi without the bias (golden case flash-attn-kvcache-alibi-lse)
+    capabilities = _FLASHINFER.replace(storages=STORAGE_FEATURES, alibi=False)
 
     def unavailable_reason(self) -> str | None:
         reason = super().unavailable_reason()
