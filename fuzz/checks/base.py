@@ -16,7 +16,9 @@ check runs in the one campaign engine (``pa_oracle.fuzz.campaign.engine``), the 
 
 from __future__ import annotations
 
+import copy
 import importlib
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +26,10 @@ from typing import Any, Literal
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported
+from pa_oracle.fuzz.run import boundary
 from pa_oracle.fuzz.run.runner import (
+    CONTRACT,
+    WATCH,
     OracleDisagreement,
     Outcome,
     Status,
@@ -77,8 +82,15 @@ class Check:
 
     def judge(self, case: Case, backend: Backend, tolerance: Tolerance = Tolerance(), keep_output: bool = False) -> Outcome:
         """Run the check; an explicit refusal skips it, anything else the kernel raises (any
-        ``BaseException`` but the user's Ctrl-C) is a crash finding."""
+        ``BaseException`` but the user's Ctrl-C) is a crash finding. The kernel's calls get copies of the
+        case and tensors (``run_supported``); what they changed of the judge's code or torch's numerics
+        switches fails the check, put back (``pa_oracle.fuzz.run.boundary``)."""
+        settings, watch = boundary.judge_numerics(), WATCH
+        watch.checkpoint()
         outcome, raised = call_kernel(lambda: self(backend, case, tolerance))
+        if breaches := boundary.breaches(settings, watch):  # a check runs the kernel between its judgings: after it all
+            message = "; ".join(f"{CONTRACT}: {text}" for text in breaches)
+            return check_outcome(self.name, backend.name, "fail", message, [("original", case, None)])
         if raised is not None:  # SystemExit, KeyboardInterrupt, GeneratorExit ... of the kernel: a crash
             tb = "".join(traceback.format_exception(raised, limit=-4))
             message = f"{describe_exception(raised)} (raised by the kernel)\n{tb}"
@@ -133,7 +145,7 @@ def run_supported(backend: Backend, case: Case, tensors: Tensors, label: str) ->
     reason = backend.unsupported_reason(case)
     if reason:
         raise Unsupported(f"the {label} case: {reason}")
-    return owned(backend.run(backend.plan(case), tensors))
+    return owned(backend.run(backend.plan(copy.deepcopy(case)), tensors.copy()))
 
 
 def tensors_for(backend: Backend, case: Case) -> Tensors:
@@ -239,3 +251,6 @@ def judge_relation(
         + (f", max |lse diff| {comparison.max_lse:.3g} (allowed {lse_allowed:.3g})" if comparison.lse_diff is not None else "")
     )
     return check_outcome(check, backend.name, "pass" if within else "fail", message, cases, False, None if within else worst, output=expected)
+
+
+WATCH.add([sys.modules[__name__]])  # the relations' judging code: a kernel that rebinds it is named and it is put back

@@ -69,7 +69,7 @@ def _mask_replan(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     for step, run_case in enumerate((case, other, case)):
         plan = backend.plan(run_case) if plan is None else replan(plan, run_case)
         tensors = tensors_for(backend, run_case)
-        verdict = judge(run_case, tensors, backend.run(plan, tensors), tolerance)
+        verdict = judge(run_case, tensors, backend.run(plan, tensors.copy()), tolerance)
         if verdict.passed:
             continue
         if step == 0:

@@ -40,7 +40,7 @@ def reuse_variants(case: Case, runs: int = REUSE_RUNS) -> list[Case]:
 
 
 def _fresh(backend: Backend, case: Case, tensors: Tensors, tolerance: Tolerance) -> Verdict:
-    return judge(case, tensors, backend.run(backend.plan(case), tensors), tolerance)
+    return judge(case, tensors, backend.run(backend.plan(case), tensors.copy()), tolerance)
 
 
 def _plan_reuse(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
@@ -52,7 +52,7 @@ def _plan_reuse(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     for i, variant in enumerate(reuse_variants(case)):
         tensors = tensors_for(backend, variant)
         cases.append(("original" if i == 0 else f"run-{i}", variant, tensors))
-        verdict = judge(variant, tensors, backend.run(plan, tensors), tolerance)
+        verdict = judge(variant, tensors, backend.run(plan, tensors.copy()), tolerance)
         if verdict.passed:
             continue
         if i > 0 and _fresh(backend, variant, tensors, tolerance).passed:
@@ -127,7 +127,7 @@ def _stale(kind: str, make_b: Callable[[Case], Case]) -> Callable[[Backend, Case
         backend.write_layout(plan, case_b)
         tensors_b = tensors_for(backend, case_b)
         cases = [("original", case, None), ("layout-b", case_b, tensors_b)]
-        verdict = judge(case_b, tensors_b, backend.run(plan, tensors_b), tolerance)
+        verdict = judge(case_b, tensors_b, backend.run(plan, tensors_b.copy()), tolerance)
         change = f"{kind} {list(case.layout.kv_lens if kind == 'lengths' else case.layout.kv_indices)} -> " + str(
             list(case_b.layout.kv_lens if kind == "lengths" else case_b.layout.kv_indices)
         )

@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional
-from pa_oracle.oracle.tensors import Tensors, same_bits
+from pa_oracle.oracle.tensors import Tensors, raw_bits
 
 DEVICE_COPY_LIMIT = 1 << 30  # bytes of inputs copied on their device; past it (huge pools) they are kept on the host
+COMPARE_CHUNK = 1 << 28  # bytes of a copy kept on the host moved to the device at a time to compare
 
 # --- inputs ------------------------------------------------------------------------------------------------
 
@@ -51,9 +52,23 @@ class Handed:
     kept: dict[str, torch.Tensor]
 
     def changed(self) -> list[str]:
-        """The names of the tensors whose bits the kernel changed (NaN payloads and -0.0 included)."""
+        """The names of the tensors whose bits the kernel changed (NaN payloads and -0.0 included): compared
+        where the kernel's copies are, read back once per device (one stream sync on CUDA), a copy kept on
+        the host compared in chunks of ``COMPARE_CHUNK`` bytes moved there."""
         now = {**self.tensors.memory(), **self.inputs}
-        return [name for name, kept in self.kept.items() if not same_bits(now[name], kept)]
+        changed, differs = [], []
+        for name, kept in self.kept.items():
+            t = now[name]
+            if t.shape != kept.shape or t.dtype != kept.dtype:
+                changed.append(name)
+                continue
+            a, b = raw_bits(t).flatten(), raw_bits(kept).flatten()
+            step = max(a.numel(), 1) if b.device == a.device else max(COMPARE_CHUNK // t.element_size(), 1)
+            differs += [(name, (a[i : i + step] != b[i : i + step].to(a.device)).any()) for i in range(0, a.numel(), step)]
+        for device in {flag.device for _, flag in differs}:
+            here = [(name, flag) for name, flag in differs if flag.device == device]
+            changed += [name for (name, _), value in zip(here, torch.stack([flag for _, flag in here]).tolist()) if value]
+        return [name for name in self.kept if name in changed]
 
 
 def handed(tensors: Tensors, inputs: Mapping[str, torch.Tensor]) -> Handed:
@@ -62,7 +77,7 @@ def handed(tensors: Tensors, inputs: Mapping[str, torch.Tensor]) -> Handed:
     Inputs larger than ``DEVICE_COPY_LIMIT`` bytes on a device are kept on the host and handed as they are."""
     memory = tensors.memory()
     size = sum(t.numel() * t.element_size() for t in (*memory.values(), *inputs.values()))
-    if size > DEVICE_COPY_LIMIT and tensors.q.device.type != "cpu":
+    if size > DEVICE_COPY_LIMIT:
         everything = {**memory, **inputs}
         return Handed(tensors, dict(inputs), {name: t.to("cpu", copy=True) for name, t in everything.items()})
     copy = tensors.copy()
@@ -147,9 +162,20 @@ def judge_numerics() -> Mapping[str, Any]:
     return _JUDGED_WITH if _JUDGED_WITH is not None else numerics()
 
 
-def end_turn(saved: Mapping[str, Any]) -> None:
-    """The end of a kernel's turn (the worker's judge threads): what the kernel changed of ``saved`` is
-    noted for this thread's ``breaches``, and put back before the next kernel's turn."""
+def begin_turn(watch: Watch) -> None:
+    """The start of a kernel's turn (the worker's judge threads, one kernel at a time): the judge's code
+    as it is now is the record, taken while no other kernel runs."""
+    _TURN.tampered, _TURN.changed = [], []
+    watch.checkpoint()
+
+
+def end_turn(saved: Mapping[str, Any], watch: Watch) -> None:
+    """The end of a kernel's turn: what the kernel changed of the judge's code (since ``begin_turn``) and
+    of ``saved`` switches is noted for this thread's ``breaches``, and put back before the next kernel's
+    turn. (Read after the turn, the switches would show another thread's kernel, running by then.)"""
+    if tampered := watch.tampered():
+        _TURN.tampered = [*getattr(_TURN, "tampered", []), *tampered]
+        watch.put_back()
     if changed := numerics_changed(saved):
         _TURN.changed = [*getattr(_TURN, "changed", []), *changed]
         restore_numerics(saved)
@@ -184,6 +210,24 @@ _IGNORED_CLASS_KEYS = frozenset({"__slotnames__"})  # copyreg caches it on a cla
 _MISSING = object()
 _FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
 _PART = tuple(operator.attrgetter(part) for part in _FUNCTION_PARTS)
+
+
+def _library_wrapper(module: types.ModuleType, old: Any, new: Any) -> bool:
+    """Whether ``new`` in place of ``old`` in a module of another library is that library's own doing, not
+    a patch of the judge: a submodule imported in place of a lazy stub, or a wrapper of the very function
+    (``functools.wraps``: ``__wrapped__`` leads to it), as torch.compile's first call puts around
+    ``torch.manual_seed``. Never in this package's modules."""
+    if module.__name__.startswith("pa_oracle.") or old is _MISSING or new is _MISSING:
+        return False
+    if isinstance(new, types.ModuleType):
+        return True
+    for _ in range(8):
+        new = getattr(new, "__wrapped__", None)
+        if new is None:
+            return False
+        if new is old:
+            return True
+    return False
 
 
 class Watch:
@@ -249,10 +293,17 @@ class Watch:
         """The qualified names of what was rebound, swapped or added since the last record."""
         if self._same():
             return []
-        found = []
+        found, accepted = [], False
         for module, keys, _, values in self._modules:
             namespace = vars(module)
-            found += [f"{module.__name__}.{name}" for name, value in zip(keys, values) if namespace.get(name, _MISSING) is not value]
+            for name, value in zip(keys, values):
+                now = namespace.get(name, _MISSING)
+                if now is value:
+                    continue
+                if _library_wrapper(module, value, now):
+                    accepted = True
+                else:
+                    found.append(f"{module.__name__}.{name}")
         for cls, namespace in self._classes:
             now = vars(cls)
             for name in (set(now) - set(namespace)) & _IGNORED_CLASS_KEYS:  # a cache of copyreg's: accepted
@@ -261,6 +312,8 @@ class Watch:
                       if now.get(name, _MISSING) is not namespace.get(name, _MISSING)]
         for part, name, kept in zip(_PART, _FUNCTION_PARTS, self._parts):
             found += [f"{f.__module__}.{f.__qualname__}.{name}" for f, value in zip(self._functions, kept) if part(f) is not value]
+        if accepted and not found:
+            self._record()  # a library wrapped its own function (torch.compile's first call does): the judge's now
         return list(dict.fromkeys(found))
 
     def put_back(self) -> None:
@@ -296,17 +349,23 @@ def judging_modules() -> list[types.ModuleType]:
     return [sys.modules[name] for name in sorted(names)] + [torch, torch.nn.functional, pickle, builtins]
 
 
-def breaches(saved_numerics: Mapping[str, Any], watch: Watch) -> list[str]:
+def breaches(saved_numerics: Mapping[str, Any], watch: Watch, *, in_turns: bool = False) -> list[str]:
     """What a kernel call changed on the judge's side of the boundary, each put back: the judge's code
-    (``watch``) and torch's numerics switches (``saved_numerics``: as before the call)."""
+    (``watch``) and torch's numerics switches (``saved_numerics``: as before the call). ``in_turns``: the
+    call ran in a turn of the worker's judge threads, whose end noted both (``end_turn``); the state now
+    may be another thread's kernel's."""
     found = []
-    if changed := watch.tampered():
-        watch.put_back()
-        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-        found.append(f"the kernel changed the judge: {shown} (put back; judged with the code recorded at import)")
+    tampered, _TURN.tampered = getattr(_TURN, "tampered", []), []
     noted, _TURN.changed = getattr(_TURN, "changed", []), []
-    if changed := [*noted, *numerics_changed(saved_numerics)]:
-        restored = restore_numerics(saved_numerics)
+    if not in_turns and (now := watch.tampered()):
+        tampered = [*tampered, *now]
+        watch.put_back()
+    if tampered:
+        shown = ", ".join(tampered[:6]) + (f" and {len(tampered) - 6} more" if len(tampered) > 6 else "")
+        found.append(f"the kernel changed the judge: {shown} (put back; judged with the code bound before its call)")
+    changed = [*noted, *([] if in_turns else numerics_changed(saved_numerics))]
+    if changed:
+        restored = in_turns or restore_numerics(saved_numerics)
         found.append(f"the kernel changed torch's numerics switches during its call: {', '.join(changed)} "
                      + ("(put back before the reference and the controls were computed)" if restored else "(could not be put back)"))
     return found

@@ -218,13 +218,15 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
     tensors = make_tensors(case, backend.device or "cpu", draw=AHEAD.take(case))  # drawn ahead in a worker, if it was
     seen = copy.deepcopy(case)  # what the kernel's side is handed: its writes never reach the case judged
     settings = boundary.judge_numerics()
-    watch.checkpoint()  # what the judge's side changed before the call is its own
+    in_turns = getattr(backend, "in_turns", False) is True  # the worker's judge threads: checked in the kernel's turn
+    if not in_turns:
+        watch.checkpoint()  # what the judge's side changed before the call is its own
     plan, raised = call_kernel(lambda: backend.plan(seen))
     given = None
     if raised is None:
         given = boundary.handed(tensors, backend.plan_inputs(plan))
         result, raised = call_kernel(lambda: finished(backend.run(plan, given.tensors), tensors.q.device))
-    breaches = boundary.breaches(settings, watch)  # before anything of the judge runs again
+    breaches = boundary.breaches(settings, watch, in_turns=in_turns)  # before anything of the judge runs again
     if raised is not None:
         outcome = _raised(backend, case, raised)
         if not breaches:

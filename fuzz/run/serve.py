@@ -115,6 +115,8 @@ class KernelLock:  # not a Backend subclass: its defaults would shadow the wrapp
     switches are put back before the turn ends (what the kernel changed is noted for its case's judge:
     ``boundary.end_turn``)."""
 
+    in_turns = True  # ``check_case``: the judge's code and torch's switches are recorded and checked in the turn
+
     def __init__(self, backend: Backend, turns: KernelTurns, slot: Any, restore: Any) -> None:
         self.__dict__.update(_inner=backend, _turns=turns, _slot=slot, _restore=restore, _held=threading.local())
 
@@ -130,6 +132,7 @@ class KernelLock:  # not a Backend subclass: its defaults would shadow the wrapp
             raise RuntimeError("a case's kernel was planned twice in one judge (one turn a case)")
         self._turns.enter(self._held.ticket)
         self._held.locked = True
+        boundary.begin_turn(WATCH)
         if self._slot is not None:
             self._slot.value = self._held.seq
         try:
@@ -309,7 +312,7 @@ class _Server:
 
     def _locked(self, spec: str, backend: Any) -> KernelLock:
         if spec not in self.locked or self.locked[spec]._inner is not backend:  # noqa: SLF001
-            self.locked[spec] = KernelLock(backend, self.turns, self.slot, lambda: boundary.end_turn(self.saved))
+            self.locked[spec] = KernelLock(backend, self.turns, self.slot, lambda: boundary.end_turn(self.saved, WATCH))
         return self.locked[spec]
 
     def judge(self, request: Request, backend: Any, ticket: int = -1) -> bytes:

@@ -419,3 +419,25 @@ def reuses_a_buffer_and_reads_page_labels(q, k_cache, v_cache, *, qo_indptr, kv_
     """Its output depends on which page ids the layout uses (a relabel violation), written into a reused buffer."""
     out, lse = _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
     return _into_reused(out * (1 + 2**-12 * int(kv_indices[0])), lse)
+
+
+def sabotages_the_judge_on_many_pages(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Correct, but on a case of more than 8 pages it rebinds the judge's ``compare`` to fail everything and
+    turns TF32 on: its own case must fail naming both, the cases judged beside and after it must not."""
+    if kv_indices.numel() > 8:
+        import pa_oracle.fuzz.run.runner
+        from pa_oracle.oracle.tolerance import Verdict
+
+        pa_oracle.fuzz.run.runner.compare = lambda *args, **kwargs: Verdict(False, ["sabotaged"])
+        torch.backends.cuda.matmul.allow_tf32 = True
+    return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+
+
+def wraps_manual_seed_as_torch_compile_does(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Correct; wraps ``torch.manual_seed`` (``functools.wraps``) as torch.compile's first call does: a
+    library's own doing, not a patch of the judge."""
+    import functools
+
+    seed = torch.manual_seed
+    torch.manual_seed = functools.wraps(seed)(lambda *args, **kwargs: seed(*args, **kwargs))
+    return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)

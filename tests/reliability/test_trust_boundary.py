@@ -278,3 +278,114 @@ def test_a_case_timeout_past_a_day_is_bad_input(tmp_path: Path, seconds: str) ->
     assert result.exit_code == 2, result.output
     assert f"the case timeout must be at most 86400 seconds (a day), got {float(seconds)!r}" in result.output, result.output
     assert "OverflowError" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_in_a_worker_judging_side_by_side_the_tampering_case_fails_and_no_other(threads: int) -> None:
+    from pa_oracle.fuzz.run.isolation import Worker
+    from pa_oracle.fuzz.run.runner import ORACLE
+
+    spec = f"{MODULE}:sabotages_the_judge_on_many_pages"
+    few = [Case(Layout.from_lengths([q], [kv], 256), Heads(8, 2, 64, 64), seed=s) for s, (q, kv) in enumerate([(64, 256), (1, 200), (7, 100)])]
+    many = Case(Layout.from_lengths([1], [40], 4), Heads(1, 1, 8, 8))
+    cases = [few[0], few[1], many, few[2], few[0].replace(seed=9)]
+    kernel = _kernel("sabotages_the_judge_on_many_pages")
+    worker = Worker(timeout=120, threads=threads)
+    try:
+        for case in cases:
+            worker.submit(spec, kernel.capabilities, case, ORACLE, False)
+        outcomes = [worker.collect()[0] for _ in cases]
+    finally:
+        worker.close()
+    assert [o.case.case_id for o in outcomes] == [c.case_id for c in cases]
+    assert [o.status for o in outcomes] == ["pass", "pass", "fail", "pass", "pass"], [o.message for o in outcomes]
+    assert "the kernel changed the judge: pa_oracle.fuzz.run.runner.compare" in outcomes[2].message, outcomes[2].message
+    assert "torch.backends.cuda.matmul.allow_tf32 False -> True" in outcomes[2].message, outcomes[2].message
+
+
+def _in_a_turn(kernel: str, after_turn: Any = None):  # type: ignore[no-untyped-def]
+    """``kernel`` as the worker's judge threads run it: plan and run in one turn of ``KernelTurns``, the
+    judge's code and torch's switches recorded at its start and checked at its end; ``after_turn`` runs
+    once the turn is over (what another thread's kernel, taking the next turn, may do)."""
+    from pa_oracle.fuzz.run.serve import KernelLock, KernelTurns
+
+    saved = boundary.numerics()
+
+    def end() -> None:
+        boundary.end_turn(saved, runner.WATCH)
+        if after_turn is not None:
+            after_turn()
+
+    turns = KernelTurns()
+    lock = KernelLock(_kernel(kernel), turns, None, end)
+    lock.judging(1, turns.ticket())
+    return lock
+
+
+def test_in_a_kernels_turn_what_it_changed_is_named_and_put_back(judge_as_imported: tuple) -> None:
+    before = boundary.numerics()
+    try:
+        outcome = check_case(_in_a_turn("sabotages_the_judge_on_many_pages"), Case(Layout.from_lengths([1], [40], 4), Heads(1, 1, 8, 8)))
+        assert runner.compare is judge_as_imported[1] and boundary.numerics() == before
+    finally:
+        boundary.restore_numerics(before)
+    assert outcome.status == "fail" and "the kernel changed the judge: pa_oracle.fuzz.run.runner.compare" in outcome.message, outcome.message
+    assert "torch.backends.cuda.matmul.allow_tf32 False -> True" in outcome.message
+
+
+def test_what_another_threads_kernel_changes_after_the_turn_is_not_this_cases(judge_as_imported: tuple) -> None:
+    before = boundary.numerics()
+
+    def another_kernel() -> None:  # runs in the next turn, while this case is judged
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    try:
+        outcome = check_case(_in_a_turn("correct", another_kernel), TWO_REQUESTS)
+    finally:
+        boundary.restore_numerics(before)
+    assert outcome.status == "pass", outcome.message
+
+
+def test_inputs_too_large_to_copy_on_their_device_are_kept_on_the_host_and_compared_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(boundary, "DEVICE_COPY_LIMIT", 0)
+    monkeypatch.setattr(boundary, "COMPARE_CHUNK", 64)  # bytes: many chunks
+    given = boundary.handed(make_tensors(LONG_POOL), {"kv_indices": torch.tensor(LONG_POOL.layout.kv_indices, dtype=torch.int32)})
+    assert given.changed() == []
+    given.tensors.k_cache.view(-1)[-1] = 7.0  # the last element: the last chunk
+    given.inputs["kv_indices"][0] += 1
+    assert given.changed() == ["k_cache", "kv_indices"]
+    bad_kernels.DONE.clear()
+    outcome = check_case(_kernel("swaps_k_65521_apart"), LONG_POOL)
+    assert bad_kernels.DONE["sums_kept"] is True
+    assert outcome.status == "fail" and "kernel modified its inputs: k_cache" in outcome.message, outcome.message
+
+
+def test_a_library_wrapping_its_own_function_during_a_call_is_no_tampering() -> None:
+    seed = torch.manual_seed
+    try:
+        outcome = check_case(_kernel("wraps_manual_seed_as_torch_compile_does"), TWO_REQUESTS)
+        assert outcome.status == "pass", outcome.message
+        assert torch.manual_seed.__wrapped__ is seed, "the library's wrapper was put back"
+        assert check_case(_kernel("correct"), TWO_REQUESTS).status == "pass"
+    finally:
+        torch.manual_seed = seed
+
+
+@pytest.mark.parametrize("relation", ["reorder", "alone"])
+def test_a_kernel_that_swaps_the_judge_in_a_metamorphic_check_fails_it(relation: str, judge_as_imported: tuple) -> None:
+    from pa_oracle.fuzz.checks.metamorphic import RELATIONS
+
+    check = next(r for r in RELATIONS if r.name == relation)
+    outcome = check.judge(REUSING_CASE, _kernel("swaps_judge_rebound"))  # half the right output on every call: consistent
+    assert runner.judge is judge_as_imported[0]
+    assert outcome.status == "fail" and "the kernel changed the judge: pa_oracle.fuzz.run.runner.judge" in outcome.message, outcome.message
+    assert check.judge(REUSING_CASE, _kernel("correct")).status == "pass"
+
+
+def test_a_metamorphic_checks_kernel_calls_get_copies_of_the_judges_tensors() -> None:
+    from pa_oracle.fuzz.checks.base import run_supported
+
+    tensors = make_tensors(TWO_REQUESTS)
+    kept = tensors.copy()
+    run_supported(_kernel("writes_q"), TWO_REQUESTS, tensors, "original")
+    assert same_bits(tensors.q, kept.q), "the kernel's write reached the judge's tensors"
