@@ -16,7 +16,6 @@ check runs in the one campaign engine (``pa_oracle.fuzz.campaign.engine``), the 
 
 from __future__ import annotations
 
-import copy
 import importlib
 import sys
 import traceback
@@ -145,7 +144,7 @@ def run_supported(backend: Backend, case: Case, tensors: Tensors, label: str) ->
     reason = backend.unsupported_reason(case)
     if reason:
         raise Unsupported(f"the {label} case: {reason}")
-    return owned(backend.run(backend.plan(copy.deepcopy(case)), tensors.copy()))
+    return owned(backend.run(backend.plan(boundary.case_copy(case)), tensors.copy()))
 
 
 def tensors_for(backend: Backend, case: Case) -> Tensors:

@@ -15,7 +15,6 @@ there every KeyboardInterrupt is the kernel's.
 
 from __future__ import annotations
 
-import copy
 import signal
 import threading
 import traceback
@@ -216,7 +215,7 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
     if reason:
         return Outcome(case, backend.name, "unsupported", reason)
     tensors = make_tensors(case, backend.device or "cpu", draw=AHEAD.take(case))  # drawn ahead in a worker, if it was
-    seen = copy.deepcopy(case)  # what the kernel's side is handed: its writes never reach the case judged
+    seen = boundary.case_copy(case)  # what the kernel's side is handed: its writes never reach the case judged
     settings = boundary.judge_numerics()
     in_turns = getattr(backend, "in_turns", False) is True  # the worker's judge threads: checked in the kernel's turn
     if not in_turns:
