@@ -54,27 +54,31 @@ class Handed:
     kept: dict[str, torch.Tensor]
 
     def changed(self) -> list[str]:
-        """The names of the tensors whose bits the kernel changed (NaN payloads and -0.0 included): compared
-        where the kernel's copies are, read back once per device (one stream sync on CUDA), a copy kept on
-        the host compared in chunks of ``COMPARE_CHUNK`` bytes moved there."""
+        """The names of the tensors whose bits the kernel changed (NaN payloads and -0.0 included)."""
         now = {**self.tensors.memory(), **self.inputs}
-        changed, differs = [], []
-        for name, kept in self.kept.items():
-            t = now[name]
-            if t.shape != kept.shape or t.dtype != kept.dtype:
-                changed.append(name)
-                continue
-            a, b = raw_bits(t).flatten(), raw_bits(kept).flatten()
-            if a.device.type == "cpu" and b.device.type == "cpu":  # nothing to wait for: compared at once
-                if not torch.equal(a, b):
-                    changed.append(name)
-                continue
-            step = max(a.numel(), 1) if b.device == a.device else max(COMPARE_CHUNK // t.element_size(), 1)
-            differs += [(name, (a[i : i + step] != b[i : i + step].to(a.device)).any()) for i in range(0, a.numel(), step)]
-        for device in {flag.device for _, flag in differs}:
-            here = [(name, flag) for name, flag in differs if flag.device == device]
-            changed += [name for (name, _), value in zip(here, torch.stack([flag for _, flag in here]).tolist()) if value]
-        return [name for name in self.kept if name in changed]
+        return differing([(name, now[name], kept) for name, kept in self.kept.items()])
+
+
+def differing(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], *, batched: bool = False) -> list[str]:
+    """The names of the ``(name, now, kept)`` pairs whose shape, dtype or bits differ. On the CPU (unless
+    ``batched``) each is compared at once; elsewhere where ``now`` is, their flags read back together (one
+    stream sync on CUDA), a copy kept on the host moved there in chunks of ``COMPARE_CHUNK`` bytes."""
+    changed, flags = set(), []
+    for name, t, kept in pairs:
+        if t.shape != kept.shape or t.dtype != kept.dtype:
+            changed.add(name)
+            continue
+        a, b = raw_bits(t).flatten(), raw_bits(kept).flatten()
+        if a.device.type == "cpu" and b.device.type == "cpu" and not batched:  # nothing to wait for
+            if not torch.equal(a, b):
+                changed.add(name)
+            continue
+        step = max(a.numel(), 1) if b.device == a.device and not batched else max(COMPARE_CHUNK // t.element_size(), 1)
+        flags += [(name, (a[i : i + step] != b[i : i + step].to(a.device)).any()) for i in range(0, a.numel(), step)]
+    for device in {flag.device for _, flag in flags}:
+        here = [(name, flag) for name, flag in flags if flag.device == device]
+        changed.update(name for (name, _), value in zip(here, torch.stack([flag for _, flag in here]).tolist()) if value)
+    return [name for name, *_ in pairs if name in changed]
 
 
 def case_copy(case: Case) -> Case:

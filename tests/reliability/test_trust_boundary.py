@@ -389,3 +389,19 @@ def test_a_metamorphic_checks_kernel_calls_get_copies_of_the_judges_tensors() ->
     kept = tensors.copy()
     run_supported(_kernel("writes_q"), TWO_REQUESTS, tensors, "original")
     assert same_bits(tensors.q, kept.q), "the kernel's write reached the judge's tensors"
+
+
+def test_inputs_compared_on_a_device_are_read_back_together_and_find_each_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path a CUDA device takes (flags reduced where the tensors are, one read-back), run on the CPU."""
+    monkeypatch.setattr(boundary, "COMPARE_CHUNK", 64)
+    pool = make_tensors(LONG_POOL).k_cache.clone()
+    pool.view(-1)[100] = float("nan")  # poison, as in every unreferenced slot
+    nan_payload = pool.clone()
+    nan_payload.view(torch.int16).view(-1)[100] ^= 1  # another NaN: the same value to ==, other bits
+    last = pool.clone()
+    last.view(-1)[-1] = 0.5
+    indices = torch.arange(9, dtype=torch.int32)
+    pairs = [("same", pool.clone(), pool), ("nan", nan_payload, pool), ("last", last, pool), ("shape", pool[:1].clone(), pool),
+             ("empty", torch.zeros(0), torch.zeros(0)), ("indices", indices + (indices == 8), indices)]
+    assert boundary.differing(pairs, batched=True) == ["nan", "last", "shape", "indices"]
+    assert boundary.differing(pairs) == ["nan", "last", "shape", "indices"]
