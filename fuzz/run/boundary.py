@@ -5,15 +5,16 @@ the kernel's writes do not reach it, and what the kernel could change in the pro
   (``handed``); the judge keeps the originals, computes the reference and the controls from them, and
   compares the kernel's copies with them bit for bit after the call (a tensor over ``DEVICE_COPY_LIMIT``
   bytes is kept on the host instead, and the kernel gets the original).
-- The case: the kernel's side (plan and run) is handed a deep copy (``copy.deepcopy``); the judge keeps
-  the case as drawn.
+- The case: the kernel's side (plan and run) is handed a deep copy (``case_copy``); the judge keeps the
+  case as drawn.
 - torch's numerics switches (TF32, reduced-precision reductions, fp32 precisions, the default dtype,
   deterministic algorithms, SDPA backends): read before the call (``numerics``), compared and put back
   after it (``restore_numerics``), before the reference and the controls are computed.
-- The judge's code: every function, class and constant of the judging modules (and torch's namespace,
-  ``torch.Tensor``, ``torch.nn.functional``, ``pickle``, ``builtins``) is recorded before the call
-  (``Watch``); after it any rebinding, any swapped ``__code__`` or defaults, and any class attribute added
-  or replaced is named, and put back, before the judge runs.
+- The judge's code: every function, class and constant of the judging modules, and what that code names
+  of torch's namespace, ``torch.Tensor``, ``torch.nn.functional``, ``pickle`` and ``builtins``, is
+  recorded before the call (``Watch``); after it any rebinding, any swapped ``__code__`` or defaults, and
+  any class attribute added or replaced is named, and put back, before the judge runs. (The worker's
+  judge threads do both inside the kernel's turn: ``begin_turn``, ``end_turn``.)
 
 All of this is within one process: a kernel that sets out to defeat it (reaching the judge's frames
 through ``sys._getframe`` or ``gc``, patching C state) can. What it stops is a kernel whose writes or
@@ -92,14 +93,14 @@ def case_copy(case: Case) -> Case:
 def handed(tensors: Tensors, inputs: Mapping[str, torch.Tensor]) -> Handed:
     """A private copy of ``tensors`` to hand the kernel (the judge keeps ``tensors``), and copies of the
     plan's ``inputs`` (the adapter made them: the kernel gets them, the judge a copy to compare with).
-    Inputs larger than ``DEVICE_COPY_LIMIT`` bytes on a device are kept on the host and handed as they are."""
+    Inputs larger than ``DEVICE_COPY_LIMIT`` bytes (huge pools) are kept on the host and handed as they are."""
     memory = tensors.memory()
     size = sum(t.numel() * t.element_size() for t in (*memory.values(), *inputs.values()))
     if size > DEVICE_COPY_LIMIT:
         everything = {**memory, **inputs}
         return Handed(tensors, dict(inputs), {name: t.to("cpu", copy=True) for name, t in everything.items()})
-    copy = tensors.copy()
-    return Handed(copy, dict(inputs), {**memory, **{name: t.clone() for name, t in inputs.items()}})
+    private = tensors.copy()
+    return Handed(private, dict(inputs), {**memory, **{name: t.clone() for name, t in inputs.items()}})
 
 
 # --- torch's numerics switches -------------------------------------------------------------------------------
@@ -145,7 +146,10 @@ def _switches() -> tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], .
         ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
         ("deterministic algorithms (enabled, warn only)", _deterministic, _set_deterministic),
     ]
-    return (*found, *(_sdp(name) for name in ("flash", "mem_efficient", "math", "cudnn")))
+    cuda = torch.backends.cuda
+    sdpa = [_sdp(name) for name in ("flash", "mem_efficient", "math", "cudnn")
+            if hasattr(cuda, f"{name}_sdp_enabled") and hasattr(cuda, f"enable_{name}_sdp")]  # as this torch has them
+    return (*found, *sdpa)
 
 
 _SWITCHES = _switches()
