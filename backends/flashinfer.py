@@ -518,7 +518,9 @@ class FlashInferPrefillFA3(_PagedPrefill):
     # no ALiBi: the sm90 attention is DefaultAttention<use_logits_soft_cap> (jit/attention/modules.py), and
     # utils.is_fa3_backend_supported refuses any pos_encoding_mode but NONE (backend="auto" then takes fa2); an
     # explicit backend="fa3" plans and runs ALiBi without the bias (golden case flash-attn-kvcache-alibi-lse)
-    capabilities = _FLASHINFER.replace(storages=STORAGE_FEATURES, alibi=False)
+    # and no fp8 KV with a 16-bit q: is_fa3_backend_supported refuses it (fp8 KV needs an fp8 q there; flashinfer-prefill-
+    # fa3-fp8), and the sm90 module of such a key does not compile (ninja failed on the H100, 0.6.18.post1)
+    capabilities = _FLASHINFER.replace(storages=STORAGE_FEATURES, alibi=False, kv_dtypes=None)
 
     def unavailable_reason(self) -> str | None:
         reason = super().unavailable_reason()

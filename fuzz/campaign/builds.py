@@ -53,6 +53,7 @@ class Build:
     task: BuildTask
     seconds: float = 0.0
     error: str | None = None
+    warmed: bool = False  # built by judging one case inside the key (its caches hold it; a worker still loads it)
 
 
 def one_case(backend: Backend, key: CompileKey, limits: Limits, at: int) -> Case:
@@ -97,23 +98,35 @@ def _build_process(tasks: list[BuildTask], answers: Any, parallel: int, jobs: in
     os.environ["MAX_JOBS"] = str(max(1, jobs // max(parallel, 1)))  # read by each ninja run (FlashInfer)
     from pa_oracle.fuzz.run.serve import _load_backend
 
-    loaded: dict[str, Backend] = {}
+    loaded: dict[str, Backend | BaseException] = {}
+    for task in tasks:  # one at a time, before any thread: the registry discovers its adapters on first use
+        if task.backend not in loaded:
+            try:
+                loaded[task.backend] = _load_backend(task.spec, task.capabilities)
+            except BaseException as exc:  # noqa: BLE001 - reported with each of its keys
+                loaded[task.backend] = exc
+    warming = threading.Lock()  # warm-ups judge on the device: one at a time
 
     def build(task: BuildTask) -> None:
-        start = time.monotonic()
+        start, warmed = time.monotonic(), False
         try:
-            backend = loaded.get(task.backend) or loaded.setdefault(task.backend, _load_backend(task.spec, task.capabilities))
+            backend = loaded[task.backend]
+            if isinstance(backend, BaseException):
+                raise backend
+            built = None
             if task.key == SHARED:
                 backend.build_shared()
-                error = None
+                built = [task.key]
             elif task.ahead:
-                built = backend.build_variants([task.key]) or []
-                error = None if task.key in built else "the build ended without the module"
+                built = backend.build_variants([task.key])
+            if built is None:  # no ahead-of-time build (or the adapter declined it): judge one case inside the key
+                with warming:
+                    warmed, error = True, warm_key(backend, task.key, task.limits, task.at)
             else:
-                error = warm_key(backend, task.key, task.limits, task.at)
+                error = None if task.key in built else "the build ended without the module"
         except BaseException as exc:  # noqa: BLE001 - a failed build is reported, the others go on
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-        answers.put(Build(task, time.monotonic() - start, error))
+        answers.put(Build(task, time.monotonic() - start, error, warmed))
 
     for task in tasks:
         if task.key == SHARED:

@@ -137,7 +137,7 @@ class CompilePlan:
             elif build.error is not None:
                 plan.failed[key] = build.error
                 say(f"  build of {plan.backend.name} {key_label(key)} failed after {build.seconds:.1f}s: {build.error}")
-            elif build.task.ahead:
+            elif not build.warmed:
                 plan.compiled[key] = build.seconds
                 say(f"  built {plan.backend.name} {key_label(key)} in {build.seconds:.1f}s")
             else:
