@@ -100,6 +100,28 @@ def test_builds_report_a_failed_load_and_close_stops_what_still_runs() -> None:
     assert unfinished and all(not p.is_alive() for p, _ in builds._processes), "the build process was stopped"
 
 
+def test_an_ahead_build_the_adapter_declines_is_a_warm_up_and_backends_load_before_threads() -> None:
+    """FlashInfer's sink and POD adapters return None from build_variants (they build by judging a case): a build
+    process warms such a key instead of calling it failed; several tasks of several backends load each backend once,
+    before the threads start (the registry's discovery raced when threads loaded them: 'unknown backend')."""
+    from pa_oracle.fuzz.campaign.variants import candidates
+
+    got: list[Build] = []
+    flex, sdpa = get_backend("flex"), get_backend("sdpa-math")
+    key = candidates(flex, LIMITS)[2][0]  # type: ignore[index]
+    tasks = [BuildTask(0, "flex", "flex", flex.capabilities, key, LIMITS, ahead=True),
+             BuildTask(1, "sdpa-math", "sdpa-math", sdpa.capabilities, (("q_dtype", "float32"),), LIMITS, ahead=True)]
+    builds = Builds(tasks, got.append, parallel=2, jobs=2)
+    builds.start()
+    deadline = time.monotonic() + 300
+    while builds.pending and time.monotonic() < deadline:
+        builds.wait(1.0)
+    builds.close()
+    by = {b.task.backend: b for b in got}
+    assert by["flex"].error is None and by["flex"].warmed, by["flex"]
+    assert by["sdpa-math"].warmed and (by["sdpa-math"].error is None or "unknown backend" not in by["sdpa-math"].error)
+
+
 def test_a_campaign_judges_ready_backends_while_a_variant_builds(tmp_path: Path) -> None:
     flex, sdpa = get_backend("flex"), get_backend("sdpa-math")
     plan = CompilePlan.make([flex, sdpa], LIMITS, budget=30.0, seed=0)
