@@ -155,6 +155,8 @@ def campaign_exit_code(results: Iterable[Any], *, may_be_empty: bool = False,
     failed += [why for r in results if (why := why_incomplete(r, may_be_empty=may_be_empty))]
     if not results:
         failed.append("no backend ran")
+    elif all(getattr(r, "not_built", None) is not None and not r.examples for r in results):
+        failed.append("no backend judged a case: none of their variants was built in the run")
     if failed:
         return TOOL_FAILED, failed
     return (FINDING if any(r.findings for r in results) else NO_FINDING), []

@@ -141,6 +141,24 @@ def test_a_campaign_judges_ready_backends_while_a_variant_builds(tmp_path: Path)
     assert campaign_exit_code(results)[0] == NO_FINDING
 
 
+def test_a_backend_still_building_at_the_end_is_not_built_and_judges_nothing(tmp_path: Path) -> None:
+    flex, sdpa = get_backend("flex"), get_backend("sdpa-math")
+    plan = CompilePlan.make([flex, sdpa], LIMITS, budget=30.0, seed=0)
+    lines: list[str] = []
+    results = run_campaign([flex, sdpa], CampaignState({"seed": 0}), tmp_path / "c.json", examples=10_000, time_budget=3.0,
+                           limits=LIMITS, progress=lines.append, compile_plan=plan)
+    by = {r.backend: r for r in results}
+    assert by["sdpa-math"].examples > 0 and by["flex"].examples == 0
+    assert by["flex"].not_built is not None and "still building" in by["flex"].not_built
+    assert by["flex"].line().startswith("flex: NOT BUILT (") and by["flex"].compile_seconds > 0, "its wait is compile time"
+    assert any(line.startswith("flex: waiting for its variants to build") for line in lines)
+    assert campaign_exit_code(results)[0] == NO_FINDING, "the other backend's verdict stands"
+    alone = run_campaign([flex], CampaignState({"seed": 0}), tmp_path / "d.json", examples=10, time_budget=1.0, limits=LIMITS,
+                         compile_plan=CompilePlan.make([flex], LIMITS, budget=30.0, seed=1))
+    code, why = campaign_exit_code(alone)
+    assert code == 3 and "no backend judged a case" in why[-1], "a run that judged nothing at all is no verdict"
+
+
 def test_a_backend_whose_builds_all_failed_is_no_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     flex = get_backend("flex")
     plan = CompilePlan.make([flex], LIMITS, budget=30.0, seed=0)
