@@ -20,13 +20,38 @@ if TYPE_CHECKING:  # the commands import what they use: `pa-oracle --help` impor
     from pa_oracle.fuzz.campaign.shard import Shard
 
 
-_INT_FIELDS = ("max_group_size", "min_qo_len", "max_qo_len", "page_size_multiple")
+_INT_FIELDS = {"max_group_size": 1, "min_qo_len": 0, "max_qo_len": 1, "page_size_multiple": 1}  # FIELD: its least value
+_MAY_BE_EMPTY = ("kv_dtypes",)  # `kv_dtypes=`: no KV dtype besides q's own; every other list needs a value
+
+
+def _only_values(name: str, annotation: str, raw: str) -> tuple[Any, ...]:
+    """The values of ``--only name=raw`` for a tuple field, each of the field's element type."""
+    items = raw.split(",") if raw else []
+    if not items and name not in _MAY_BE_EMPTY:
+        raise click.UsageError(f"--only {name}= takes at least one value (e.g. {name}=VALUE[,VALUE...])")
+    if "" in items:
+        raise click.UsageError(f"--only {name}={raw}: an empty value in the list")
+    if "tuple[bool" in annotation:
+        if any(v.lower() not in ("true", "false") for v in items):
+            raise click.UsageError(f"--only {name} takes true, false or true,false; got {raw!r}")
+        return tuple(v.lower() == "true" for v in items)
+    if "tuple[tuple[int, int]" in annotation:
+        pairs = [v.split(":") for v in items]
+        if any(len(p) != 2 or not all(x.isdigit() and int(x) > 0 for x in p) for p in pairs):
+            raise click.UsageError(f"--only {name} takes QK:VO pairs of positive integers, e.g. {name}=576:512; got {raw!r}")
+        return tuple((int(a), int(b)) for a, b in pairs)
+    if "tuple[int" in annotation:
+        if any(not (v.isdigit() and int(v) > 0) for v in items):
+            raise click.UsageError(f"--only {name} takes positive integers, e.g. {name}=16,64; got {raw!r}")
+        return tuple(int(v) for v in items)
+    return tuple(items)
 
 
 def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
     """Apply ``--only FIELD=VALUES`` to a backend's capabilities (e.g. ``head_dims=64,128``,
     ``q_dtypes=bfloat16``, ``alibi=false``, ``kv_dtypes=`` for none). Narrows what is drawn; it
-    never widens what the kernel declares."""
+    never widens what the kernel declares. A value of the wrong type, an empty list or a zero
+    size is a usage error (exit 2) naming the option, never a campaign that cannot draw."""
     import dataclasses
 
     caps = backend.capabilities
@@ -36,10 +61,11 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
         name, sep, raw = item.partition("=")
         if not sep or name not in fields:
             raise click.UsageError(f"--only takes FIELD=VALUES with FIELD one of {sorted(fields)}; got {item!r}")
-        current = getattr(caps, name)
+        current, annotation = getattr(caps, name), str(fields[name].type)
         if name in _INT_FIELDS:
-            if not raw.isdigit():
-                raise click.UsageError(f"--only {name} takes a non-negative integer, got {raw!r}")
+            least = _INT_FIELDS[name]
+            if not raw.isdigit() or int(raw) < least:
+                raise click.UsageError(f"--only {name} takes an integer >= {least}, got {raw!r}")
             changes[name] = int(raw)
         elif isinstance(current, bool):
             if raw.lower() not in ("true", "false"):
@@ -47,11 +73,12 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
             if raw.lower() == "true" and not current:
                 raise click.UsageError(f"--only {name}=true widens {backend.name}'s declared capabilities")
             changes[name] = raw.lower() == "true"
+        elif not annotation.startswith("tuple"):
+            raise click.UsageError(f"--only cannot narrow {name} (it is the kernel's convention, not a set of values)")
         else:
-            values = tuple(int(v) if v.isdigit() else v for v in raw.split(",") if v)
-            declared = current if current is not None else None
-            if declared is not None and not set(values) <= set(declared):
-                raise click.UsageError(f"--only {name}={raw} is outside {backend.name}'s declared {declared}")
+            values = _only_values(name, annotation, raw)
+            if current is not None and not set(values) <= set(current):
+                raise click.UsageError(f"--only {name}={raw} is outside {backend.name}'s declared {current}")
             changes[name] = values
     backend.capabilities = caps.replace(**changes)  # type: ignore[misc]
     if "devices" in changes and backend.device is None:  # else it would run on a device it was told not to use
@@ -342,7 +369,7 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
 
 @click.command()
 @click.argument("case_files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--backend", "-b", "backend_names", multiple=True, help="Backend to run (repeatable; default: the one that found the case, or every available one for a corpus).")
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Backend to run (repeatable; default: the one that found the case, or every available one for a corpus; a case found on a user kernel needs --kernel).")
 @click.option("--kernel", "-k", "kernels", multiple=True, help="A user kernel as MODULE:FUNCTION (repeatable).")
 @click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger a corpus is judged against (default: golden/ledger.json).")
 @click.option("--output", "output_file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write a corpus's JSON record to this file.")
@@ -359,6 +386,8 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
     from pa_oracle.oracle.report import format_report
     from pa_oracle.oracle.tensors import load_case
 
+    if output_file is not None and not output_file.parent.is_dir():  # refused before a case runs, not after the replay
+        raise click.UsageError(f"--output {output_file}: no folder {output_file.parent} to write it in (create it first)")
     if len(case_files) > 1 or case_files[0].is_dir() or len(backend_names) + len(kernels) > 1:
         _replay_corpus(case_files, backend_names, kernels, ledger_file, output_file, as_json)
         return
@@ -369,10 +398,7 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
         raise click.ClickException(str(exc)) from None
     backend_name, kernel = (backend_names or (None,))[0], (kernels or (None,))[0]
     if not backend_name and not kernel:
-        kernel = case.meta.get("kernel")
-        backend_name = None if kernel else case.meta.get("backend")
-    if not backend_name and not kernel:
-        raise click.UsageError("give --backend or --kernel (the case file names neither)")
+        backend_name = _found_on(case, case_file)
     backend = _select((backend_name,) if backend_name else (), (kernel,) if kernel else ())[0]
     from pa_oracle.fuzz.campaign.ledger import golden_check
     from pa_oracle.fuzz.checks.registry import ALL_CHECKS
@@ -396,6 +422,24 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
         sys.exit(3)  # no verdict: the tool could not judge, or the kernel declined the case
     if outcome.is_finding:
         sys.exit(1)
+
+
+def _found_on(case: Any, case_file: Path) -> str:
+    """The registered backend that found ``case`` (its meta, as a finding or a golden case keeps it).
+    A user kernel named in the meta is never imported: a case file is data, and only the user's own
+    ``--kernel`` runs code (issue 31)."""
+    meta = case.meta if isinstance(case.meta, dict) else {}
+    found_by = meta.get("found_by") if isinstance(meta.get("found_by"), dict) else {}
+    kernel = meta.get("kernel") or found_by.get("kernel")
+    if isinstance(kernel, str) and kernel:
+        raise click.UsageError(
+            f"{case_file} was found on the user kernel {kernel}; a case file imports no code by itself: "
+            f"to replay it there, pass --kernel {kernel} (or --kernel MOD:NAME, or -b BACKEND)"
+        )
+    backend = meta.get("backend") or found_by.get("backend")
+    if not isinstance(backend, str) or not backend:
+        raise click.UsageError(f"{case_file} names no backend that found it (meta.backend): give --backend NAME or --kernel MOD:NAME")
+    return backend
 
 
 def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kernels: tuple[str, ...],
