@@ -93,7 +93,7 @@ def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
     accepts = lambda name: takes_all or name in params  # noqa: E731
     missing = [name for name in _LAYOUT_KWARGS if not accepts(name)]
     if missing:
-        raise ValueError(f"kernel {fn.__name__} must accept keyword arguments {missing}")
+        raise ValueError(f"kernel {getattr(fn, '__name__', fn)!s} must accept keyword arguments {missing}")
     flags: dict[str, Any] = {field: accepts(kw) for kw, field in _OPTION_FLAGS.items()}
     flags["causal"] = (False, True) if accepts("causal") else (False,)
     if "custom_mask" in params:  # named only: a **kwargs kernel keeps drawing what it drew
@@ -108,7 +108,7 @@ def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
     declared = getattr(fn, ATTRIBUTE, {})
     unknown = set(declared) - _CAPABILITY_FIELDS
     if unknown:
-        raise ValueError(f"{fn.__name__}.{ATTRIBUTE} has unknown fields {sorted(unknown)}")
+        raise ValueError(f"{getattr(fn, '__name__', fn)!s}.{ATTRIBUTE} has unknown fields {sorted(unknown)}")
     return caps.replace(**declared)
 
 
@@ -117,7 +117,7 @@ class UserKernel(Backend):
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.fn = fn
-        self.name = name or f"{fn.__module__}:{fn.__qualname__}"
+        self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
         self.capabilities = capabilities_of(fn)  # type: ignore[misc]
         self._params = inspect.signature(fn).parameters
         self._takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in self._params.values())
@@ -126,8 +126,24 @@ class UserKernel(Backend):
     def from_spec(cls, spec: str) -> UserKernel:
         return cls(load_kernel(spec), name=spec)
 
+    def import_spec(self) -> tuple[str, str] | None:
+        """(module, attribute) by which a standalone script imports the kernel: the ``MODULE:NAME`` the user
+        gave (a factory's or wrapper's product, a ``functools.partial``, is importable by that name whatever
+        its own ``__name__``), else the function's own names when they are importable; None otherwise."""
+        module, sep, attr = self.name.partition(":")
+        if sep and module and attr.isidentifier() and module != "__main__" and \
+                all(part.isidentifier() for part in module.split(".")):
+            owner = sys.modules.get(module)
+            if owner is None or getattr(owner, attr, None) is self.fn:
+                return module, attr
+        module, function = getattr(self.fn, "__module__", None), getattr(self.fn, "__name__", None)
+        if not module or not function or module in ("__main__", "builtins") or getattr(self.fn, "__qualname__", None) != function:
+            return None  # not importable by name from a standalone script
+        return module, function
+
     def versions(self) -> dict[str, str]:
-        module = sys.modules.get(self.fn.__module__)
+        spec = self.import_spec()
+        module = sys.modules.get(spec[0] if spec else getattr(self.fn, "__module__", ""))
         return {**super().versions(), "kernel": self.name, "module_file": str(getattr(module, "__file__", "?"))}
 
     def plan(self, case: Case, device: str | torch.device | None = None) -> UserPlan:
@@ -191,9 +207,10 @@ class UserKernel(Backend):
 
     def call_source(self, case: Case) -> str | None:
         """The function imported by its module name and called with the keywords ``run`` passes it."""
-        module, function = self.fn.__module__, self.fn.__name__
-        if module in ("__main__", "builtins") or "<" in self.fn.__qualname__ or self.fn.__qualname__ != function:
+        spec = self.import_spec()
+        if spec is None:
             return None  # not importable by name from a standalone script
+        module, function = spec
         opts = case.options
         if opts.rope is not None:
             return None  # the standalone repro's own reference has no RoPE

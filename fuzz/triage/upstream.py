@@ -19,14 +19,15 @@ import sys
 import textwrap
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from pa_oracle.backends.base import Backend
-from pa_oracle.oracle.case import Case
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.oracle.case import Case, Options
 from pa_oracle.oracle.reference import plain_attention, reference
 from pa_oracle.oracle.tensors import Tensors, make_tensors, raw_bits, token_slots
 from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
@@ -128,7 +129,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
+{path_setup}
 # ---- the case: a paged KV pool [num_pages, page_size, num_kv_heads, head_dim] (NHD), CSR page table
 {prelude}
 # what was seen where it was found ({seen_where})
@@ -270,6 +271,15 @@ if __name__ == "__main__":
 '''
 
 
+# a user kernel's module is importable from the folder it is run in (``python repro.py`` from the kernel's
+# folder, as ISSUE.md says): Python puts only the script's own folder on the path
+_PATH_SETUP = """
+import os
+if os.getcwd() not in sys.path:  # {module} is imported from the current folder
+    sys.path.insert(0, os.getcwd())
+"""
+
+
 def kernel_library(backend: Backend, call: str) -> str:
     """The import name of the library the call needs: the adapter's ``package``, else the call's first import."""
     if backend.package:
@@ -305,15 +315,43 @@ def repro_script(case: Case, backend: Backend, seen: Seen, tensors: Tensors | No
         cuda_ok=repr("cuda" in backend.capabilities.devices), dtypes=_literal(dtypes),
         tensors=repr(base64.b64encode(packed).decode()) if embedded else "None",
         backend=backend.name, call=textwrap.indent(call.strip("\n"), "    "),
+        path_setup=_PATH_SETUP.format(module=module) if (module := _runs_from_cwd(backend)) else "",
     )
     return source, None if embedded else npz
+
+
+ALWAYS_SHOWN = ("q_dtype", "kv_dtype")  # never "off": a reader needs them even at their defaults
+
+
+def options_line(opts: Options) -> str:
+    """Every option of ``opts`` that is not its ``Options`` default, by value: ``window_left=0`` and
+    ``logits_soft_cap=0`` (an int, not the default 0.0) included (``0 == 0.0`` and ``0 == False`` hide them
+    from ``==``), the dtypes always; in field order."""
+    shown = []
+    for f in fields(Options):
+        value = getattr(opts, f.name)
+        if f.name in ALWAYS_SHOWN or not _same(value, f.default):
+            shown.append(f"{f.name}={value}")
+    return ", ".join(shown)
+
+
+def _same(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and repr(value) == repr(default)
+
+
+def _runs_from_cwd(backend: Backend) -> str | None:
+    """The module a user kernel's repro imports (the repro puts the current folder on ``sys.path`` for
+    it); None for a registry adapter, whose library is installed."""
+    if not isinstance(backend, UserKernel):
+        return None
+    return backend.import_spec()[0] if backend.import_spec() else None
 
 
 def issue_markdown(case: Case, backend: Backend, seen: Seen, findings: list[str] | None = None,
                    explanation: str | None = None, title: str | None = None) -> str:
     """ISSUE.md: versions and GPU, the minimal case, the call, what is wrong, and (``explanation``) why."""
     lay, heads, opts = case.layout, case.heads, case.options
-    on = {k: v for k, v in vars(opts).items() if v not in (None, False, 0.0, -1) and not (k.endswith("scale") and v == 1.0)}
+    runs = _runs_from_cwd(backend)
     lines = [
         f"# {title or backend.name + ': ' + (seen.message.splitlines()[0] if seen.message else seen.status)}", "",
         "## Environment", "",
@@ -323,9 +361,11 @@ def issue_markdown(case: Case, backend: Backend, seen: Seen, findings: list[str]
         f"- batch {lay.batch_size}: qo_lens {list(lay.qo_lens)}, kv_lens {list(lay.kv_lens)}, page size {lay.page_size}",
         f"- heads: {heads.num_qo_heads} query / {heads.num_kv_heads} kv, head dim {heads.head_dim_qk}"
         + (f" / {heads.head_dim_vo}" if heads.head_dim_vo != heads.head_dim_qk else ""),
-        f"- options: {', '.join(f'{k}={v}' for k, v in on.items())}; sm_scale {case.sm_scale:.6g}",
+        f"- options: {options_line(opts)}; sm_scale {case.sm_scale:.6g}",
         "", "`python repro.py` runs it (torch, numpy and the kernel's library only); it prints the expected and the",
-        "actual numbers and exits 1 while the problem reproduces.", "",
+        "actual numbers and exits 1 while the problem reproduces.", *([
+            f"Run it from the folder `{runs}` is imported from (the script puts the current folder on `sys.path`),",
+            "or with that folder on `PYTHONPATH`."] if runs else []), "",
         "## The call", "", "```python", (backend.call_source(case) or "").strip("\n"), "```", "",
         "## What is wrong", "", f"- {seen.message.splitlines()[0] if seen.message else seen.status}",
         *[f"- {line}" for line in findings or ()], "",
