@@ -34,14 +34,31 @@ _SELECTING = ("pa_backend", "pa_kernel")  # options that name what to fuzz
 _KEY = pytest.StashKey[bool]()
 
 
+def _at_least(least: int, what: str) -> Any:
+    """An argparse type: an integer >= ``least`` (pytest reports anything else as a usage error, exit 4)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its message
+    return parse
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pa-oracle", "paged-attention oracle (inert unless a --pa-* option is given)")
     group.addoption("--pa-backend", action="append", default=[], help="backend to fuzz (repeatable; default: all available)")
     group.addoption("--pa-kernel", action="append", default=[], help="user kernel MODULE:FUNCTION to fuzz (repeatable)")
-    group.addoption("--pa-examples", type=int, default=None, help="examples per backend (default 100)")
+    group.addoption("--pa-examples", type=_at_least(1, "an integer >= 1"), default=None, help="examples per backend (default 100)")
     group.addoption("--pa-seed", type=int, default=None, help="base seed of the fuzz run (default 0)")
     group.addoption("--pa-out", default=None, help="folder for findings (default ./pa-findings)")
-    group.addoption("--pa-shards", type=int, default=None, help="split each backend's examples into N shards (default: xdist workers, or 1)")
+    group.addoption("--pa-shards", type=_at_least(1, "an integer >= 1"), default=None, help="split each backend's examples into N shards (default: xdist workers, or 1)")
     group.addoption("--pa-ledger", default=None, help="known-failure ledger whose 'matches' predicates are skipped (default: golden/ledger.json)")
     group.addoption("--pa-no-skip-known", action="store_true", default=None, help="run cases that a ledger entry already covers")
     group.addoption("--pa-pin-gpus", action="store_true", default=None, help="under xdist, pin each worker to one GPU (implied by any --pa-* option)")
@@ -77,7 +94,30 @@ def pytest_configure(config: pytest.Config) -> None:
 
     use_compile_caches()  # PA_ORACLE_CACHE_DIR: the kernel compile caches of the run
     if any(config.getoption(name) for name in _SELECTING):
+        _check_selection(config)
         _collect_conformance(config)
+
+
+def _check_selection(config: pytest.Config) -> None:
+    """An unknown ``--pa-backend`` or a ``--pa-kernel`` that cannot be imported is a usage error (pytest's
+    exit 4, one line), not a failing test with a traceback. Availability is the test's to report."""
+    from pa_oracle.backends import discover, get_backend
+    from pa_oracle.backends.user import UserKernel
+    from pa_oracle.backends.base import exception_text
+
+    discover()
+    for name in config.getoption("--pa-backend"):
+        try:
+            get_backend(name)
+        except (KeyError, ValueError) as exc:
+            raise pytest.UsageError(f"--pa-backend {name}: {exc.args[0] if exc.args else exc}") from None
+    for spec in config.getoption("--pa-kernel"):
+        try:
+            UserKernel.from_spec(spec)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--pa-kernel {spec}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's module failed to import, or has no such function
+            raise pytest.UsageError(f"--pa-kernel {spec}: cannot import it ({type(exc).__name__}: {exception_text(exc)})") from None
 
 
 def _collect_conformance(config: pytest.Config) -> None:

@@ -41,8 +41,8 @@ def test_conformance_suite_fails_on_a_planted_bug_with_a_repro_and_keeps_the_rep
 def test_pa_kernel_alone_collects_the_conformance_test(pytester: pytest.Pytester, on_path) -> None:
     pytester.makepyfile(test_theirs="def test_theirs():\n    assert True\n")
     alone = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "--collect-only", "-q",
-                                          "--pa-kernel", "tests.fake_kernels:correct")
-    assert any(line.endswith("test_kernel_agrees_with_oracle[tests.fake_kernels:correct]")
+                                          "--pa-kernel", "pa_oracle.fuzz.quality.planted:correct_attention")
+    assert any(line.endswith("test_kernel_agrees_with_oracle[pa_oracle.fuzz.quality.planted:correct_attention]")
                for line in alone.outlines), alone.outlines
     assert not any("test_theirs" in line for line in alone.outlines), "with no path named, only the conformance test runs"
     beside = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "--collect-only", "-q",
