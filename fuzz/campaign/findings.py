@@ -8,6 +8,9 @@ Layout: an oracle finding is ``BACKEND/CASE_ID/{case.json,tensors.npz,report.md}
 ``output.npz`` (the kernel's raw ``out``/``lse``, ``load_output``) when the kernel returned a
 well-formed wrong output, so triage can read it instead of running the kernel again; a finding of
 another check is ``BACKEND/CHECK-CASE_ID/{original,...}/{case.json,tensors.npz}`` + ``report.md``.
+An oracle finding shrunk from a larger case also keeps the first failing case, as drawn before
+shrinking, in ``original.json`` + ``original.npz`` (``FIRST_FAILING``): a one-key minimal case cannot
+always tell apart what the error needs, and triage localizes on the larger one then.
 ``CASE_ID`` is the saved case's own id (it names its sidecar's content), so the folder name, the
 ``case_id`` in case.json, replay and triage all show the same id.
 """
@@ -29,7 +32,7 @@ from pa_oracle.fuzz.checks.registry import expectation
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK, Outcome
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.report import format_report, repro_command
-from pa_oracle.oracle.tensors import Tensors, make_tensors, raw_bits, saved_form, write_case
+from pa_oracle.oracle.tensors import Tensors, make_tensors, raw_bits, save_tensors, saved_form, write_case
 from pa_oracle.oracle.tolerance import Verdict
 
 
@@ -57,16 +60,24 @@ def finding_meta(outcome: Outcome, backend: Backend, kernel_spec: str | None) ->
     }
 
 
-def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
+FIRST_FAILING = "original.json"  # beside case.json: the first failing case, before shrinking
+FIRST_FAILING_TENSORS = "original.npz"
+
+
+def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None,
+                 first: Outcome | None = None) -> Path:
     """Write the finding's folder (``publish_finding``) and return it."""
-    return publish_finding(outcome, backend, out_dir, kernel_spec).folder
+    return publish_finding(outcome, backend, out_dir, kernel_spec, first=first).folder
 
 
-def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> SavedFinding:
+def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None,
+                    first: Outcome | None = None) -> SavedFinding:
     """Write the finding's folder and return it with the saved case's id and the repro command.
-    The same finding found again is left as it was (and returned); a different one with the same
-    name goes beside it (``NAME-2``). Raises ``FindingNotSaved`` when it cannot be written, after
-    rescuing the original case.json to a temp folder if possible."""
+    ``first`` is the first failing outcome of the search, before shrinking: an oracle finding keeps
+    its case as ``FIRST_FAILING`` beside the minimal one when it is another case. The same finding
+    found again is left as it was (and returned); a different one with the same name goes beside it
+    (``NAME-2``). Raises ``FindingNotSaved`` when it cannot be written, after rescuing the original
+    case.json to a temp folder if possible."""
     meta = finding_meta(outcome, backend, kernel_spec)
     if outcome.check == ORACLE_CHECK:
         labelled: list[tuple[str, Case, Tensors | None]] = [("", outcome.case, None)]
@@ -77,6 +88,7 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
         tensors = tensors if tensors is not None else make_tensors(case, "cpu")
         saved.append((label, saved_form(case, tensors, {**meta, "role": label} if label else meta), tensors))
     original = saved[0][1]
+    larger = _first_failing(first, outcome, meta)
     name = original.case_id if outcome.check == ORACLE_CHECK else f"{outcome.check}-{original.case_id}"
     parent = Path(out_dir) / safe_name(backend.name)
     first = saved[0][0]
@@ -90,6 +102,9 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
     def write(tmp: Path, final: Path) -> None:
         for label, case, tensors in saved:
             write_case(case, tensors, tmp / label)
+        if larger is not None:
+            save_tensors(larger[1], tmp / FIRST_FAILING_TENSORS)
+            larger[0].save(tmp / FIRST_FAILING)
         if outcome.output is not None:
             save_output(outcome.output, tmp / first / OUTPUT_FILE)
         (tmp / "report.md").write_text(finding_report(outcome, backend.name, original, repro(final), backend.conversions(original)))
@@ -102,6 +117,18 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
         case_json = original.replace(tensors_file=None).to_json()
         raise FindingNotSaved(parent, finding, exc, rescue("case.json", json.dumps(case_json, indent=1) + "\n")) from exc
     return SavedFinding(folder, original.case_id, repro(folder))
+
+
+def _first_failing(first: Outcome | None, outcome: Outcome, meta: dict) -> tuple[Case, Tensors] | None:
+    """The first failing case in its saved form (sidecar ``FIRST_FAILING_TENSORS``), when it is another
+    case than the minimal one of an oracle finding; else None."""
+    if first is None or outcome.check != ORACLE_CHECK or not first.is_finding or first.case.case_id == outcome.case.case_id:
+        return None
+    tensors = make_tensors(first.case, "cpu")
+    message = first.message.splitlines()[0] if first.message else ""
+    first_meta = {**meta, "status": first.status, "message": message,
+                  "role": "the first failing case, before shrinking (case.json is the minimal one)"}
+    return saved_form(first.case, tensors, first_meta).replace(tensors_file=FIRST_FAILING_TENSORS), tensors
 
 
 def save_unjudged(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:

@@ -445,7 +445,7 @@ def _claim(loc: Localization, name: str, finding: str, evidence: list[str]) -> C
     return Check(name, "ambiguous",
                  f"the key that explains the error is at once {', '.join(labels)} on every fitted pair: this case cannot tell "
                  f"{name} from {', '.join(rivals)}; a larger case is needed to separate them (the original case's "
-                 "localization may)", tuple([f"if it is the {name}: {finding}"] + evidence))
+                 "localization may, or a finding's first failing case, original.json, which triage localizes then)", tuple([f"if it is the {name}: {finding}"] + evidence))
 
 
 def _toggle_evidence(loc: Localization, k: int = 3) -> list[str]:

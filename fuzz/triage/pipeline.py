@@ -1,5 +1,6 @@
 """One triage run: survey the backends on a case, minimize it for one failing backend, localize
-the error on the minimized and the original case, and write the report files."""
+the error on the minimized and the original case (and, when they are ambiguous, on the finding's
+first failing case before shrinking, ``original.json``), and write the report files."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.findings import FIRST_FAILING
 from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.triage.localize import Localization, capture, localize
@@ -159,6 +161,24 @@ def _minimize_and_localize(
     result.localized.append(("original case", localize(capture(backend, case, tolerance, check))))
     if len(result.localized) == 1:  # not minimized: say which options the case as given needs
         result.localized[0][1].checks.append(necessary_options(case, backend, check))
+    if any(c.result == "ambiguous" for _, loc in result.localized for c in loc.checks):
+        larger = first_failing(result.source, say)
+        if larger is not None and larger.case_id != case.case_id:
+            say(f"ambiguous on the minimal case: localizing on the first failing case ({FIRST_FAILING}) ...")
+            result.localized.append((f"first failing case, {FIRST_FAILING}", localize(capture(backend, larger, tolerance, check))))
+
+
+def first_failing(source: Path, say: Callable[[str], None] = lambda _: None) -> Case | None:
+    """The finding's first failing case before the campaign shrank it (``FIRST_FAILING`` beside its
+    ``case.json``), or None when the folder has none or it cannot be read (said)."""
+    path = Path(source).parent / FIRST_FAILING
+    if Path(source).name != "case.json" or not path.is_file():
+        return None
+    try:
+        return load_case(path)
+    except CaseError as exc:
+        say(f"not localized on {path}: {exc}")
+        return None
 
 
 def _localized(backend: Backend, case: Case, tolerance: Tolerance, check: Callable[[Case], Outcome],
