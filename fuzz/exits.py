@@ -2,6 +2,15 @@
 input or usage, 3 the tool itself failed (130: interrupted). ``ExitCodeGroup`` maps what escapes
 a command to those codes, so no command shows a traceback for bad input; ``campaign_exit_code``
 turns a campaign's results into one.
+
+A campaign that ran and judged nothing is no verdict (3), never 0: no example ran, every example was
+unsupported, every judged case attended no key, or (the oracle comparison, at least 20 examples) more
+than 90% of them were unsupported (``pa_oracle.fuzz.campaign.state.UNSUPPORTED_BOUND``).
+``--merge`` of shard states: states that cannot be one campaign's (another seed, backends, kernels or
+shard count; a shard twice, under a name that is not its own, or out of range; a case drawn by two
+shards) are bad input (2, naming the file and field); a campaign with a shard that has no state yet is
+no verdict over the campaign (3, naming the shards): its merged results are incomplete, as are those of
+a shard that stopped early, findings or not.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ EPILOG = """Exit status (every command):
        another campaign, or holding one (without --resume or --overwrite)
   3    the tool itself failed: I/O under --out (a finding that could not be saved), an
        internal error (one line, plus the file that holds the trace), an oracle
-       disagreement, a backend that ran no example or stopped early
+       disagreement, a backend that ran no example, judged nothing (every case
+       unsupported or without an attended key; over 90% unsupported) or stopped
+       early, a --merge missing a shard's state
   130  interrupted (the campaign state is kept: --resume continues it)
 """
 
@@ -127,11 +138,14 @@ COMPLETE_STATUSES = ("pending", "running", "done", "finding")
 
 def why_incomplete(result: Any, *, may_be_empty: bool) -> str | None:
     """Why a ``BackendResult`` is no verdict (exit 3), or None: it stopped for another reason than
-    its example count, time budget or a finding (a status outside ``COMPLETE_STATUSES``), or it
+    its example count, time budget or a finding (a status outside ``COMPLETE_STATUSES``), it
     ran no example although it should have (``may_be_empty``: the time budget ran out, or its
-    share of the examples is 0)."""
+    share of the examples is 0), or its examples judged nothing (``BackendResult.judged_nothing``)."""
     if getattr(result, "not_built", None) is not None and not result.findings:
         return None  # the compile plan built none of its variants: said by name, no failure of the tool
+    nothing = result.judged_nothing() if result.examples and hasattr(result, "judged_nothing") else None
+    if nothing is not None and (result.status in COMPLETE_STATUSES or nothing in result.notes):
+        return f"{result.backend} judged nothing: {nothing}"
     if result.status not in COMPLETE_STATUSES:
         notes = f": {result.notes[-1]}" if result.notes else ""
         return f"{result.backend} stopped early ({result.status}) after {result.examples} examples{notes}"

@@ -41,6 +41,7 @@ from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tolerance import Tolerance
+from pa_oracle.oracle.visibility import attended
 
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
 
@@ -393,13 +394,15 @@ def _count_clean_chunk(
 
 
 def _judged_nothing(result: BackendResult) -> bool:
-    """Mark a backend that judged no example (none ran, or each was unsupported) incomplete, never
-    ok; True if it did."""
+    """Mark a backend that judged nothing incomplete, never ok; True if it did. At a turn's end: none
+    ran, or each was unsupported. At its end (its count reached): any reason ``BackendResult.judged_nothing``
+    gives (every judged case attended no key, nearly every case unsupported): a share is judged on the
+    whole run, not on a first turn's few cases."""
     if result.status in ("finding", "incomplete", "exhausted") or result.findings:
         return False
-    if result.examples and result.examples > result.unsupported:
+    why = result.judged_nothing()
+    if why is None or (result.status != "done" and result.examples > result.unsupported):
         return False
-    why = "no example ran" if result.examples == 0 else f"all {result.examples} examples were unsupported"
     result.status = "incomplete"
     if why not in result.notes:
         result.notes.append(why)
@@ -416,9 +419,20 @@ def _count(result: BackendResult, outcome: Outcome) -> None:
         result.skip_reasons[reason] = result.skip_reasons.get(reason, 0) + 1
     if outcome.status != "unsupported":
         result.coverage.add(outcome.case)
+        result.no_keys += not attends_a_key(outcome.case)
     if outcome.status == "pass" and outcome.verdict is not None and outcome.verdict.out is not None:
         if math.isfinite(ratio := outcome.verdict.out.ratio):  # inf: the control was exact, the kernel within the floor
             result.worst_ratio = max(result.worst_ratio, ratio)
+
+
+def attends_a_key(case: Case) -> bool:
+    """Whether some query row of ``case`` attends some key (``pa_oracle.oracle.case``): a case where none
+    does has output 0 and LSE -inf everywhere, and a kernel that declines every other case passes only such.
+    Without a custom mask a request with a query and a key has one (its last query sees its last key: the
+    causal and window tests both allow the key at the query's own position)."""
+    if case.custom_mask is None:
+        return any(qo > 0 and kv > 0 for qo, kv in zip(case.layout.qo_lens, case.layout.kv_lens))
+    return any(bool(rows.any()) for rows in attended(case))
 
 
 def _saved_at(outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_spec: str | None) -> str:

@@ -13,7 +13,12 @@ With ``count == 1`` both maps are the identity: an unsharded campaign draws what
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# More shards than this is no job array a campaign runs (Slurm's default MaxArraySize is 1001): a
+# mistyped count, whose --merge would wait for (and list) millions of shards that never come.
+MAX_SHARDS = 4096
 
 
 @dataclass(frozen=True)
@@ -22,16 +27,21 @@ class Shard:
     count: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.index, bool) or isinstance(self.count, bool) or not isinstance(self.index, int) \
+                or not isinstance(self.count, int):
+            raise ValueError(f"a shard is INDEX/COUNT of whole numbers, got {self.index!r}/{self.count!r}")
         if self.count < 1 or not 0 <= self.index < self.count:
             raise ValueError(f"a shard is INDEX/COUNT with 0 <= INDEX < COUNT, got {self.index}/{self.count}")
+        if self.count > MAX_SHARDS:
+            raise ValueError(f"a shard is INDEX/COUNT with COUNT at most {MAX_SHARDS}, got {self.index}/{self.count}")
 
     @classmethod
     def parse(cls, text: str) -> Shard:
-        """``"2/8"`` -> ``Shard(2, 8)``."""
-        index, sep, count = text.partition("/")
-        if not sep or not index.strip().isdigit() or not count.strip().isdigit():
+        """``"2/8"`` -> ``Shard(2, 8)`` (ASCII digits; spaces around them are allowed)."""
+        m = re.fullmatch(r"\s*(\d{1,9})\s*/\s*(\d{1,9})\s*", text, re.ASCII) if isinstance(text, str) else None
+        if m is None:
             raise ValueError(f"a shard is INDEX/COUNT, e.g. 0/4; got {text!r}")
-        return cls(int(index), int(count))
+        return cls(int(m[1]), int(m[2]))
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"

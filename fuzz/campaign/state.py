@@ -28,6 +28,10 @@ from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.schema import convert
 
 SCHEMA_VERSION = 1
+# "Ran nothing" is no verdict: an oracle campaign of at least UNSUPPORTED_MIN examples whose share of
+# unsupported cases is above UNSUPPORTED_BOUND judged too little of what its backend declares to be ok (a
+# correct CPU backend declines none within its declared capabilities; a kernel declining 16 of 20 did).
+UNSUPPORTED_BOUND, UNSUPPORTED_MIN = 0.9, 20
 Status = Literal["pending", "running", "done", "finding", "exhausted", "incomplete"]
 _RUN_ONLY = ("finding", "finding_dir", "repro")
 
@@ -72,6 +76,7 @@ class BackendResult:
     start_seconds: float = 0.0  # of ``seconds``: starting worker processes (spawn, CUDA context, imports)
     compile_seconds: float = 0.0  # of ``seconds``: builds ahead of the first case and first cases of unbuilt variants
     not_built: str | None = None  # why it judged nothing: no variant of it was built in the run's compile plan
+    no_keys: int = 0  # judged (not unsupported) cases in which no query row attends any key: they test nothing
     # this run only (not persisted): the latest finding as an Outcome, where it was saved, its repro
     finding: Outcome | None = field(default=None, compare=False)
     finding_dir: Path | None = field(default=None, compare=False)
@@ -89,8 +94,27 @@ class BackendResult:
         cannot apply to the backend is complete."""
         if self.not_applicable is not None or self.not_built is not None:
             return True
-        judged = self.examples > self.unsupported or bool(self.findings)
+        judged = self.judged_nothing() is None or bool(self.findings)
         return self.status in ("done", "finding", "running") and judged
+
+    def judged_nothing(self) -> str | None:
+        """Why its examples are no verdict although it ran, or None: no example ran, every one was
+        unsupported, every judged case attended no key (``no_keys``), or (the oracle comparison) more than
+        ``UNSUPPORTED_BOUND`` of at least ``UNSUPPORTED_MIN`` examples were unsupported. A finding is a verdict."""
+        if self.findings or self.not_applicable is not None or self.not_built is not None:
+            return None
+        judged = self.examples - self.unsupported
+        if self.examples == 0:
+            return "no example ran"
+        if judged <= 0:
+            return f"all {self.examples} examples were unsupported"
+        if judged <= self.no_keys:
+            return (f"every judged case attended no key ({self.no_keys} such case(s), {self.unsupported} unsupported "
+                    f"of {self.examples}): nothing was compared")
+        if self.check == "oracle" and self.examples >= UNSUPPORTED_MIN and self.unsupported > UNSUPPORTED_BOUND * self.examples:
+            return (f"{self.unsupported} of {self.examples} examples were unsupported (more than {UNSUPPORTED_BOUND:.0%}): "
+                    "the kernel declined nearly every case drawn within its declared capabilities")
+        return None
 
     @property
     def judge_seconds(self) -> float:
@@ -114,7 +138,7 @@ class BackendResult:
             return f"{self.backend}: NOT BUILT ({self.not_built[:300]}); 0 examples, {self.seconds:.1f}s ({self.time_split()})"
         state = f"{len(self.findings)} FINDING(S)" if self.findings else "ok"
         if not self.is_complete:
-            state = f"INCOMPLETE ({self.notes[-1][:160] if self.notes else self.status})" + (f", {state}" if self.findings else "")
+            state = f"INCOMPLETE ({self._why_incomplete()[:160]})" + (f", {state}" if self.findings else "")
         skipped = f", {self.skipped_known} skipped as known" if self.skipped_known else ""
         return (
             f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported"
@@ -122,14 +146,18 @@ class BackendResult:
             f"worst error ratio {self.worst_ratio:.2f}"
         )
 
+    def _why_incomplete(self) -> str:
+        if self.status in ("done", "finding", "running") and (nothing := self.judged_nothing()) is not None:
+            return nothing  # the status is no reason: it ran, and judged nothing
+        return self.notes[-1] if self.notes else self.status
+
     def _check_line(self) -> str:
         head = f"{self.backend} {self.check}"
         if self.not_applicable:
             return f"{head}: not applicable: {self.not_applicable}"
         state = f"VIOLATED ({self.findings[-1].message[:160]})" if self.findings else "ok"
         if not self.is_complete:
-            why = self.notes[-1] if self.notes else self.status
-            state = f"INCOMPLETE ({why[:160]})" + (f", {state}" if self.findings else "")
+            state = f"INCOMPLETE ({self._why_incomplete()[:160]})" + (f", {state}" if self.findings else "")
         skips = ""
         if self.skip_reasons:
             reason, count = max(self.skip_reasons.items(), key=lambda item: item[1])
@@ -154,7 +182,30 @@ class BackendResult:
         given = {k: v for k, v in msgspec.structs.asdict(raw).items() if v is not msgspec.UNSET}
         findings = [FindingRecord(**msgspec.structs.asdict(f)) for f in given.pop("findings", [])]
         coverage = Coverage(counts=given.pop("coverage", {}))
-        return cls(**given, findings=findings, coverage=coverage)
+        result = cls(**given, findings=findings, coverage=coverage)
+        if (contradiction := result._contradiction()) is not None:
+            name, why = contradiction
+            raise CampaignStateError(f"{where}: {field + '.' if field else ''}{name}: {why}")
+        return result
+
+    def _contradiction(self) -> tuple[str, str] | None:
+        """(field, why) where the counters cannot all be true (no run writes them so), or None. Every
+        counted case, judged or skipped as known, was drawn first: its id is in ``seen``."""
+        judged = self.examples - self.unsupported
+        if self.examples + self.skipped_known > len(self.seen):
+            return ("examples", f"{self.examples} examples and {self.skipped_known} skipped as known, but only "
+                    f"{len(self.seen)} case ids drawn (seen): every counted case was drawn")
+        if self.passed + self.unsupported > self.examples:
+            return ("passed", f"{self.passed} passed and {self.unsupported} unsupported of {self.examples} examples")
+        if self.exact > self.passed:
+            return ("exact", f"{self.exact} bit-exact of {self.passed} passed")
+        if self.no_keys > judged:
+            return ("no_keys", f"{self.no_keys} cases without an attended key of {judged} judged")
+        if sum(self.skip_reasons.values()) > self.unsupported:
+            return ("skip_reasons", f"{sum(self.skip_reasons.values())} skips counted by reason, {self.unsupported} unsupported")
+        if self.status == "finding" and not self.findings:
+            return ("status", "'finding' with no finding recorded (findings is empty)")
+        return None
 
 
 @dataclass
@@ -200,8 +251,8 @@ class CampaignState:
 
 # --- the file schema, for reading (``save`` writes what the dataclasses hold) ------------------
 
-_Count = Annotated[int, msgspec.Meta(ge=0)]
-_NonNegative = Annotated[float, msgspec.Meta(ge=0)]  # NaN fails it too
+_Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]  # (1e18 examples is no count a campaign reaches)
+_NonNegative = Annotated[float, msgspec.Meta(ge=0, le=1e300)]  # NaN and infinity fail it too
 
 
 def _file_schema(cls: type, overrides: dict[str, Any], exclude: tuple[str, ...] = ()) -> Any:
@@ -311,17 +362,60 @@ def state_path(out_dir: Path, shard: Shard, kind: str = CAMPAIGN) -> Path:
 
 
 def load_shards(out_dir: Path, kind: str = CAMPAIGN) -> list[CampaignState]:
-    """The states of every shard in ``out_dir/shards`` (one shard count, each index at most once)."""
-    pattern = re.compile(rf"{kind}-(\d+)-of-(\d+)\.json")
+    """The states of every shard in ``out_dir/shards``, checked to be one campaign's, else a
+    ``CampaignStateError`` naming the file and field (exit 2): one shard count, each shard once (its file
+    name is ``KIND-I-of-N.json`` and its ``config.shard`` says ``I/N``), every option but the shard the
+    same (seed, limits, backends, kernels, ...), no case drawn by two shards (they never draw one: a
+    shard's state copied under another name). A shard with no state yet (not run, or stopped before its
+    first save) is named in the notes of every loaded result, which is then incomplete: a merge
+    without it is no verdict over the campaign (exit 3, ``pa_oracle.fuzz.exits``)."""
+    folder = Path(out_dir) / "shards"
+    pattern = re.compile(rf"{re.escape(kind)}-(\d+)-of-(\d+)\.json", re.ASCII)
     found = sorted(
-        (int(m[2]), int(m[1]), p) for p in (Path(out_dir) / "shards").glob(f"{kind}-*-of-*.json") if (m := pattern.fullmatch(p.name))
+        (int(m[2]), int(m[1]), p) for p in folder.glob(f"{kind}-*-of-*.json") if (m := pattern.fullmatch(p.name))
     )
     counts = {count for count, _, _ in found}
     if not found:
-        raise CampaignStateError(f"{out_dir}/shards holds no shard state ({kind}-I-of-N.json) to merge")
+        raise CampaignStateError(f"{folder} holds no shard state ({kind}-I-of-N.json) to merge")
     if len(counts) > 1:
-        raise CampaignStateError(f"{out_dir}/shards mixes shard counts {sorted(counts)}: merge one campaign at a time")
-    return [CampaignState.load(path) for _, _, path in found]
+        raise CampaignStateError(f"{folder} mixes shard counts {sorted(counts)}: merge one campaign at a time")
+    named: dict[int, Path] = {}
+    for count, index, path in found:
+        try:
+            Shard(index, count)
+        except ValueError as exc:
+            raise CampaignStateError(f"{path}: its name is no shard of the campaign: {exc}") from None
+        if path.name != f"{kind}-{index}-of-{count}.json" or index in named:
+            other = named.get(index, folder / f"{kind}-{index}-of-{count}.json")
+            raise CampaignStateError(f"{path}: shard {index}/{count} again (it is {other.name}'s): a shard is merged once")
+        named[index] = path
+    states = [CampaignState.load(path) for _, _, path in found]
+    first_path, first = found[0][2], states[0]
+    drawn: dict[tuple[str, str], Path] = {}
+    for (count, index, path), state in zip(found, states):
+        if state.config.get("shard") != f"{index}/{count}":
+            raise CampaignStateError(f"{path}: config.shard is {state.config.get('shard')!r}, but the file is shard "
+                                     f"{index}/{count}'s: a state moved to another shard's name")
+        for key in sorted((state.config.keys() | first.config.keys()) - {"shard"}):
+            if state.config.get(key) != first.config.get(key):
+                raise CampaignStateError(
+                    f"{path}: config.{key} is {state.config.get(key)!r}, but {first.config.get(key)!r} in {first_path.name}: "
+                    "the shards of one campaign share every option but --shard (merge one campaign at a time)")
+        for name, result in state.results.items():
+            for case_id in result.seen:
+                other = drawn.setdefault((name, case_id), path)
+                if other != path:
+                    raise CampaignStateError(f"{path}: backends.{name}.seen: case {case_id} was drawn by {other.name} too: "
+                                             "two shards never draw one case (a shard's state copied?)")
+    missing = missing_shards(states)
+    if missing:
+        note = (f"merged without shard(s) {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''} "
+                f"({len(missing)} of {found[0][0]}: no state yet, not run or stopped before its first save)")
+        for state in states:
+            for result in state.results.values():
+                result.notes.append(note)
+                result.status = "incomplete"
+    return states
 
 
 def missing_shards(states: list[CampaignState]) -> list[str]:
@@ -351,14 +445,15 @@ def merge_results(per_shard: list[list[BackendResult]]) -> list[BackendResult]:
             m.findings += r.findings
             m.coverage.merge(r.coverage)
             m.seen += r.seen
-            m.notes += r.notes
+            m.notes += [note for note in r.notes if note not in m.notes]  # (a merge's own note is in every shard)
             m.exact += r.exact
+            m.no_keys += r.no_keys
             for reason, count in r.skip_reasons.items():
                 m.skip_reasons[reason] = m.skip_reasons.get(reason, 0) + count
     for name, m in merged.items():
         statuses = {r.status for results in per_shard for r in results if r.key == name}
-        m.status = (
-            "finding" if m.findings else "incomplete" if statuses & {"incomplete", "exhausted"}
+        m.status = (  # a shard that is no verdict makes the merge none, findings or not (exit 3 wins over 1)
+            "incomplete" if statuses & {"incomplete", "exhausted"} else "finding" if m.findings
             else "done" if statuses <= {"done"} else "running"
         )
     return list(merged.values())

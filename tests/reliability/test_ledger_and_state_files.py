@@ -90,7 +90,7 @@ def test_the_shipped_ledger_loads_and_a_valid_entry_keeps_its_fields(tmp_path) -
 
 CONFIG = {"seed": 3, "max_batch": 2, "max_kv_len": 12, "only": [], "backends": ["sdpa-math"], "kernels": [], "shard": "0/1"}
 STATE = CampaignState(CONFIG, {"sdpa-math": BackendResult(
-    "sdpa-math", examples=4, passed=3, chunks_done=1, status="finding", seen=["a", "b"],
+    "sdpa-math", examples=4, passed=3, chunks_done=1, status="finding", seen=["a", "b", "c", "d"],
     findings=[FindingRecord("abc", "fail", "out differs", "B=1", None, None)],
 )})
 
@@ -132,6 +132,18 @@ HOSTILE_STATES = [
     (lambda d: backend(d)["findings"].append({}), "backends.sdpa-math.findings[1].case_id: missing"),
     (lambda d: backend(d)["findings"][0].update(dir=3), "backends.sdpa-math.findings[0].dir: expected str | null, got int 3"),
     (lambda d: backend(d).update(findings={}), "backends.sdpa-math.findings: expected list, got object"),
+    # counters that contradict each other (issue 31): no run writes them, a resume must not continue them
+    (lambda d: backend(d).update(passed=5), "backends.sdpa-math.passed: 5 passed and 0 unsupported of 4 examples"),
+    (lambda d: backend(d).update(unsupported=2), "backends.sdpa-math.passed: 3 passed and 2 unsupported of 4 examples"),
+    (lambda d: backend(d).update(findings=[]), "backends.sdpa-math.status: 'finding' with no finding recorded"),
+    (lambda d: backend(d).update(examples=10**18), "backends.sdpa-math.examples: expected int <= 9007199254740992, got 1000000000000000000"),
+    (lambda d: backend(d).update(examples=1e18), "backends.sdpa-math.examples: expected int, got float 1e+18"),
+    (lambda d: backend(d).update(examples=10**15), "backends.sdpa-math.examples: 1000000000000000 examples and 0 skipped as known, but only 4 case ids drawn"),
+    (lambda d: backend(d).update(skipped_known=1), "backends.sdpa-math.examples: 4 examples and 1 skipped as known, but only 4 case ids drawn"),
+    (lambda d: backend(d).update(exact=4), "backends.sdpa-math.exact: 4 bit-exact of 3 passed"),
+    (lambda d: backend(d).update(no_keys=5), "backends.sdpa-math.no_keys: 5 cases without an attended key of 4 judged"),
+    (lambda d: backend(d).update(skip_reasons={"x": 1}), "backends.sdpa-math.skip_reasons: 1 skips counted by reason, 0 unsupported"),
+    (lambda d: backend(d).update(seconds=float("inf")), "backends.sdpa-math.seconds: expected float <= 1e+300, got Infinity"),
 ]
 
 
@@ -173,6 +185,21 @@ def test_a_valid_state_loads_as_saved_and_a_newer_config_key_is_kept(tmp_path) -
     data["config"]["a_newer_option"] = 1
     (tmp_path / "campaign.json").write_text(json.dumps(data))
     assert CampaignState.load(tmp_path / "campaign.json").config["a_newer_option"] == 1
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda r: r.update(passed=9), "backends.sdpa-math.passed: 9 passed and 0 unsupported of 4 examples"),
+    (lambda r: r.update(findings=[]), "backends.sdpa-math.status: 'finding' with no finding recorded"),
+    (lambda r: r.update(examples=10**18), "backends.sdpa-math.examples: expected int <= 9007199254740992"),
+], ids=["passed > examples", "finding without one", "1e18 examples"])
+def test_resume_of_contradictory_counters_exits_2_naming_file_and_field(tmp_path, edit, says) -> None:
+    data = _good_state()
+    edit(backend(data))
+    (tmp_path / "campaign.json").write_text(json.dumps(data))
+    before = (tmp_path / "campaign.json").read_text()
+    result = CliRunner().invoke(main, ["fuzz", "--out", str(tmp_path), "--resume"])
+    assert result.exit_code == 2 and f"{tmp_path / 'campaign.json'}: malformed campaign state: {says}" in result.output, result.output
+    assert "Traceback" not in result.output and (tmp_path / "campaign.json").read_text() == before, "the state is kept as it was"
 
 
 def test_resume_from_a_malformed_state_exits_2_naming_file_and_field(tmp_path) -> None:
