@@ -5,19 +5,20 @@ two environments (``pa-oracle replay-compare``: fixed / regressed / same / new).
 
 from __future__ import annotations
 
-import json
 import platform
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, ledger_verdict, lookup, quarantined_class
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK
-from pa_oracle.oracle.case import CaseError
+from pa_oracle.oracle.case import CaseError, read_json
 from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.schema import convert
 from pa_oracle.oracle.tensors import load_case
 
 REPLAY_SCHEMA = 1
@@ -139,21 +140,85 @@ def replay_document(records: list[Record], env: dict[str, Any]) -> dict[str, Any
             "results": [asdict(r) for r in records]}
 
 
+STATUSES = ("pass", "fail", "crash", "unsupported", "error", "quarantine")
+LEDGER_KINDS = ("pass", "known", "fixed", "finding", "unexpected-pass", "error", "no-verdict", "quarantine")
+_Text = Annotated[str, msgspec.Meta(min_length=1)]
+_Unset = msgspec.UnsetType
+
+
+class _RecordFile(msgspec.Struct, forbid_unknown_fields=True):
+    """One result of a record, as ``Record`` writes it: case, backend and status given, the rest may
+    be absent (a hand-made record) but is of its type when given."""
+
+    case: _Text
+    backend: _Text
+    status: Literal[STATUSES]  # type: ignore[valid-type]
+    file: str | _Unset = msgspec.UNSET
+    case_id: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{12}$")] | _Unset = msgspec.UNSET
+    family: str | _Unset = msgspec.UNSET
+    message: str | _Unset = msgspec.UNSET
+    ledger: Literal[LEDGER_KINDS] | _Unset = msgspec.UNSET  # type: ignore[valid-type]
+    ledger_message: str | _Unset = msgspec.UNSET
+    versions: dict[str, str] | _Unset = msgspec.UNSET
+    check: _Text | _Unset = msgspec.UNSET
+
+
+class _EnvironmentFile(msgspec.Struct, forbid_unknown_fields=True):
+    python: str | None | _Unset = msgspec.UNSET
+    torch: str | None | _Unset = msgspec.UNSET
+    gpu: str | None | _Unset = msgspec.UNSET
+    packages: dict[str, str] | _Unset = msgspec.UNSET
+    unavailable: dict[str, str] | _Unset = msgspec.UNSET
+
+
+class _ReplayFile(msgspec.Struct, forbid_unknown_fields=True):
+    schema_version: int
+    kind: str
+    results: list[_RecordFile]
+    environment: _EnvironmentFile | _Unset = msgspec.UNSET
+
+
+class ReplayDocument(dict):  # type: ignore[type-arg]
+    """A record as read (its JSON object), with the file it came from, for messages."""
+
+    path: Path
+
+
 def load_replay(path: Path) -> dict[str, Any]:
-    """A ``replay --json`` document, checked enough to compare (the message names the file)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ReplayError(f"{path}: not a readable replay record ({exc})") from None
-    if not isinstance(data, dict) or data.get("kind") != REPLAY_KIND or data.get("schema_version") != REPLAY_SCHEMA:
+    """A ``replay --json`` document, read strictly (``ReplayError`` names the file and the field): the
+    schema above (exact statuses, no unknown field, an object where one belongs), each (case, backend)
+    once, and one case id per case."""
+    data = read_json(Path(path), ReplayError)  # a key given twice, nesting too deep: refused here
+    if not isinstance(data, dict) or data.get("kind") != REPLAY_KIND or data.get("schema_version") != REPLAY_SCHEMA \
+            or isinstance(data.get("schema_version"), bool):
         raise ReplayError(f"{path}: not a pa-oracle replay record (write one with pa-oracle replay --json CASES...)")
-    results = data.get("results")
-    if not isinstance(results, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("case"), str) and isinstance(r.get("backend"), str) and isinstance(r.get("status"), str)
-        for r in results
-    ):
-        raise ReplayError(f"{path}: 'results' must be a list of records with case, backend and status")
-    return data
+    record = convert(data, _ReplayFile, where=f"{path}", error=ReplayError)
+    where: dict[tuple[str, str], int] = {}
+    ids: dict[str, tuple[str, int]] = {}
+    for i, r in enumerate(record.results):
+        if (first := where.setdefault((r.case, r.backend), i)) != i:
+            raise ReplayError(f"{path}: results[{i}]: case {r.case!r} on {r.backend!r} again (first at results[{first}]): "
+                              "a record judges each case on each backend once")
+        if r.case_id is not msgspec.UNSET:
+            known, at = ids.setdefault(r.case, (r.case_id, i))
+            if known != r.case_id:
+                raise ReplayError(f"{path}: results[{i}].case_id: case {r.case!r} is {r.case_id} here but {known} at "
+                                  f"results[{at}]: one name, two cases")
+    document = ReplayDocument(data)
+    document.path = Path(path)
+    return document
+
+
+def _same_cases(before: dict[str, Any], after: dict[str, Any]) -> None:
+    """``ReplayError`` when a case has one id in ``before`` and another in ``after``: the case file
+    changed between the records, so its statuses are not the same case's to compare."""
+    ids = {r["case"]: r["case_id"] for r in before["results"] if "case_id" in r}
+    for i, r in enumerate(after["results"]):
+        if "case_id" in r and r["case"] in ids and ids[r["case"]] != r["case_id"]:
+            raise ReplayError(f"{getattr(after, 'path', 'the second record')}: results[{i}].case_id: case {r['case']!r} is "
+                              f"{r['case_id']} here but {ids[r['case']]} in {getattr(before, 'path', 'the first record')}: "
+                              "the case changed between the records "
+                              "(replay one corpus on both environments)")
 
 
 @dataclass(frozen=True)
@@ -168,7 +233,9 @@ class Change:
 def compare(before: dict[str, Any], after: dict[str, Any]) -> list[Change]:
     """Per (case, backend): ``fixed`` (failed, passes), ``regressed`` (passed, fails or crashes),
     ``same``, ``changed`` (any other status change, e.g. pass -> unsupported), ``new`` (only in
-    ``after``), ``gone`` (only in ``before``)."""
+    ``after``), ``gone`` (only in ``before``). A case whose id differs between the records is
+    ``ReplayError`` (naming the records' files when ``load_replay`` read them)."""
+    _same_cases(before, after)
     old = {(r["case"], r["backend"]): r["status"] for r in before["results"]}
     new = {(r["case"], r["backend"]): r["status"] for r in after["results"]}
     changes = []
