@@ -174,7 +174,6 @@ def fuzz(
     from pa_oracle.fuzz.draw.strategies import Limits
     from pa_oracle.fuzz.progress import CampaignProgress
 
-    remember_out_dir(ctx, out_dir)
     if resume and overwrite:
         raise click.UsageError("--resume continues the campaign in --out and --overwrite starts a new one: give one of them")
     if workers > 1 and shard_text:
@@ -182,6 +181,9 @@ def fuzz(
     shard = _parse_shard(shard_text)
     if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
         chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
+    fresh = not (resume or overwrite or merge_only or shard_text)
+    out_dir = _default_out_for_a_new_run(ctx, out_dir, workers) if fresh else out_dir
+    remember_out_dir(ctx, out_dir)
     started, worker_codes, left_out = time.monotonic(), [], {}
     with campaign_lock(out_dir, shard):  # the --workers parent holds --out, each worker its shard
         if merge_only:
@@ -236,7 +238,44 @@ def fuzz(
     kept = "; the states are kept (--resume continues them)" if worker_codes and code == TOOL_FAILED else ""
     for line in problems:
         click.echo(f"pa-oracle: {line}{kept}", err=True)
+    _name_the_folder(out_dir, to_stderr=as_json)
     ctx.exit(code)
+
+
+RUN_FOLDER = "run-%Y%m%d-%H%M%S"  # under the default --out, one per run once it holds a campaign
+
+
+def _default_out_for_a_new_run(ctx: click.Context, out_dir: Path, workers: int, kind: str = "campaign") -> Path:
+    """Where a new campaign goes. The user who gave --out gets it (and the refusal, if it holds a campaign:
+    replacing a campaign is theirs to ask for, with --overwrite). With the default --out, the README's
+    command run again means "fuzz again", not "replace" or "continue": the run gets a fresh
+    ``pa-findings/run-YYYYMMDD-HHMMSS`` folder beside what is kept (nothing is moved or deleted); the
+    first run, and every --shard/--merge/--resume, keeps ``pa-findings`` itself, where job arrays and the
+    pytest plugin (``--pa-out``) look."""
+    from pa_oracle.fuzz.campaign.outdir import kept_campaign
+    from pa_oracle.fuzz.campaign.shard import Shard
+    from pa_oracle.fuzz.campaign.state import state_path
+
+    if ctx.get_parameter_source("out_dir") == ParameterSource.COMMANDLINE or not kept_campaign(
+            out_dir, state_path(out_dir, Shard()), workers, kind):
+        return out_dir
+    stamp = time.strftime(RUN_FOLDER)
+    for n in range(1, 1000):
+        folder = out_dir / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:  # another run started this second
+            continue
+        click.echo(f"{out_dir} holds an earlier campaign (kept): this run writes {folder}", err=True)
+        ctx.meta["pa_oracle.fresh_out"] = folder  # --workers forwards it to its shards
+        return folder
+    raise click.UsageError(f"{out_dir}: no free run folder for {stamp}; give --out")
+
+
+def _name_the_folder(out_dir: Path, *, to_stderr: bool) -> None:
+    """The last line of every run (findings or none): the folder it wrote, and how to continue it."""
+    if Path(out_dir).is_dir():
+        click.echo(f"campaign folder: {out_dir} (continue it: pa-oracle fuzz --resume --out {out_dir})", err=to_stderr)
 
 
 def _compile_plan(backends: list[Backend], limits: Any, ledger: Any, budget: float | None, seed: int, *,
@@ -343,6 +382,8 @@ def _fuzz_with_workers(
 def _forwarded_args(ctx: click.Context) -> list[str]:
     """The options given on this command line, as arguments for a worker (less --workers/--json)."""
     args: list[str] = []
+    if fresh := ctx.meta.get("pa_oracle.fresh_out"):  # the run folder chosen under the default --out
+        args += ["--out", str(fresh)]
     for param in ctx.command.params:
         name = param.name or ""
         if name in ("workers", "as_json", "merge_only") or ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
