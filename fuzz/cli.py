@@ -728,26 +728,37 @@ def _check_result_json(r: BackendResult) -> dict[str, Any]:
 @click.option("--examples", "-n", type=EXAMPLES, default=200, show_default=True, help="Budget per planted bug.")
 @click.option("--correct-examples", type=EXAMPLES, default=150, show_default=True, help="Examples per correct kernel.")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--time-budget", type=Seconds(), default=None,
+              help="Seconds for the whole selftest: no kernel starts after it and one running is cut; those are listed (exit 3).")
 @click.option("--json", "as_json", is_flag=True)
-def selftest(examples: int, correct_examples: int, seed: int, as_json: bool) -> None:
-    """Detection power: planted bugs found, correct kernels not flagged; exit 1 otherwise."""
+def selftest(examples: int, correct_examples: int, seed: int, time_budget: float | None, as_json: bool) -> None:
+    """Detection power: planted bugs found, correct kernels not flagged.
+
+    One line per kernel as it ends (its time, the time so far and an estimate of the time left).
+    Exit 0: every planted bug found and no correct kernel flagged; 1: a bug missed or a false alarm
+    (among those that ran); 3: --time-budget ran out before every kernel ran (no verdict on those)."""
     import dataclasses
 
     from pa_oracle.fuzz.quality.selftest import run_selftest
 
-    results = run_selftest(examples=examples, correct_examples=correct_examples, seed=seed,
-                           progress=None if as_json else click.echo)
-    bugs = [r for r in results if r.planted]
-    correct = [r for r in results if not r.planted]
+    results = run_selftest(examples=examples, correct_examples=correct_examples, seed=seed, time_budget=time_budget,
+                           progress=lambda line: click.echo(line, err=as_json))
+    ran = [r for r in results if r.ran]
+    bugs = [r for r in ran if r.planted]
+    correct = [r for r in ran if not r.planted]
+    not_run = [r.kernel for r in results if not r.ran]
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     else:
         found = sum(r.detected for r in bugs)
-        median = sorted(r.examples for r in bugs)[len(bugs) // 2]
+        median = sorted(r.examples for r in bugs)[len(bugs) // 2] if bugs else 0
         click.echo(
             f"detection {found}/{len(bugs)} planted bugs (median {median} examples to detection), "
             f"false alarms {sum(r.detected for r in correct)}/{len(correct)} correct kernels"
         )
-    if not all(r.ok for r in results):
+    if not all(r.ok for r in ran):
         sys.exit(1)
-
+    if not_run:
+        click.echo(f"pa-oracle: --time-budget {time_budget:g}s ran out: {len(not_run)} of {len(results)} kernels did not run "
+                   f"(or were cut): {', '.join(not_run)}; no verdict on them", err=True)
+        sys.exit(3)

@@ -1,19 +1,26 @@
 """The suite's detection power: fuzz every planted-bug kernel (each must be found) and every
-correct-but-differently-rounded kernel (none may be flagged), with a fixed seed and budget."""
+correct-but-differently-rounded kernel (none may be flagged), with a fixed seed and budget; one
+progress line per kernel with the time it took and an estimate of the time left."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign import engine
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.quality import planted, planted_composed, planted_families, planted_layouts
 
 # each: BUGS, PLANTED, CORRECT (user-kernel functions, or Backend classes), optional CHECKS (kernel -> check name)
 MODULES = (planted, planted_families, planted_layouts, planted_composed)
+# selftest asks "is it found?", not "how small": a finding's shrinking stops after this many seconds (the
+# finding is kept as it is then). Unbounded, one planted bug shrank for over five minutes on a CPU and
+# Hypothesis printed its "spent more than five minutes working to shrink ... PLEASE REPORT THIS".
+SHRINK_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -23,28 +30,91 @@ class SelftestResult:
     detected: bool
     examples: int
     message: str
+    seconds: float = 0.0
+    ran: bool = True  # False: --time-budget ran out before (or while) it ran: no verdict on it
 
     @property
     def ok(self) -> bool:
-        return self.detected == self.planted
+        return self.ran and self.detected == self.planted
+
+
+def selftest_kernels() -> list[tuple[object, str]]:
+    """(module, name) of every kernel selftest runs, in the order it runs them."""
+    return [(m, n) for m in MODULES for n in m.PLANTED + m.CORRECT]
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class _ShrinkBound:
+    """``on_case`` for fuzz_backend: ends a finding's shrinking after ``seconds`` (through the engine's own stop,
+    which keeps the finding as it is). A public engine hook would be better; see the module's SHRINK_SECONDS."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.shrinking_since = seconds, None
+
+    def __call__(self, _result: object, searching: bool) -> None:
+        if searching:
+            return
+        now = time.monotonic()
+        if self.shrinking_since is None:
+            self.shrinking_since = now
+        elif now - self.shrinking_since > self.seconds:
+            raise engine._Stop  # noqa: SLF001 - ends Hypothesis' shrinking; the engine keeps the finding
 
 
 def run_selftest(
-    *, examples: int = 200, correct_examples: int = 150, seed: int = 0, progress: Callable[[str], None] | None = None
+    *, examples: int = 200, correct_examples: int = 150, seed: int = 0, progress: Callable[[str], None] | None = None,
+    time_budget: float | None = None, shrink_seconds: float = SHRINK_SECONDS,
 ) -> list[SelftestResult]:
-    results = []
-    for module, name in [(m, n) for m in MODULES for n in m.PLANTED + m.CORRECT]:
-        is_bug = name in module.BUGS
+    """Every kernel's result, in order. With ``time_budget`` (seconds) no kernel starts after it is spent and one
+    still running is cut at it: those come back with ``ran=False``."""
+    kernels = selftest_kernels()
+    started = time.monotonic()
+    deadline = started + time_budget if time_budget is not None else None
+    results: list[SelftestResult] = []
+    if progress:
+        bugs = sum(name in module.BUGS for module, name in kernels)  # type: ignore[attr-defined]
+        progress(f"selftest: {len(kernels)} kernels ({bugs} planted bugs, {len(kernels) - bugs} correct), "
+                 f"up to {examples} examples per bug, {correct_examples} per correct kernel")
+    for i, (module, name) in enumerate(kernels):
+        is_bug = name in module.BUGS  # type: ignore[attr-defined]
+        wanted = examples if is_bug else correct_examples
+        if deadline is not None and time.monotonic() >= deadline:
+            results.append(SelftestResult(name, is_bug, False, 0, "not run: --time-budget spent", ran=False))
+            continue
         target = getattr(module, name)
-        kernel = target() if isinstance(target, type) and issubclass(target, Backend) else UserKernel(target, name=f"{module.__name__}:{name}")
+        kernel = target() if isinstance(target, type) and issubclass(target, Backend) else UserKernel(target, name=f"{module.__name__}:{name}")  # type: ignore[attr-defined]
         check = ALL_CHECKS[getattr(module, "CHECKS", {}).get(name, "oracle")]
+        one = time.monotonic()
         # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
-        outcome = fuzz_backend(kernel, check=check, examples=examples if is_bug else correct_examples, base_seed=seed,
-                               isolate=False)
+        outcome = fuzz_backend(kernel, check=check, examples=wanted, base_seed=seed, isolate=False, deadline=deadline,
+                               on_case=_ShrinkBound(shrink_seconds))
+        seconds = time.monotonic() - one
         message = outcome.finding.message.splitlines()[0] if outcome.finding else ""
-        result = SelftestResult(name, is_bug, outcome.finding is not None, outcome.examples, message)
+        # the budget ended it before its examples (a finding cut while shrinking is kept: it was found)
+        cut = outcome.finding is None and outcome.examples < wanted and deadline is not None and time.monotonic() >= deadline
+        result = SelftestResult(name, is_bug, outcome.finding is not None, outcome.examples,
+                                message if not cut else f"cut by --time-budget after {outcome.examples} examples",
+                                round(seconds, 2), ran=not cut)
         results.append(result)
         if progress:
-            state = "found" if result.detected else "not flagged"
-            progress(f"{'ok ' if result.ok else 'BAD'} {name}: {state} after {result.examples} examples {message[:90]}")
+            elapsed = time.monotonic() - started
+            left = len(kernels) - i - 1
+            same = [r.seconds for r in results if r.ran and r.planted == is_bug] or [seconds]
+            rest = sum(name2 in m.BUGS for m, name2 in kernels[i + 1:])  # type: ignore[attr-defined]
+            bug_mean = _mean([r.seconds for r in results if r.ran and r.planted], same)
+            correct_mean = _mean([r.seconds for r in results if r.ran and not r.planted], same)
+            estimate = rest * bug_mean + (left - rest) * correct_mean
+            state = "CUT" if cut else ("found" if result.detected else "not flagged")
+            verdict = "---" if cut else ("ok " if result.ok else "BAD")
+            progress(f"[{i + 1}/{len(kernels)}] {verdict} {name}: {state} after {result.examples} examples in "
+                     f"{_duration(seconds)} (elapsed {_duration(elapsed)}, about {_duration(estimate)} left) {message[:80]}")
     return results
+
+
+def _mean(values: list[float], fallback: list[float]) -> float:
+    use = values or fallback
+    return sum(use) / len(use)
