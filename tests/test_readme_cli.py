@@ -119,3 +119,11 @@ def test_each_pytest_option_the_readme_shows_is_the_plugins() -> None:
 def test_the_logit_gate_needs_data_and_never_defaults_to_a_folder_beside_the_checkout() -> None:
     result = CliRunner().invoke(main, ["gate", "logits", "--model", "m", "--backend", "oracle"])
     assert result.exit_code == 2 and "Missing option '--data'" in result.output, result.output
+
+
+def test_every_pip_wheel_the_readme_shows_builds_no_dependencies() -> None:
+    """``pip wheel .`` alone also builds every dependency (torch resolves to the newest CUDA build, ~2.9 GB)."""
+    shown = re.findall(r"pip wheel[^`\n]*", README.read_text())
+    assert shown, "the README shows how to build a wheel"
+    assert all("--no-deps" in line for line in shown), shown
+    assert any("pip wheel . -w dist --no-deps" in line for line in shown), shown
