@@ -237,9 +237,13 @@ class CampaignState:
         state = convert(data, _StateFile, where=where, error=CampaignStateError)
         if state.config.shard is not msgspec.UNSET:
             try:
-                Shard.parse(state.config.shard)
+                shard = Shard.parse(state.config.shard)
             except ValueError as exc:
                 raise CampaignStateError(f"{where}: config.shard: {exc}") from None
+            named = _shard_named(Path(path))
+            if named is not None and named != shard:
+                raise CampaignStateError(f"{where}: config.shard: {state.config.shard!r}, but {Path(path).name} holds shard "
+                                         f"{named}'s state (its cases and seeds would be another shard's)")
         results = {}
         for name, raw in state.backends.items():
             result = BackendResult.from_json(raw, where=where, field=f"backends.{name}")
@@ -359,6 +363,19 @@ def state_path(out_dir: Path, shard: Shard, kind: str = CAMPAIGN) -> Path:
     if shard.count == 1:
         return Path(out_dir) / f"{kind}.json"
     return Path(out_dir) / "shards" / f"{kind}-{shard.index}-of-{shard.count}.json"
+
+
+def _shard_named(path: Path) -> Shard | None:
+    """The shard whose state ``state_path`` keeps at ``path`` (None: a name it does not write)."""
+    if path.name in (f"{CAMPAIGN}.json", f"{CHECKS_CAMPAIGN}.json"):
+        return Shard()
+    m = re.fullmatch(rf"(?:{CAMPAIGN}|{CHECKS_CAMPAIGN})-(\d+)-of-(\d+)\.json", path.name, re.ASCII)
+    if m is None or path.parent.name != "shards" or m[1] != str(int(m[1])) or m[2] != str(int(m[2])):
+        return None
+    try:
+        return Shard(int(m[1]), int(m[2]))
+    except ValueError:
+        return None
 
 
 def load_shards(out_dir: Path, kind: str = CAMPAIGN) -> list[CampaignState]:

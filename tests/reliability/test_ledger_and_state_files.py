@@ -116,6 +116,7 @@ HOSTILE_STATES = [
     (lambda d: d["config"].update(max_kv_len=-1), "config.max_kv_len: expected int >= 0, got -1"),
     (lambda d: d["config"].update(only="alibi=false"), "config.only: expected list, got str"),
     (lambda d: d["config"].update(shard="2/2"), "config.shard: a shard is INDEX/COUNT"),
+    (lambda d: d["config"].update(shard="1/2"), "config.shard: '1/2', but campaign.json holds shard 0/1's state"),
     (lambda d: backend(d).pop("backend"), "backends.sdpa-math.backend: missing"),
     (lambda d: backend(d).update(backend="flashinfer-decode"), "backends.sdpa-math.backend is 'flashinfer-decode'"),
     (lambda d: backend(d).update(examples=-3), "backends.sdpa-math.examples: expected int >= 0, got -3"),
