@@ -65,7 +65,8 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
         if name in _INT_FIELDS:
             least = _INT_FIELDS[name]
             if not raw.isdigit() or int(raw) < least:
-                raise click.UsageError(f"--only {name} takes an integer >= {least}, got {raw!r}")
+                raise click.UsageError(f"--only {name} takes a non-negative integer" + (f" of at least {least}" if least else "")
+                                       + f", got {raw!r}")
             changes[name] = int(raw)
         elif isinstance(current, bool):
             if raw.lower() not in ("true", "false"):
@@ -732,7 +733,7 @@ def _check_result_json(r: BackendResult) -> dict[str, Any]:
               help="Seconds for the whole selftest: no kernel starts after it and one running is cut; those are listed (exit 3).")
 @click.option("--json", "as_json", is_flag=True)
 def selftest(examples: int, correct_examples: int, seed: int, time_budget: float | None, as_json: bool) -> None:
-    """Detection power: planted bugs found, correct kernels not flagged.
+    """Detection power: planted bugs found, correct kernels not flagged; exit 1 otherwise.
 
     One line per kernel as it ends (its time, the time so far and an estimate of the time left).
     Exit 0: every planted bug found and no correct kernel flagged; 1: a bug missed or a false alarm

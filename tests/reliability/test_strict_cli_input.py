@@ -36,8 +36,9 @@ def refused(result: Result, *words: str) -> None:
         ("page_sizes=0", ["--only page_sizes", "positive integers", "'0'"]),
         ("page_sizes=16,,32", ["--only page_sizes=16,,32", "empty value"]),
         ("head_dims=-64", ["--only head_dims", "positive integers"]),
-        ("page_size_multiple=0", ["--only page_size_multiple", ">= 1"]),
-        ("max_group_size=0", ["--only max_group_size", ">= 1"]),
+        ("page_size_multiple=0", ["--only page_size_multiple", "of at least 1", "'0'"]),
+        ("max_group_size=0", ["--only max_group_size", "of at least 1"]),
+        ("min_qo_len=-1", ["--only min_qo_len", "non-negative integer, got '-1'"]),
         ("soft_cap_alibi_order=alibi-then-cap", ["--only cannot narrow soft_cap_alibi_order"]),
     ],
 )
