@@ -82,3 +82,25 @@ def test_a_run_with_a_finding_names_its_folder_too(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     assert named_folder(result) == out and list(out.rglob("report.md"))
     assert result.output.rstrip().splitlines()[-1].startswith("campaign folder: "), "the last line names the folder"
+
+
+def test_workers_write_their_shards_into_the_fresh_folder(tmp_path: Path) -> None:
+    """--workers forwards the chosen run folder: the shards' states land in it, not in the kept campaign."""
+    import os
+    import subprocess
+    import sys
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pa_oracle", "fuzz", "-b", "sdpa-math", "-n", "4", "--workers", "2", *TINY],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ})
+
+    first = run()
+    assert first.returncode == 0, first.stderr[-2000:]
+    kept = sorted(p.name for p in (tmp_path / "pa-findings" / "shards").iterdir())
+    second = run()
+    assert second.returncode == 0, second.stderr[-2000:]
+    (folder,) = (tmp_path / "pa-findings").glob("run-*")
+    assert f"campaign folder: pa-findings/{folder.name}" in second.stdout
+    assert sorted(p.name for p in (folder / "shards").iterdir()) == kept, "both shards wrote into the run folder"
+    assert sorted(p.name for p in (tmp_path / "pa-findings" / "shards").iterdir()) == kept
+    assert json.loads((folder / "summary.json").read_text())[0]["examples"] == 4
