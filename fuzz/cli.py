@@ -273,10 +273,10 @@ def _default_out_for_a_new_run(ctx: click.Context, out_dir: Path, workers: int, 
     raise click.UsageError(f"{out_dir}: no free run folder for {stamp}; give --out")
 
 
-def _name_the_folder(out_dir: Path, *, to_stderr: bool) -> None:
+def _name_the_folder(out_dir: Path, *, to_stderr: bool, command: str = "fuzz") -> None:
     """The last line of every run (findings or none): the folder it wrote, and how to continue it."""
     if Path(out_dir).is_dir():
-        click.echo(f"campaign folder: {out_dir} (continue it: pa-oracle fuzz --resume --out {out_dir})", err=to_stderr)
+        click.echo(f"campaign folder: {out_dir} (continue it: pa-oracle {command} --resume --out {out_dir})", err=to_stderr)
 
 
 def _compile_plan(backends: list[Backend], limits: Any, ledger: Any, budget: float | None, seed: int, *,
@@ -671,6 +671,8 @@ def metamorphic(
     shard = _parse_shard(shard_text)
     if case_file and (resume or merge_only or shard_text):
         raise click.UsageError("--case runs one saved case: it takes no --resume, --shard or --merge")
+    fresh = not (resume or overwrite or merge_only or shard_text or case_file)
+    out_dir = _default_out_for_a_new_run(ctx, out_dir, 1, CHECKS_CAMPAIGN) if fresh else out_dir  # as fuzz does
     remember_out_dir(ctx, out_dir)
     case = load_case(case_file) if case_file else None  # a CaseError exits 2 (pa_oracle.fuzz.exits)
     if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
@@ -707,6 +709,8 @@ def metamorphic(
             click.echo(r.line())
             for f in r.findings:
                 click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}")
+    if case is None:
+        _name_the_folder(out_dir, to_stderr=as_json, command="metamorphic")
     if any(r.findings for r in results):
         sys.exit(1)
     if not results or any(r.status == "incomplete" or (case is None and not r.is_complete) for r in results):

@@ -104,3 +104,22 @@ def test_workers_write_their_shards_into_the_fresh_folder(tmp_path: Path) -> Non
     assert sorted(p.name for p in (folder / "shards").iterdir()) == kept, "both shards wrote into the run folder"
     assert sorted(p.name for p in (tmp_path / "pa-findings" / "shards").iterdir()) == kept
     assert json.loads((folder / "summary.json").read_text())[0]["examples"] == 4
+
+
+def test_metamorphic_reruns_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    def run() -> Result:
+        return CliRunner().invoke(pa_oracle.cli.main, ["metamorphic", "-b", "sdpa-math", "--check", "alone", "-n", "2"])
+
+    first = run()
+    assert first.exit_code == 0, first.output
+    assert "campaign folder: pa-findings (continue it: pa-oracle metamorphic --resume --out pa-findings)" in first.output
+    kept = Path("pa-findings/checks.json").read_bytes()
+    again = run()
+    assert again.exit_code == 0, again.output
+    (folder,) = Path("pa-findings").glob("run-*")
+    assert f"campaign folder: {folder} (continue it: pa-oracle metamorphic --resume --out {folder})" in again.output
+    assert (folder / "checks.json").is_file() and Path("pa-findings/checks.json").read_bytes() == kept
+    mine = CliRunner().invoke(pa_oracle.cli.main, ["metamorphic", "-b", "sdpa-math", "--check", "alone", "-n", "2", "--out", "pa-findings"])
+    assert mine.exit_code == 2 and "pa-findings holds a campaign" in mine.output, mine.output
