@@ -4,8 +4,9 @@ a command to those codes, so no command shows a traceback for bad input; ``campa
 turns a campaign's results into one.
 
 A campaign that ran and judged nothing is no verdict (3), never 0: no example ran, every example was
-unsupported, every judged case attended no key, or (the oracle comparison, at least 20 examples) more
-than 90% of them were unsupported (``pa_oracle.fuzz.campaign.state.UNSUPPORTED_BOUND``).
+unsupported, every judged case attended no key, or (the oracle comparison, at least 20 examples besides
+those judged without an attended key) more than 90% of them were unsupported
+(``pa_oracle.fuzz.campaign.state.UNSUPPORTED_BOUND``).
 ``--merge`` of shard states: states that cannot be one campaign's (another seed, backends, kernels or
 shard count; a shard twice, under a name that is not its own, or out of range; a case drawn by two
 shards) are bad input (2, naming the file and field); a campaign with a shard that has no state yet is

@@ -100,7 +100,8 @@ class BackendResult:
     def judged_nothing(self) -> str | None:
         """Why its examples are no verdict although it ran, or None: no example ran, every one was
         unsupported, every judged case attended no key (``no_keys``), or (the oracle comparison) more than
-        ``UNSUPPORTED_BOUND`` of at least ``UNSUPPORTED_MIN`` examples were unsupported. A finding is a verdict."""
+        ``UNSUPPORTED_BOUND`` of at least ``UNSUPPORTED_MIN`` examples were unsupported, the examples judged
+        without an attended key left out of both counts. A finding is a verdict."""
         if self.findings or self.not_applicable is not None or self.not_built is not None:
             return None
         judged = self.examples - self.unsupported
@@ -111,8 +112,10 @@ class BackendResult:
         if judged <= self.no_keys:
             return (f"every judged case attended no key ({self.no_keys} such case(s), {self.unsupported} unsupported "
                     f"of {self.examples}): nothing was compared")
-        if self.check == "oracle" and self.examples >= UNSUPPORTED_MIN and self.unsupported > UNSUPPORTED_BOUND * self.examples:
-            return (f"{self.unsupported} of {self.examples} examples were unsupported (more than {UNSUPPORTED_BOUND:.0%}): "
+        real = self.examples - self.no_keys  # a case judged without a key does not count for the kernel (it compared nothing)
+        if self.check == "oracle" and real >= UNSUPPORTED_MIN and self.unsupported > UNSUPPORTED_BOUND * real:
+            besides = f", besides {self.no_keys} judged without an attended key" if self.no_keys else ""
+            return (f"{self.unsupported} of {real} examples were unsupported (more than {UNSUPPORTED_BOUND:.0%}{besides}): "
                     "the kernel declined nearly every case drawn within its declared capabilities")
         return None
 

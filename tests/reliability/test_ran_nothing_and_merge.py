@@ -4,6 +4,7 @@ campaign's are exit 2 naming the file and field (issue 31)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -75,6 +76,23 @@ def test_a_kernel_that_declines_every_real_case_is_incomplete_not_ok(tmp_path: P
     assert state.no_keys == judged and not state.is_complete and "INCOMPLETE (every judged case attended no key" in state.line()
 
 
+def declines_nearly_every_real_case(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Takes a case with a key only when a hash of its q says so (1 in 20), else declines it."""
+    if _attends(qo_indptr, kv_indptr) and hashlib.sha256(q.cpu().float().numpy().tobytes()).digest()[0] >= 13:
+        raise NotImplementedError("declined")
+    return correct(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                   kv_last_page_len=kv_last_page_len)
+
+
+def test_a_kernel_that_declines_nearly_every_real_case_is_incomplete_not_ok(tmp_path: Path) -> None:
+    result = cli("fuzz", "-k", f"{HERE}:declines_nearly_every_real_case", "-n", "80", *TINY, "--out", str(tmp_path), "--json")
+    [summary] = json.loads(result.stdout)
+    state = CampaignState.load(tmp_path / "campaign.json").results[f"{HERE}:declines_nearly_every_real_case"]
+    real = summary["examples"] - state.no_keys
+    assert summary["examples"] - summary["unsupported"] > state.no_keys > 0, (summary, state.no_keys)  # some real case passed
+    assert_clean(result, TOOL_FAILED, f"judged nothing: {summary['unsupported']} of {real} examples were unsupported (more than 90%")
+
+
 def test_the_correct_twin_with_the_same_draws_is_ok(tmp_path: Path) -> None:
     result = cli("fuzz", "-k", "tests.reliability.bad_kernels:correct", "-n", "40", *TINY, "--out", str(tmp_path), "--json")
     assert_clean(result, NO_FINDING)
@@ -96,6 +114,9 @@ def counted(examples: int, unsupported: int, no_keys: int = 0, check: str = "ora
     (counted(19, 18), NO_FINDING, ""),  # too few examples to judge a share
     (counted(20, 19, check="reorder"), NO_FINDING, ""),  # a check skips what it cannot apply to: no bound
     (counted(20, 19, status="running"), TOOL_FAILED, "more than 90%"),  # the time budget's end: judged all the same
+    (counted(30, 19, no_keys=9), TOOL_FAILED, "19 of 21 examples were unsupported (more than 90%, besides 9 judged without"),
+    (counted(30, 18, no_keys=9), NO_FINDING, ""),  # 18 of 21: not above the bound
+    (counted(28, 18, no_keys=9), NO_FINDING, ""),  # 19 examples besides the empty ones: too few
     (counted(10, 4, no_keys=6), TOOL_FAILED, "every judged case attended no key (6 such case(s), 4 unsupported of 10)"),
     (counted(10, 4, no_keys=6, check="reorder"), TOOL_FAILED, "every judged case attended no key"),
     (counted(10, 4, no_keys=5), NO_FINDING, ""),  # one real case judged
