@@ -17,7 +17,7 @@ def test_planted_bug_is_found_shrunk_and_reproduced(bug: str, tmp_path) -> None:
     case = result.finding.case
     assert case.layout.batch_size <= 2 and max(case.layout.kv_lens) <= 17, case.summary()
     assert "--kernel" in result.repro and (result.finding_dir / "report.md").exists()
-    replayed = CliRunner().invoke(main, ["replay", str(result.finding_dir / "case.json")])
+    replayed = CliRunner().invoke(main, ["replay", str(result.finding_dir / "case.json"), "--kernel", spec])
     assert replayed.exit_code == 1, replayed.output
     assert "FAIL" in replayed.output and "Worst" in replayed.output
 

@@ -173,18 +173,18 @@ def hang_finding(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_replayed_crash_finding_replays_as_a_crash(crash_finding: Path) -> None:
-    result = CliRunner().invoke(main, ["replay", str(crash_finding / "case.json")])
+    result = CliRunner().invoke(main, ["replay", str(crash_finding / "case.json"), "--kernel", f"{MODULE}:exits_hard"])
     assert result.exit_code == 1, result.output
     assert f"{MODULE}:exits_hard: CRASH: worker process died (exit code 3)" in result.output
 
 
 def test_a_replayed_hang_finding_replays_as_a_hang(hang_finding: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PA_ORACLE_CASE_TIMEOUT", "1")
-    result = CliRunner().invoke(main, ["replay", str(hang_finding / "case.json"), "--json"])
+    result = CliRunner().invoke(main, ["replay", str(hang_finding / "case.json"), "--kernel", f"{MODULE}:hangs", "--json"])
     assert result.exit_code == 1, result.output
     assert json.loads(result.output)["status"] == "crash" and "hang: no answer after 3 s" in result.output
     monkeypatch.setenv("PA_ORACLE_CASE_TIMEOUT", "0")
-    refused = CliRunner().invoke(main, ["replay", str(hang_finding / "case.json")])
+    refused = CliRunner().invoke(main, ["replay", str(hang_finding / "case.json"), "--kernel", f"{MODULE}:hangs"])
     assert refused.exit_code == 2 and "PA_ORACLE_CASE_TIMEOUT='0'" in refused.output, refused.output
 
 

@@ -227,7 +227,7 @@ def test_sigkill_then_resume_loses_no_finding(tmp_path) -> None:
     assert by_backend[GQA_BUG]["finding"]["dir"] == str(folder) and by_backend[SLOW]["examples"] == 3
     assert finding_dirs(out) == [folder] and tree(folder) == saved
     assert load_case(folder / "case.json").case_id, "the saved case loads"
-    assert cli("replay", str(folder / "case.json")).exit_code == FINDING
+    assert cli("replay", str(folder / "case.json"), "--kernel", GQA_BUG).exit_code == FINDING
 
 
 def test_a_finding_that_cannot_be_saved_stops_with_exit_3_and_is_rescued(tmp_path) -> None:

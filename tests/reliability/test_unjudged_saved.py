@@ -62,7 +62,7 @@ def test_a_user_kernels_unjudged_case_replays_on_that_kernel(monkeypatch: pytest
     assert load_case(folder / "case.json").meta["kernel"] == f"{MODULE}:correct"
     assert (folder / "error.txt").read_text().startswith(f"To re-run it: pa-oracle replay {folder / 'case.json'} --kernel {MODULE}:correct")
     monkeypatch.undo()  # the replay judges with the real oracle: the case passes
-    replayed = CliRunner().invoke(main, ["replay", str(folder / "case.json"), "--json"])
+    replayed = CliRunner().invoke(main, ["replay", str(folder / "case.json"), "--kernel", f"{MODULE}:correct", "--json"])
     assert replayed.exit_code == 0, replayed.output
     assert json.loads(replayed.output)["status"] == "pass"
 
