@@ -142,7 +142,7 @@ DEFAULT_MAX_BATCH, DEFAULT_MAX_KV_LEN = 6, 300
 @click.option("--rerun-findings", is_flag=True, help="With --resume: fuzz again the backends that stopped at a finding.")
 @click.option("--skip-known/--no-skip-known", default=True, show_default=True, help="Skip drawn cases that a ledger entry's 'matches' predicate covers.")
 @click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger (default: golden/ledger.json).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes, one shard each, pinned to the GPUs round-robin.")
+@click.option("--workers", type=click.IntRange(1, 4096), default=1, show_default=True, help="Worker processes, one shard each, pinned to the GPUs round-robin.")
 @click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign (a job-array task); state in OUT/shards/.")
 @click.option("--merge", "merge_only", is_flag=True, help="Fuzz nothing: merge the shard states in --out and print the summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
@@ -404,7 +404,7 @@ def _result_json(result: BackendResult) -> dict[str, Any]:
         "unsupported": result.unsupported, "skipped_known": result.skipped_known, "chunks": result.chunks_done,
         "seconds": round(result.seconds, 2), "start_seconds": round(result.start_seconds, 2),
         "compile_seconds": round(result.compile_seconds, 2), "judge_seconds": round(result.judge_seconds, 2),
-        "worst_ratio": result.worst_ratio, "coverage": result.coverage.to_json(result.declared),
+        "worst_ratio": result.worst_ratio, "worst_allowed": result.worst_allowed, "no_keys": result.no_keys, "coverage": result.coverage.to_json(result.declared),
         "finding": findings[0] if findings else None, "findings": findings, "notes": result.notes, "not_built": result.not_built,
     }
 

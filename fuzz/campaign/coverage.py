@@ -140,6 +140,7 @@ def coverage_table(rows: list[tuple[str, Coverage, dict[str, list[str]]]]) -> li
     header = f"{'backend':<{name_width}}  total " + " ".join(f"{title:>8}" for title in DIMENSIONS.values())
     lines = ["coverage: declared feature values exercised (covered/declared)", header]
     for name, cov, wanted in rows:
+        wanted = {d: wanted.get(d, []) for d in DIMENSIONS}  # a dimension a state does not declare: nothing declared
         cells = " ".join(f"{len(cov.covered(d, wanted[d]))}/{len(wanted[d])}".rjust(8) for d in DIMENSIONS)
         lines.append(f"{name:<{name_width}}  {cov.fraction(wanted):>5.0%} {cells}")
     for name, cov, wanted in rows:

@@ -40,6 +40,7 @@ from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime, i
 from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.report import limit_ratio
 from pa_oracle.oracle.tolerance import Tolerance
 from pa_oracle.oracle.visibility import attended
 
@@ -323,8 +324,9 @@ def fuzz_backend(
                 result.notes.append(broke)
             if failing:
                 result.status = "finding"
+                first = failing[0]  # the first failing case of the search, kept beside the minimal one
                 failing[-1] = fewer_requests(failing[-1], judge, is_known)
-                _record_finding(result, failing[-1], backend, out_dir, kernel_spec)
+                _record_finding(result, failing[-1], backend, out_dir, kernel_spec, first=first)
             elif broke is not None and not broke.startswith(OUT_OF_TIME):
                 result.status = "incomplete"
             elif result.examples == before and not out_of_time and broke is None:
@@ -423,6 +425,8 @@ def _count(result: BackendResult, outcome: Outcome) -> None:
     if outcome.status == "pass" and outcome.verdict is not None and outcome.verdict.out is not None:
         if math.isfinite(ratio := outcome.verdict.out.ratio):  # inf: the control was exact, the kernel within the floor
             result.worst_ratio = max(result.worst_ratio, ratio)
+        if math.isfinite(allowed := limit_ratio(outcome.verdict.out)):
+            result.worst_allowed = max(result.worst_allowed, allowed)
 
 
 def attends_a_key(case: Case) -> bool:
@@ -448,13 +452,14 @@ def _saved_at(outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_s
 
 
 def _record_finding(
-    result: BackendResult, outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_spec: str | None
+    result: BackendResult, outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_spec: str | None,
+    first: Outcome | None = None,
 ) -> None:
     result.finding = outcome
     result.finding_dir = result.repro = None
     case_id = outcome.case.case_id
     if out_dir is not None:
-        result.finding_dir, case_id, result.repro = publish_finding(outcome, backend, out_dir, kernel_spec)
+        result.finding_dir, case_id, result.repro = publish_finding(outcome, backend, out_dir, kernel_spec, first=first)
     result.findings.append(
         FindingRecord(
             case_id, outcome.status, outcome.message.splitlines()[0] if outcome.message else "",

@@ -62,6 +62,7 @@ class BackendResult:
     skipped_known: int = 0  # distinct drawn cases that a ledger entry's predicate matched
     seconds: float = 0.0
     worst_ratio: float = 0.0  # largest kernel/control max-error ratio among passing examples whose control had an error
+    worst_allowed: float = 0.0  # largest max error over the allowed max (floor included: 1.0 is the limit) of a pass
     chunks_done: int = 0
     status: Status = "pending"
     findings: list[FindingRecord] = field(default_factory=list)
@@ -146,7 +147,7 @@ class BackendResult:
         return (
             f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported"
             f"{skipped}) in {self.seconds:.1f}s ({rate:.1f}/s; {self.time_split()}), coverage {self.coverage_fraction:.0%}, "
-            f"worst error ratio {self.worst_ratio:.2f}"
+            f"worst error {self.worst_allowed:.2f} of the allowed ({self.worst_ratio:.2f}x the control's)"
         )
 
     def _why_incomplete(self) -> str:
@@ -462,6 +463,7 @@ def merge_results(per_shard: list[list[BackendResult]]) -> list[BackendResult]:
             m.start_seconds = max(m.start_seconds, r.start_seconds)  # like seconds: the shards ran side by side
             m.compile_seconds = max(m.compile_seconds, r.compile_seconds)
             m.worst_ratio = max(m.worst_ratio, r.worst_ratio)
+            m.worst_allowed = max(m.worst_allowed, r.worst_allowed)
             m.findings += r.findings
             m.coverage.merge(r.coverage)
             m.seen += r.seen

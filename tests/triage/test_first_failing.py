@@ -65,3 +65,19 @@ def test_without_original_json_triage_stays_on_the_minimal_case(tmp_path: Path) 
     result = run_triage(load_case(folder / "case.json"), folder / "case.json", [kernel("window_off_by_one")],
                         tmp_path / "triage", minimize_case=False)
     assert [label for label, _ in result.localized] == ["original case"]
+
+
+def test_a_campaigns_finding_keeps_its_first_failing_case(tmp_path: Path) -> None:
+    """The engine passes the search's first failing outcome to the finding writer: a shrunk finding keeps it."""
+    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+
+    result = fuzz_backend(kernel("window_off_by_one"), examples=200, out_dir=tmp_path, isolate=False)
+    assert result.finding is not None and result.finding_dir is not None
+    minimal = load_case(result.finding_dir / "case.json")
+    if (result.finding_dir / FIRST_FAILING).exists():
+        first = load_case(result.finding_dir / FIRST_FAILING)
+        assert first.case_id != minimal.case_id
+        assert sum(first.layout.kv_lens) >= sum(minimal.layout.kv_lens)
+    else:  # the first failing case was already minimal: nothing else to keep
+        assert result.finding.case.case_id == minimal.case_id
+    assert (result.finding_dir / FIRST_FAILING).exists(), "a 200-example search shrinks its first failure"
