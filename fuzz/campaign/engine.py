@@ -326,6 +326,7 @@ def fuzz_backend(
                 result.status = "finding"
                 first = failing[0]  # the first failing case of the search, kept beside the minimal one
                 failing[-1] = fewer_requests(failing[-1], judge, is_known)
+                result.coverage.add(failing[-1].case)  # the minimal case was judged too (while shrinking): its features ran
                 _record_finding(result, failing[-1], backend, out_dir, kernel_spec, first=first)
             elif broke is not None and not broke.startswith(OUT_OF_TIME):
                 result.status = "incomplete"

@@ -81,3 +81,16 @@ def test_a_campaigns_finding_keeps_its_first_failing_case(tmp_path: Path) -> Non
     else:  # the first failing case was already minimal: nothing else to keep
         assert result.finding.case.case_id == minimal.case_id
     assert (result.finding_dir / FIRST_FAILING).exists(), "a 200-example search shrinks its first failure"
+
+
+def test_the_coverage_of_a_run_with_a_finding_counts_the_minimal_case() -> None:
+    """The coverage table said 'never ran: group_size 3' on the run whose finding had group size 3: a case judged while
+    shrinking was never counted (here the first failure has group 5 and the minimal one group 2)."""
+    from pa_oracle.backends.user import UserKernel
+    from pa_oracle.fuzz.campaign.coverage import exercised
+    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+
+    result = fuzz_backend(UserKernel.from_spec("pa_oracle.fuzz.quality.planted:wrong_gqa_map"), examples=200, isolate=True)
+    assert result.finding is not None
+    for name, value in exercised(result.finding.case).items():
+        assert result.coverage.counts.get(name, {}).get(value, 0) >= 1, (name, value, result.coverage.counts.get(name))
