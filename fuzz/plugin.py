@@ -121,12 +121,24 @@ def _check_selection(config: pytest.Config) -> None:
 
 
 def _collect_conformance(config: pytest.Config) -> None:
-    """``pytest --pa-kernel m:f`` alone runs the conformance test; test paths the user named run beside it."""
+    """``pytest --pa-kernel m:f`` alone runs the conformance test; test paths the user named run beside it. Its folder
+    is collected, not the file: pytest names a file given outside the rootdir by an empty path ("::test_..." in every
+    report line); ``pytest_ignore_collect`` keeps the folder's other modules out."""
     named = config.args_source == pytest.Config.ArgsSource.ARGS
     if not named:
-        config.args[:] = [str(CONFORMANCE_TEST)]
-    elif not any("test_conformance" in arg for arg in config.args):
-        config.args.append(str(CONFORMANCE_TEST))
+        config.args[:] = [str(CONFORMANCE_TEST.parent)]
+    elif not any("test_conformance" in arg or arg == str(CONFORMANCE_TEST.parent) for arg in config.args):
+        config.args.append(str(CONFORMANCE_TEST.parent))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Of this package's folder, only the conformance test is collected (whatever the user's ``python_files``)."""
+    if not config.stash.get(_KEY, False):
+        return None
+    folder = CONFORMANCE_TEST.parent
+    if collection_path.is_relative_to(folder) and collection_path not in (folder, CONFORMANCE_TEST):
+        return True
+    return None
 
 
 class XdistGpuPinning:

@@ -42,8 +42,13 @@ def test_pa_kernel_alone_collects_the_conformance_test(pytester: pytest.Pytester
     pytester.makepyfile(test_theirs="def test_theirs():\n    assert True\n")
     alone = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "--collect-only", "-q",
                                           "--pa-kernel", "pa_oracle.fuzz.quality.planted:correct_attention")
-    assert any(line.endswith("test_kernel_agrees_with_oracle[pa_oracle.fuzz.quality.planted:correct_attention]")
-               for line in alone.outlines), alone.outlines
+    assert any(line == "test_conformance.py::test_kernel_agrees_with_oracle[pa_oracle.fuzz.quality.planted:correct_attention]"
+               for line in alone.outlines), alone.outlines  # named by its file, not an empty path ("::test_...")
+    everything = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "--collect-only", "-q",
+                                               "-o", "python_files=*.py", "--pa-kernel",
+                                               "pa_oracle.fuzz.quality.planted:correct_attention")
+    collected = [line for line in everything.outlines if "::" in line]
+    assert len(collected) == 1 and "test_conformance.py::" in collected[0], "the package's other modules are no tests"
     assert not any("test_theirs" in line for line in alone.outlines), "with no path named, only the conformance test runs"
     beside = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "--collect-only", "-q",
                                            "--pa-backend", "sdpa-math", "test_theirs.py")
