@@ -80,7 +80,7 @@ BAD_FUZZ_OPTIONS = [
     (["--max-batch", "99999"], "not in the range 1<=x<=4096"),
     (["--max-kv-len", "0"], "not in the range 1<=x<=1048576"),
     (["--max-kv-len", str(2**70)], "not in the range 1<=x<=1048576"),
-    (["--workers", "0"], "not in the range x>=1"),
+    (["--workers", "0"], "not in the range 1<=x<=4096"),
     (["--shard", "2/2"], "0 <= INDEX < COUNT"),
     (["--only", "max_group_size=abc"], "takes a non-negative integer"),
     (["--only", "nonsense=1"], "FIELD=VALUES"),
