@@ -147,7 +147,7 @@ class BackendResult:
         return (
             f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported"
             f"{skipped}) in {self.seconds:.1f}s ({rate:.1f}/s; {self.time_split()}), coverage {self.coverage_fraction:.0%}, "
-            f"worst error {self.worst_allowed:.2f} of the allowed ({self.worst_ratio:.2f}x the control's)"
+            f"worst pass at {self.worst_allowed:.2f} of the allowed error ({self.worst_ratio:.2f}x the control's)"
         )
 
     def _why_incomplete(self) -> str:
