@@ -27,7 +27,7 @@ import torch
 from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
 from pa_oracle.fuzz.run import boundary
 from pa_oracle.fuzz.run.ahead import AHEAD
-from pa_oracle.oracle.case import Case, CaseError
+from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.reference import default_engine, fp8_logit_noise, plain_controls, reference, shared_plan
 from pa_oracle.oracle.tensors import Tensors, make_tensors, torch_dtype
