@@ -31,7 +31,7 @@ import torch
 from pa_oracle.oracle.buckets import Bucket, HostPlan, Plan, plan_buckets
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.result import LOG2_E, Reference
-from pa_oracle.oracle.rope import operand_rounding, rotated
+from pa_oracle.oracle.rope import rotated
 from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, query_values, torch_dtype, upload
 
 _EXPONENT_BITS = 0x7FF0000000000000  # of a float64
@@ -320,19 +320,19 @@ def reference(
     engine = engine or default_engine()
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    stored, tensors = tensors, rotated(case, tensors)  # RoPE (float64 copies of q and K); the fused kernel declines rope cases
+    tensors = rotated(case, tensors)  # RoPE (float64 copies of q and K); the fused kernel declines rope cases
     if case.custom_mask is not None:  # neither the buckets nor the fused kernel take masks (yet)
         if engine == "fused":
             raise ValueError("engine='fused' declines custom-mask cases; use 'auto' or 'torch'")
         result = _masked_attention(case, tensors, torch.float64, chunk_size=chunk_size, logit_noise=logit_noise)
-        return _with_bounds(case, stored, result, logit_noise, lse_base)
+        return result._replace(lse=result.lse * LOG2_E if lse_base == "2" else result.lse)
     wants_fused = engine == "fused" or (engine == "auto" and attended_flops(case) >= FUSED_MIN_FLOPS)
     if wants_fused and chunk_size is None and not case.heads.mla:  # fused: no strided latent V (yet)
         from pa_oracle.oracle.fused import fused_reference  # local: pa_oracle.oracle.fused imports this module
 
         fast = fused_reference(case, tensors, lse_base=lse_base, logit_noise=logit_noise)
         if fast is not None:
-            return _with_bounds(case, stored, fast._replace(engine="fused"), logit_noise, lse_base, in_base=True)
+            return fast._replace(engine="fused")
     if engine == "fused":
         if case.heads.mla:
             raise ValueError("engine='fused' declines MLA cases; use 'auto' or 'torch'")
@@ -363,7 +363,7 @@ def reference(
             assert state.noise_v is not None and state.noise_w is not None
             bucket_noise = state.noise_v + bucket_out.abs() * state.noise_w[..., None]
             _put_rows(noise, bucket, bucket_noise if shrink is None else bucket_noise * shrink)
-    return _with_bounds(case, stored, Reference(out, lse, noise), logit_noise, lse_base)
+    return Reference(out, lse * LOG2_E if lse_base == "2" else lse, noise)
 
 
 def shared_plan(case: Case, tensors: Tensors, host: HostPlan | None = None) -> Plan | None:
@@ -435,162 +435,6 @@ def plain_controls(
 
 
 FP8_DOT_BITS = 12  # what an fp8 tensor-core dot keeps of sum_i |q_i k_i| (fp8_logit_noise)
-FLOAT32_UNIT = 2.0**-24  # unit roundoff of a float32 accumulator
-_BOUND_BLOCK = 1 << 22  # float64 elements of one block of (row, key, dim) terms in ``_rope_bounds``
-
-
-def dot_precision(case: Case) -> float:
-    """``gamma``: a kernel's dot product of its q and k operands is within ``gamma * sum_i |q_i k_i|`` of
-    exact. An fp8 tensor-core dot keeps ~14 bits (``FP8_DOT_BITS``); else a float32 accumulation of
-    ``head_dim_qk`` products, Higham's ``gamma_n = n u`` (any order; a tensor core's truncating blocks of 4 or
-    more exact products stay below it)."""
-    if case.options.q_is_fp8:
-        return 2.0**-FP8_DOT_BITS
-    return case.heads.head_dim_qk * FLOAT32_UNIT
-
-
-def _request_of(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    return torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
-
-
-def dot_logit_bound(case: Case, tensors: Tensors) -> torch.Tensor:
-    """A bound on the LSE error from the dot products alone: ``gamma * sm_scale * |q_row| * max_j |k_j|`` over
-    the request's keys of the row's KV head [total_q, Hq] (Cauchy-Schwarz bounds ``sum_i |q_i k_i|``; an LSE is
-    a mean of its logits under some softmax weights, so it errs by no more than its worst logit)."""
-    heads, lay = case.heads, case.layout
-    keys, _ = gather_kv(case, tensors, torch.float64)
-    q = query_values(case, tensors, torch.float64)
-    device = q.device
-    key_norm = keys.norm(dim=-1)  # [total_kv, Hkv]
-    per_request = key_norm.new_zeros(lay.batch_size, heads.num_kv_heads)
-    if key_norm.shape[0]:
-        index = _request_of(lay.kv_lens, device)[:, None].expand_as(key_norm)
-        per_request.scatter_reduce_(0, index, key_norm, "amax")
-    rows = per_request.index_select(0, _request_of(lay.qo_lens, device)).repeat_interleave(heads.group_size, dim=1)  # [total_q, Hq]
-    return q.norm(dim=-1) * rows * (case.sm_scale * dot_precision(case))
-
-
-def _rope_bounds(case: Case, tensors: Tensors, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(LSE bound [total_q, Hq], output bound [total_q, Hq, Dvo]) of a rope case: the argument in
-    ``pa_oracle.oracle.tolerance``'s docstring, with ``d_j`` each logit's deviation as the kernel's operands
-    allow (``operand_rounding``: rotated q and k each kept in float32 or stored in their dtype; a float32
-    dot, ``dot_precision``; the logit rounded to float32). ``lse``: the reference's natural LSE over the keys."""
-    rounding = operand_rounding(case, tensors)
-    assert rounding is not None
-    q_op, k_op = rounding
-    heads, lay, opts = case.heads, case.layout, case.options
-    sm, gamma = case.sm_scale, dot_precision(case)
-    _, values = gather_kv(case, tensors, torch.float64)
-    hkv, group = heads.num_kv_heads, heads.group_size
-    masks = case.masks()
-    lse_bound = torch.zeros_like(lse)
-    out_bound = lse.new_zeros(lay.total_q, heads.num_qo_heads, heads.head_dim_vo)
-    sink = None if opts.sinks is None else torch.tensor(opts.sinks, dtype=torch.float64, device=lse.device).view(hkv, group, 1, 1)
-    slopes = None if opts.alibi_slopes is None else torch.tensor(opts.alibi_slopes, dtype=torch.float64, device=lse.device).view(hkv, group, 1, 1)
-    k_start = 0
-    for b, (qo, kv) in enumerate(zip(lay.qo_lens, lay.kv_lens)):
-        q0, keys = lay.qo_indptr[b], slice(k_start, k_start + kv)
-        k_start += kv
-        if qo == 0 or kv == 0:
-            continue
-        allowed = _allowed(case, masks[b] if masks is not None else np.ones((qo, kv), dtype=bool), b, lse.device)  # [qo, kv]
-        k, k_eps, k_mid, k_half = (x[keys].permute(1, 0, 2)[:, None] for x in k_op)  # [Hkv, 1, kv, D]
-        v = values[keys].permute(1, 0, 2)[:, None]  # [Hkv, 1, kv, Dvo]
-        # per operand: (offset of the centre, half-width) kept in float32 / stored in its dtype
-        k_ways = ((None, k_eps), (k_mid, k_half))
-        k_size = k.abs() + torch.maximum(k_eps, k_mid.abs() + k_half)  # >= |any kernel key element|
-        step = max(1, _BOUND_BLOCK // max(1, heads.num_qo_heads * kv * heads.head_dim_vo))
-        for r0 in range(0, qo, step):
-            rows = slice(q0 + r0, q0 + min(qo, r0 + step))
-            n = rows.stop - rows.start
-            q, q_eps, q_mid, q_half = (x[rows].view(n, hkv, group, -1).permute(1, 2, 0, 3) * sm for x in q_op)  # [Hkv, G, n, D]
-
-            def dot(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # [Hkv, G, n, D] x [Hkv, 1, kv, D] -> [Hkv, G, n, kv]
-                return torch.matmul(a, c.transpose(-1, -2))
-
-            s = dot(q, k)
-            q_size = q.abs() + torch.maximum(q_eps, q_mid.abs() + q_half)
-            common = gamma * dot(q_size, k_size) + half_ulp(s, torch.float32)  # the dot's accumulation, the logit's rounding
-            # each way the kernel may hold q and k: the logit's deviation is centre +- radius, for
-            # (q + mq +- hq) . (k + mk +- hk) - q . k = mq.k + q.mk + mq.mk +- (hq.|k + mk| + |q + mq|.hk + hq.hk)
-            ways = []
-            for qm, qh in ((None, q_eps), (q_mid, q_half)):
-                for km, kh in k_ways:
-                    qc = q if qm is None else q + qm
-                    kc = k if km is None else k + km
-                    centre = dot(qc, kc) - s if (qm is not None or km is not None) else torch.zeros_like(s)
-                    radius = dot(qh, kc.abs()) + dot(qc.abs(), kh) + dot(qh, kh) + common
-                    ways.append((centre, radius))
-            alibi = 0.0
-            if slopes is not None:
-                q_pos = torch.arange(kv - qo + r0, kv - qo + r0 + n, device=s.device)[:, None]
-                alibi = slopes * (q_pos - torch.arange(kv, device=s.device)).abs().to(s.dtype)
-            cap = opts.logits_soft_cap
-            if cap > 0:
-                # c tanh(x / c) moves a deviation d by a factor in [g_lo, g_hi], its slope sech^2 over [x - |d|, x + |d|]
-                x = s - alibi if opts.alibi_before_soft_cap else s
-                reach = torch.stack([c.abs() + r for c, r in ways]).amax(0)
-                slope = lambda y: 1.0 / torch.cosh(y / cap).square()  # noqa: E731
-                g_hi = slope((x.abs() - reach).clamp_(min=0.0))
-                g_lo = torch.minimum(slope(x - reach), slope(x + reach))
-                ways = [(c * (g_lo + g_hi) / 2, r * g_hi + c.abs() * (g_hi - g_lo) / 2) for c, r in ways]
-                s = torch.tanh(x / cap) * cap
-                if not opts.alibi_before_soft_cap:
-                    s = s - alibi
-            else:
-                s = s - alibi
-            row_lse = lse[rows].T.reshape(hkv, group, n, 1)
-            attended = allowed[r0 : r0 + n] & torch.isfinite(row_lse)
-            p = torch.where(attended, torch.exp(s - torch.where(torch.isfinite(row_lse), row_lse, 0.0)), 0.0)
-            e = torch.stack([c.abs() + r for c, r in ways]).amax(0).masked_fill_(~attended, 0.0)  # >= |d_j| every way
-            big_e = e.amax(-1, keepdim=True)  # E
-            grow = torch.exp(2 * big_e)
-            row_lse_bound = torch.stack([
-                (p * c).sum(-1, keepdim=True).abs() + (grow - 1) * (p * c.abs()).sum(-1, keepdim=True) + grow * (p * r).sum(-1, keepdim=True)
-                for c, r in ways
-            ]).amax(0)
-            row_lse_bound = torch.minimum(row_lse_bound, big_e)  # the LSE moves by a mean of the d_j
-            o = torch.matmul(p, v)  # [Hkv, G, n, Dvo], the output over the keys
-            spread = (v[:, :, None] - o[..., None, :]).abs()  # [Hkv, G, n, kv, Dvo]: |v_j - O|
-            n2 = torch.matmul(p[..., None, :], spread).squeeze(-2)  # sum_j p_j |v_j - O|
-
-            def weighted_spread(w: torch.Tensor) -> torch.Tensor:  # sum_j p_j w_j |v_j - O|
-                return torch.matmul((p * w)[..., None, :], spread).squeeze(-2)
-
-            row_out = None
-            for c, r in ways:  # Cov_p(t)(c + r, v), bounded from its first-order value (tolerance's docstring)
-                c_mass, r_mass = (p * c.abs()).sum(-1, keepdim=True), (p * r).sum(-1, keepdim=True)
-                first = (torch.matmul(p * c, v) - (p * c).sum(-1, keepdim=True) * o).abs()
-                bound = (first + (grow - 1) * weighted_spread(c.abs()) + grow * (grow - 1) * c_mass * n2
-                         + grow * (weighted_spread(r) + grow * r_mass * n2))
-                row_out = bound if row_out is None else torch.maximum(row_out, bound)
-            assert row_out is not None
-            farthest = spread.masked_fill(~attended[..., None], 0.0).amax(-2)  # the output stays in the hull of the v_j
-            row_out = torch.minimum(row_out, farthest)
-            if sink is not None:  # out = O sigmoid(lse - sink): the sigmoid moves by <= s (1 - s) e^B B with the LSE
-                sig = torch.sigmoid(row_lse - sink)
-                moved = sig * (1 - sig) * torch.exp(row_lse_bound) * row_lse_bound
-                row_out = (sig + moved) * row_out + o.abs() * moved
-            lse_bound[rows] = row_lse_bound[..., 0].permute(2, 0, 1).reshape(n, -1)
-            out_bound[rows] = row_out.permute(2, 0, 1, 3).reshape(n, heads.num_qo_heads, -1)
-    return lse_bound, out_bound
-
-
-def _with_bounds(case: Case, stored: Tensors, ref: Reference, logit_noise: bool, lse_base: str, in_base: bool = False) -> Reference:
-    """``ref`` with its LSE in ``lse_base`` and, with ``logit_noise``, the operand bounds (``lse_bound``,
-    ``out_bound``) in the same base. ``stored``: the case's tensors before RoPE; ``in_base``: ``ref``'s LSE
-    is in ``lse_base`` already (the fused kernel's), else natural."""
-    natural = ref.lse / LOG2_E if in_base and lse_base == "2" else ref.lse
-    lse = natural * LOG2_E if lse_base == "2" else natural
-    if not logit_noise:
-        return ref._replace(lse=lse)
-    if case.options.rope is not None:
-        lse_bound, out_bound = _rope_bounds(case, stored, natural)
-    else:
-        lse_bound, out_bound = dot_logit_bound(case, stored), None
-    return ref._replace(lse=lse, lse_bound=lse_bound * LOG2_E if lse_base == "2" else lse_bound, out_bound=out_bound)
-
-
 
 
 def fp8_logit_noise(case: Case, tensors: Tensors) -> torch.Tensor:

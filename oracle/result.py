@@ -16,6 +16,3 @@ class Reference(NamedTuple):
     lse: torch.Tensor  # [total_q, Hq] float64
     logit_noise: torch.Tensor | None  # [total_q, Hq, Dvo]: see ``reference``
     engine: str = "torch"  # which code computed it: "torch" (this module) or "fused" (pa_oracle.oracle.fused)
-    # with ``logit_noise``: bounds on what the rounding of the logits' operands moves (``pa_oracle.oracle.tolerance``)
-    lse_bound: torch.Tensor | None = None  # [total_q, Hq]
-    out_bound: torch.Tensor | None = None  # [total_q, Hq, Dvo]; None where no operand is rounded (only the dot)

@@ -7,50 +7,12 @@ passes when
     max|kernel - ref|  <= max_ratio  * max|control - ref|  + floor
     mean|kernel - ref| <= mean_ratio * mean|control - ref| + mean_floor
 
-where ``floor`` (``mean_floor``) is the largest (mean) over elements of twice the rounding *bound* of
-the reference in ``d``, half an ulp of each element (FA3's ``fwd_atol`` uses the realized rounding error;
-the bound does not drop to 0 on values that happen to be representable, so correct fp32 kernels whose
-algorithm differs from the control's are not flagged), plus a bound on what the kernel's logits may
-carry (below). That is flash-attn's rule (``<= 2-3x`` the same-precision error), with FA3's noise
+where ``floor`` (``mean_floor``) is twice the largest (mean) rounding *bound* of the reference in
+``d``, half an ulp of each element (FA3's ``fwd_atol`` uses the realized rounding error; the bound
+does not drop to 0 on values that happen to be representable, so correct fp32 kernels whose
+algorithm differs from the control's are not flagged). That is flash-attn's rule (``<= 2-3x`` the same-precision error), with FA3's noise
 floor and its mean rule. Finiteness is its own check: only an empty row's LSE may be -inf, and
 an empty row's output must be exactly 0.
-
-**The logits' operand bound** (``Reference.lse_bound``, ``out_bound``; ``reference(..., logit_noise=True)``).
-A control's error is one draw of rounding: on a row with one dominant key its LSE error is that
-key's logit's, and a lucky control (issue 30: 0.0036 against the kernel's 0.0171) is no limit. So
-the limits also hold a bound, taken once, on how far the logits ``s_j`` of a correct kernel may be
-from exact, ``|d_j| <= e_j``, from the operands it is allowed to multiply:
-
-* q and k as the caller stored them (fp8 times their scales), dotted with a float32 accumulator:
-  ``gamma * sm_scale * sum_i |q_i k_i|`` (``reference.dot_precision``: ``head_dim * 2^-24``; an fp8
-  tensor-core dot ``2^-12``), and the logit rounded to float32;
-* with RoPE, the rotated q and k as a kernel that rotates in float32 holds them
-  (``rope.operand_rounding``): each within ``eps`` of exact (a float32 angle, ~2^-21 of the angle and
-  of the position, and float32 arithmetic), kept in float32 or stored back in its input dtype
-  (FlashInfer's ``q_smem_inplace_apply_rotary`` / ``k_smem_inplace_apply_rotary``), where it lies
-  within ``half`` of ``exact + mid``, the midpoint of the roundings of ``exact -+ eps``. For each of the
-  four ways (q, k each kept or stored) the deviation is ``c_j +- r_j``: ``c_j`` the exact change of the
-  logit from the midpoints (signed), ``r_j`` the widths times the operands' magnitudes plus the dot's.
-  A soft cap ``c tanh(x / c)`` scales a deviation by its slope over ``x -+ e_j`` (at most 1).
-
-With ``p = softmax(s)``, ``E = max_j e_j`` over attended keys and ``p(t) = softmax(s + t d)``:
-
-* ``p_j(t) / p_j`` lies in ``[e^-2E, e^2E]`` (the numerator moves by ``e^(t d_j)``, the sum by a mean of them);
-* LSE: ``dLSE = int_0^1 sum_j p_j(t) d_j dt``, a mean of the ``d_j``, so ``|dLSE| <= E``, and
-  ``|dLSE| <= |sum_j p_j c_j| + (e^2E - 1) sum_j p_j |c_j| + e^2E sum_j p_j r_j``;
-* output: ``O = sum_j p_j v_j`` and ``dO/dt = Cov_p(t)(d, v) = sum_j p_j(t) (d_j - dbar(t)) (v_j - O)`` for
-  the unperturbed ``O`` (the weights ``p_j(t) (d_j - dbar(t))`` sum to 0). For ``d = c + r``: the ``c`` part is
-  ``sum_j p_j c_j (v_j - O)`` (exact, first order) within ``(e^2E - 1) sum_j p_j |c_j| |v_j - O| +
-  e^2E (e^2E - 1) (sum_j p_j |c_j|) sum_j p_j |v_j - O|`` (``sum_j p_j (v_j - O) = 0``); the ``r`` part is at most
-  ``e^2E sum_j p_j (r_j + e^2E rbar) |v_j - O|``. So ``|dO| <= 2 E max_j |v_j - O|`` at worst, and near 0 where
-  one key dominates (``v_j - O`` vanishes there), which is where the LSE carries the whole error; and
-  ``O(1)`` stays in the hull of the ``v_j``: ``|dO| <= max_j |v_j - O|``;
-* sinks: ``out = O sigmoid(lse - sink)``; the sigmoid moves by at most ``s (1 - s) e^B B`` for an LSE bound ``B``.
-
-The largest over the four ways is the bound. It is rigorous, so it is added once (not doubled with
-the half ulp); without RoPE the dot's term alone bounds the LSE, through Cauchy-Schwarz:
-``gamma * sm_scale * |q_row| * max_j |k_j|`` over the request's keys (``reference.dot_logit_bound``), which
-also replaces the fp8-only ``fp8_logit_noise`` (the larger is taken while callers still pass it).
 """
 
 from __future__ import annotations
@@ -213,15 +175,6 @@ class _Pending:
         return stats, torch.where(torch.isfinite(self.ref), self.err, 0.0)
 
 
-def _noise(rounding: torch.Tensor | None, operands: torch.Tensor | None, tol: Tolerance) -> torch.Tensor | None:
-    """What widens each element's rounding bound: ``rounding`` (the float32 logits' bound, doubled with the
-    half ulp) plus ``operands`` (a rigorous bound, taken once: divided here by the factor the sum is multiplied by)."""
-    if operands is None:
-        return rounding
-    extra = operands / tol.floor_factor
-    return extra if rounding is None else rounding + extra
-
-
 def compare(
     case: Case,
     *,
@@ -240,10 +193,8 @@ def compare(
     some row attends no key, when the caller knows it on the host (``Plan.empty_rows``): False skips
     the empty-row checks (there is nothing for them to find), True reduces the LSE over its finite
     reference rows at once instead of after finding that some are not. The verdict is the same.
-    ``lse_noise`` [total_q, Hq]: a bound on the LSE error from the kernel's logits (an fp8 tensor-core dot:
-    ``pa_oracle.oracle.reference.fp8_logit_noise``); the reference's own ``lse_bound`` (``reference(...,
-    logit_noise=True)``: every case's dot, and a rope case's rotated operands) is such a bound already, and the
-    larger of the two is taken.
+    ``lse_noise`` [total_q, Hq] widens the LSE's floor where the kernel's logits are less precise than
+    float32 (an fp8 tensor-core dot: ``pa_oracle.oracle.reference.fp8_logit_noise``).
     """
     ref_out, ref_lse = ref.out, ref.lse
     failures: list[str] = []
@@ -260,7 +211,7 @@ def compare(
     empty = None if empty_rows is False else torch.isinf(ref_lse)
     finite_out = reads.count(torch.isfinite(out))
     nonzero_empty = None if empty is None else reads.count((out != 0).any(-1) & empty)
-    out_pending = _Pending("out", out, [c[0] for c in controls], ref_out, out_dtype, _noise(ref.logit_noise, ref.out_bound, tolerance), reads)
+    out_pending = _Pending("out", out, [c[0] for c in controls], ref_out, out_dtype, ref.logit_noise, reads)
     lse64, wrong_empties = None, None
     if lse is not None:
         lse = lse.to(ref_lse.device)
@@ -273,8 +224,7 @@ def compare(
                 wrong_empties, bad_lse = reads.count(wrong_empty), reads.count(~empty & ~torch.isfinite(lse64))
             # some rows known to be empty: the finite reference rows, selected at once (one wait, not two)
             rows = _finite_elements(ref_lse) if empty_rows else None
-            operands = ref.lse_bound if lse_noise is None else lse_noise if ref.lse_bound is None else torch.maximum(lse_noise, ref.lse_bound)
-            lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, _noise(None, operands, tolerance), reads, rows)
+            lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, lse_noise, reads, rows)
     if reads.value(finite_out) < out.numel():
         failures.append(f"out has {out.numel() - int(reads.value(finite_out))} non-finite elements (NaN {int(torch.isnan(out).sum())})")
     if nonzero_empty is not None and reads.value(nonzero_empty):

@@ -20,8 +20,6 @@ SEEN = Case(Layout((0, 2), (0, 1), (1,), (1,), 16, 4), Heads(1, 1, 128, 128), Op
 def _judge(case: Case, lse_shift: float, noise: bool) -> tuple[bool, str]:
     t = make_tensors(case, "cpu")
     ref = reference(case, t, logit_noise=True, engine="torch")
-    if not noise:  # the reference's own dot bound (dot_logit_bound) covers an fp8 dot too: drop it as well
-        ref = ref._replace(lse_bound=None)
     controls = plain_controls(case, t, torch.bfloat16)
     lse = ref.lse.clone().float()
     lse[torch.isfinite(lse)] += lse_shift
@@ -57,13 +55,3 @@ def test_the_bound_covers_every_key_of_a_drawn_case() -> None:
                 k = keys[starts[r] : starts[r + 1], h // g]
                 loss = (q[row, h].abs() * k.abs()).sum(-1).max() * case.sm_scale * 2.0**-FP8_DOT_BITS
                 assert loss <= bound[row, h] * (1 + 1e-12)
-
-
-def test_the_reference_bound_alone_passes_the_seen_case_and_fails_a_wrong_lse() -> None:
-    t = make_tensors(SEEN)
-    ref = reference(SEEN, t, logit_noise=True, engine="torch")
-    controls = plain_controls(SEEN, t, torch.bfloat16)
-    for shift, passes in ((6.2e-05, True), (0.05, False)):
-        lse = ref.lse.clone().float()
-        lse[torch.isfinite(lse)] += shift
-        assert compare(SEEN, out=ref.out.to(torch.bfloat16), lse=lse, ref=ref, controls=controls).passed is passes, shift
