@@ -23,10 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
 from pa_oracle.backends.base import Backend, CompileKey
-from pa_oracle.fuzz.draw.strategies import Limits, cases
-from pa_oracle.oracle.case import Case
+from pa_oracle.fuzz.campaign.variants import draws_inside
+from pa_oracle.fuzz.draw.strategies import Limits
 
 SHARED: CompileKey = (("shared modules", True),)  # a task building what every key of a backend loads (build_shared)
 SPARE_CORES = 4  # cores left to the campaign, its workers and draw processes while builds compile
@@ -56,25 +55,11 @@ class Build:
     warmed: bool = False  # built by judging one case inside the key (its caches hold it; a worker still loads it)
 
 
-def one_case(backend: Backend, key: CompileKey, limits: Limits, at: int) -> Case:
-    """A small case inside ``key`` (drawn, so it is one the campaign could draw)."""
-    found: list[Case] = []
-
-    @seed(at)
-    @settings(max_examples=1, database=None, deadline=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
-    @given(cases(backend.capabilities, limits, variants=[key]))
-    def take(case: Case) -> None:
-        found.append(case)
-
-    take()
-    return found[0]
-
-
 def warm_key(backend: Backend, key: CompileKey, limits: Limits, at: int) -> str | None:
     """Compile ``key`` by judging one case inside it; None, or why the key did not build (an error or crash)."""
     from pa_oracle.fuzz.run.runner import check_case
 
-    outcome = check_case(backend, one_case(backend, key, limits, at))
+    outcome = check_case(backend, draws_inside(backend, key=key, limits=limits, count=1, at=at)[0])
     if outcome.status in ("error", "crash"):  # a verdict is no warm-up's business: a campaign judges and reports
         return f"{outcome.status}: {outcome.message.splitlines()[0][:200] if outcome.message else ''}"
     return None
@@ -149,7 +134,6 @@ class Builds:
         self.parallel = parallel or parallel_builds()
         self.jobs = jobs or build_jobs()
         self.done: dict[int, Build] = {}
-        self.started = 0.0
         self._processes: list[Any] = []
         self._answers: Any = None
         self._changed = threading.Condition()
@@ -166,7 +150,6 @@ class Builds:
             return
         context = multiprocessing.get_context("spawn")
         self._answers = context.Queue()
-        self.started = time.monotonic()
         groups = [[t for t in self.tasks if t.ahead], [t for t in self.tasks if not t.ahead]]
         for tasks in (g for g in groups if g):
             process = context.Process(target=_build_process, args=(tasks, self._answers, self.parallel, self.jobs),

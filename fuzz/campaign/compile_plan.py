@@ -42,7 +42,6 @@ class CompilePlan:
     budget: float
     parallel: int
     builds: Builds | None = None
-    waited: dict[str, float] = field(default_factory=dict)  # backend -> seconds its turn waited for its builds
     _tasks: dict[int, tuple[VariantPlan, CompileKey]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -119,8 +118,7 @@ class CompilePlan:
         for name, why in self.left_out.items():
             say(f"left out {name}: {why}")
         for plan in self.plans.values():
-            for line in _plan_lines(plan):
-                say(line)
+            say(_plan_line(plan))
         if not tasks:
             return
         backends = len({t.backend for t in tasks})
@@ -168,16 +166,14 @@ class CompilePlan:
 
     def wait(self, backend: Backend, until: float | None) -> float:
         """Wait for the builds until ``backend`` has a usable key, none of its keys is building, or ``until``
-        (monotonic); the seconds waited (also kept in ``waited``)."""
+        (monotonic); the seconds waited."""
         start = time.monotonic()
         while self.builds is not None and self.waiting(backend):
             left = 1.0 if until is None else min(until - time.monotonic(), 1.0)
             if left <= 0:
                 break
             self.builds.wait(left)
-        waited = time.monotonic() - start
-        self.waited[backend.name] = self.waited.get(backend.name, 0.0) + waited
-        return waited
+        return time.monotonic() - start
 
     def close(self) -> None:
         """Stop the builds still running (their keys stay unbuilt; the plan lines say so)."""
@@ -211,14 +207,14 @@ def _why_left_out(plan: VariantPlan, budget: float) -> str:
             f"(PA_ORACLE_CACHE_DIR keeps what it builds)")
 
 
-def _plan_lines(plan: VariantPlan) -> list[str]:
+def _plan_line(plan: VariantPlan) -> str:
     free = list(plan.free.values())
     prebuilt = free.count("prebuilt")
     head = (f"{plan.backend.name}: {prebuilt} prebuilt and {len(free) - prebuilt} cached of {plan.space} variants; "
             f"building {len(plan.chosen)}")
     if plan.refused:
         head += f", {len(plan.refused)} refused by the budget (~{max(plan.refused.values()):.0f}s each)"
-    return [head]
+    return head
 
 
 def corpus_plan(cases: list[Case], backends: list[Backend]) -> CompilePlan:

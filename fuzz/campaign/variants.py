@@ -83,7 +83,6 @@ class VariantPlan:
     ran: dict[CompileKey, int] = field(default_factory=dict)  # cases judged per key
     compiled: dict[CompileKey, float] = field(default_factory=dict)  # key -> seconds its first case (or build) took
     warm: list[float] = field(default_factory=list)  # seconds of the cases that compiled nothing
-    ahead: float = 0.0  # seconds of ``prebuild`` (before the first case)
     announce: Callable[[str], None] | None = field(default=None, repr=False)  # a progress line before a compile
     inline: bool = True  # False: a run's builds (``compile_plan``) build ``chosen``; a key is usable once built there
     warmed: dict[CompileKey, float] = field(default_factory=dict)  # key -> seconds a warm-up case took (caches filled)
@@ -177,7 +176,7 @@ class VariantPlan:
         unbuilt = self.space - len(self.free) - len(self.compiled)
         lines = [
             f"  {self.backend.name} variants: {len(ran)} ran this time ({shown}{more}); compiled {len(self.compiled)} "
-            f"in {self.spent:.1f}s ({self.ahead:.1f}s ahead of the first case) of a {self.budget:.0f}s budget; "
+            f"in {self.spent:.1f}s of a {self.budget:.0f}s budget; "
             f"{unbuilt} of {self.space} never built",
         ]
         if not self.inline:
@@ -255,21 +254,27 @@ PROBE_DRAWS = 8  # cases drawn inside a key to see whether the ledger skips ever
 
 def all_known(backend: Backend, limits: Limits, key: CompileKey, known: Callable[[Case], bool]) -> bool:
     """Whether each of ``PROBE_DRAWS`` cases drawn inside ``key`` (a fixed seed) is a known finding."""
+    with seed_only_draws():  # as the campaign draws: the same cases whatever modules are loaded
+        drawn = draws_inside(backend, limits, key, PROBE_DRAWS, 0)
+    return bool(drawn) and all(known(case) for case in drawn)
+
+
+def draws_inside(backend: Backend, limits: Limits, key: CompileKey, count: int, at: int) -> list[Case]:
+    """Up to ``count`` cases of ``backend`` drawn inside ``key`` with Hypothesis seed ``at`` (cases a campaign could draw)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as fixed_seed
 
     drawn: list[Case] = []
 
-    @fixed_seed(0)
-    @settings(max_examples=PROBE_DRAWS, database=None, deadline=None, phases=(Phase.generate,),
+    @fixed_seed(at)
+    @settings(max_examples=count, database=None, deadline=None, phases=(Phase.generate,),
               suppress_health_check=list(HealthCheck))
     @given(cases(backend.capabilities, limits, variants=[key]))
     def probe(case: Case) -> None:
         drawn.append(case)
 
-    with seed_only_draws():  # as the campaign draws: the same cases whatever modules are loaded
-        probe()
-    return bool(drawn) and all(known(case) for case in drawn)
+    probe()
+    return drawn
 
 
 # fields whose key names an option's value (a Triton constexpr), and the value that means "off"
