@@ -96,8 +96,11 @@ def test_builds_report_a_failed_load_and_close_stops_what_still_runs() -> None:
     slow = [BuildTask(i, "flex", "flex", flex.capabilities, key, LIMITS, ahead=False) for i, key in enumerate(keys)]
     builds = Builds(slow, got.append, parallel=1, jobs=1)
     builds.start()
+    before = len(got)
     unfinished = builds.close()  # at once: the warm-ups had no time to end
     assert unfinished and all(not p.is_alive() for p, _ in builds._processes), "the build process was stopped"
+    time.sleep(0.5)
+    assert len(got) == before and not builds.done, "a key stopped by close() is unfinished, not a failed build"
 
 
 def test_an_ahead_build_the_adapter_declines_is_a_warm_up_and_backends_load_before_threads() -> None:

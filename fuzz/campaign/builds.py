@@ -164,6 +164,8 @@ class Builds:
             try:
                 build = self._answers.get(timeout=0.2)
             except queues.Empty:
+                if self._closing:
+                    return  # (close() killed the processes: their keys are unfinished, not failed)
                 if all(not p.is_alive() for p, _ in self._processes):
                     self._fail_dead()
                     if not self.pending:
@@ -184,7 +186,7 @@ class Builds:
 
     def _record(self, build: Build) -> None:
         with self._changed:
-            if build.task.index in self.done:
+            if build.task.index in self.done or (self._closing and build.error is not None):
                 return
             self.done[build.task.index] = build
             self._changed.notify_all()
