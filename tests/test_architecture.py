@@ -12,7 +12,9 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-PACKAGE_DIR: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
+# import name -> folder: pa_oracle/ holds the rooms as relative links (pa_oracle/oracle -> ../oracle)
+PACKAGE_DIR: dict[str, str] = {"pa_oracle": "pa_oracle", **{f"pa_oracle.{room}": room
+                                                          for room in ("oracle", "backends", "fuzz", "gates", "golden")}}
 
 # room -> the rooms it may import (besides itself); a room is the longest matching prefix
 BELOW: dict[str, set[str]] = {
@@ -81,6 +83,16 @@ def _imports(module: str, path: Path) -> set[str]:
 
 def room_of(module: str) -> str:
     return max((room for room in BELOW if module == room or module.startswith(room + ".")), key=len)
+
+
+def test_each_room_is_a_link_in_the_package_and_nothing_maps_it_another_way():
+    """pa_oracle/ROOM -> ../ROOM: mypy, editors and setuptools see one tree with one name per module."""
+    for name, folder in PACKAGE_DIR.items():
+        if name == "pa_oracle":
+            continue
+        link = ROOT / "pa_oracle" / folder
+        assert link.is_symlink() and link.readlink() == Path("..", folder), f"pa_oracle/{folder} is no link to ../{folder}"
+    assert "package-dir" not in PYPROJECT["tool"]["setuptools"], "a second mapping beside the links"
 
 
 def test_every_package_folder_is_installed():
