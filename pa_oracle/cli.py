@@ -44,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "warmup": ("pa_oracle.fuzz.warmup:warmup",
                "Build the kernel variants a campaign (or a corpus replay) will run on, all together (FlashInfer: "
                "MAX_JOBS jobs)."),
-    "env": ("pa_oracle.env:env", "Versions, devices, kernel libraries, caches and the golden corpus in use."),
+    "env": ("pa_oracle.env:env", "Versions, devices, kernel libraries, PA_ORACLE_* settings, caches and the golden corpus in use."),
 }
 
 

@@ -18,6 +18,21 @@ import click
 # libraries whose adapters check for them themselves)
 LIBRARIES = ("flashinfer", "flash_attn", "flash_attn_interface", "sglang", "vllm", "triton")
 
+# every PA_ORACLE_* variable the package reads, with what it sets when unset (tests/test_env.py checks the list
+# against the source, so none is read and left out here)
+SETTINGS = {
+    "PA_ORACLE_CACHE_DIR": "the one folder of compile caches (FlashInfer JIT, Triton, inductor); "
+                           "unset: $XDG_CACHE_HOME/paged-attention-oracle/compile",
+    "PA_ORACLE_GOLDEN": "another golden corpus (cases/, ledger.json, reports/); unset: the installed one",
+    "PA_ORACLE_ENGINE": "the float64 oracle's engine: auto, torch or fused; unset: auto",
+    "PA_ORACLE_CASE_TIMEOUT": "seconds one case may take in replay and triage before it is a hang; "
+                              "unset: {case_timeout:g}",
+    "PA_ORACLE_WORKER_PROCESSES": "isolated worker processes per accelerator backend; unset: by host cores",
+    "PA_ORACLE_JUDGE_THREADS": "judge threads per worker; unset: by device",
+    "PA_ORACLE_DRAW_PROCESSES": "processes drawing cases ahead for a campaign; unset: by host cores",
+    "PA_ORACLE_DRAW_AHEAD": "draw tensors ahead in a thread: on, off or auto; unset: auto, on for accelerator backends",
+}
+
 
 def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, dict[str, Any]]:
     """{import name: {"version": ...} or {"missing": why}} for each kernel library."""
@@ -100,6 +115,13 @@ def _oracle_engines() -> dict[str, str]:
     return engines
 
 
+def _when_unset(name: str) -> str:
+    """What ``name`` sets when it is unset (the end of its ``SETTINGS`` line)."""
+    from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT
+
+    return SETTINGS[name].split("; unset: ")[-1].format(case_timeout=CASE_TIMEOUT)
+
+
 def environment() -> dict[str, Any]:
     """Everything ``pa-oracle env`` shows, as JSON-able data."""
     import torch
@@ -116,6 +138,8 @@ def environment() -> dict[str, Any]:
         "libraries": library_versions(),
         "caches": caches(),
         "golden": golden_in_use(),
+        "settings": {name: os.environ.get(name) for name in SETTINGS},
+        "settings_unset": {name: _when_unset(name) for name in SETTINGS},
         "backends": {b.name: {"available": True, "device": b.device, "versions": b.versions()} for b in usable},
     }
     info["backends"].update({name: {"available": False, "why": why} for name, why in missing.items()})
@@ -133,7 +157,11 @@ def render(info: dict[str, Any]) -> list[str]:
                      *((f"oracle on {d}", e) for d, e in info["oracle"].items())]),
         ("kernel libraries", [(name, entry.get("version") or f"missing: {entry['missing']}")
                               for name, entry in info["libraries"].items()]),
-        ("caches", [("TRITON_CACHE_DIR", info["caches"]["triton"]),
+        ("settings (environment variables)", [(name, f"{value}" if (value := info["settings"][name]) is not None
+                                                else f"unset: {info['settings_unset'][name]}")
+                                               for name in SETTINGS]),
+        ("caches", [("compile (PA_ORACLE_CACHE_DIR)", info["caches"]["compile (PA_ORACLE_CACHE_DIR)"]),
+                    ("TRITON_CACHE_DIR", info["caches"]["triton"]),
                     ("FlashInfer JIT", info["caches"]["flashinfer_jit"]),
                     ("inductor", info["caches"]["inductor"])]),
         ("golden corpus", [("root", f"{gold['root']} ({gold['from']})" + ("" if gold["exists"] else ": MISSING")),
@@ -152,7 +180,7 @@ def render(info: dict[str, Any]) -> list[str]:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the environment as JSON.")
 def env(as_json: bool) -> None:
-    """Versions, devices, kernel libraries, caches and the golden corpus in use.
+    """Versions, devices, kernel libraries, PA_ORACLE_* settings, caches and the golden corpus in use.
 
     Also which backends are available here, and why the others are not."""
     info = environment()
