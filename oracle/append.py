@@ -8,7 +8,14 @@ at slot ``p % page_size``. Appended token ``i`` of request ``b`` has position ``
 
 The pool is filled with canaries (random bits) before the write. After the write the pool must
 equal the canaries everywhere except the appended slots, which hold exactly the appended values
-(no quantization: the appended tensors are given in the cache dtype). A layout is NHD
+(no conversion: the appended tensors are given in the cache dtype). An fp8 cache (``float8_e4m3fn``,
+``float8_e5m2``) quantises on write, as vLLM's ``reshape_and_cache`` does: the appended values come in
+``append_dtype`` and slot ``i`` must hold ``value / k_scale`` (``v_scale`` for V) computed in float64 and
+rounded once to the fp8 format (nearest, ties to even; beyond the largest finite value, saturated), or
+the neighbouring fp8 value where the float64 quotient lies within ``FP8_SLACK`` (relative) of a rounding
+tie: the one difference that computing the quotient in float32 makes. ``padding`` extra token rows come
+after the real ones with slot -1 (CUDA-graph padding: ``slot_mapping``, ``batch_indices`` and ``positions``
+-1): a correct write stores nothing for them. A layout is NHD
 (``[pages, page_size, heads, dim]``) or HND (``[pages, heads, page_size, dim]``), and K and V are
 two tensors or one ``[pages, 2, ...]`` tensor whose halves are non-contiguous views.
 """
@@ -16,6 +23,7 @@ two tensors or one ``[pages, 2, ...]`` tensor whose halves are non-contiguous vi
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -27,6 +35,10 @@ from pa_oracle.oracle.tensors import BITS_OF_SIZE, raw_bits
 
 LAYOUTS = ("NHD", "HND")
 DTYPES = ("bfloat16", "float16", "float32")
+FP8_CACHE_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # quantised on write with the case's scales
+CACHE_DTYPES = DTYPES + FP8_CACHE_DTYPES
+FP8_SLACK = 2.0**-22  # relative: float32 rounding of the scale, the quotient (and a reciprocal) stays within it
+_NEW_FIELDS = {"append_dtype": None, "k_scale": 1.0, "v_scale": 1.0, "padding": 0}  # left out of JSON at these values
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,10 @@ class AppendCase:
     combined: bool = False  # one [pages, 2, ...] tensor (K = [:, 0], V = [:, 1]) instead of two
     spare_pages: int = 2  # pages no request owns: canaries a stray write would hit
     seed: int = 0
+    append_dtype: str | None = None  # the appended values' dtype (None: the cache dtype; required for fp8)
+    k_scale: float = 1.0  # fp8 only: stored = value / scale
+    v_scale: float = 1.0
+    padding: int = 0  # token rows after the real ones with slot -1 (CUDA-graph padding), never stored
 
     def __post_init__(self) -> None:
         def bad(message: str) -> None:
@@ -53,12 +69,35 @@ class AppendCase:
         for name in ("page_size", "num_kv_heads", "head_dim"):
             if not 1 <= getattr(self, name) <= 1 << 16:
                 bad(f"{name} must be in [1, 65536]")
-        if self.dtype not in DTYPES:
-            bad(f"dtype must be one of {DTYPES}")
+        if self.dtype not in CACHE_DTYPES:
+            bad(f"dtype must be one of {CACHE_DTYPES}")
+        self._check_quantisation(bad)
         if self.kv_layout not in LAYOUTS:
             bad(f"kv_layout must be one of {LAYOUTS}")
         if not 0 <= self.spare_pages <= 1 << 16 or not 0 <= self.seed < 2**63:
             bad("spare_pages in [0, 65536], seed in [0, 2**63)")
+        if not isinstance(self.padding, int) or isinstance(self.padding, bool) or not 0 <= self.padding <= 1 << 16:
+            bad("padding must be an int in [0, 65536]")
+
+    def _check_quantisation(self, bad: Any) -> None:
+        """fp8: the appended dtype is a float one and the scales finite numbers > 0; else neither is set."""
+        scales = (self.k_scale, self.v_scale)
+        if any(isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0 for s in scales):
+            bad("k_scale and v_scale must be finite numbers > 0")
+        if self.dtype in FP8_CACHE_DTYPES:
+            if self.append_dtype not in DTYPES:
+                bad(f"an fp8 cache (dtype {self.dtype}) needs append_dtype, one of {DTYPES}")
+        elif self.append_dtype not in (None, self.dtype) or scales != (1.0, 1.0):
+            bad(f"append_dtype and k_scale/v_scale are for fp8 caches ({FP8_CACHE_DTYPES}) only")
+
+    @property
+    def source_dtype(self) -> str:
+        """The dtype of the appended values."""
+        return self.append_dtype or self.dtype
+
+    @property
+    def quantised(self) -> bool:
+        return self.dtype in FP8_CACHE_DTYPES
 
     @property
     def batch_size(self) -> int:
@@ -81,7 +120,9 @@ class AppendCase:
         return sum(self.append_lens)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        """The fields as JSON; the fp8 and padding fields only when set (a case without them reads as before)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+                if k not in _NEW_FIELDS or v != _NEW_FIELDS[k]}
 
     @classmethod
     def from_json(cls, data: Any) -> AppendCase:
@@ -98,19 +139,21 @@ class AppendCase:
 
 
 class AppendInputs(NamedTuple):
-    """What a write kernel is given. ``k_pool``/``v_pool`` are views into ``pool`` when combined."""
+    """What a write kernel is given. ``k_pool``/``v_pool`` are views into ``pool`` when combined. With
+    ``padding``, the last ``padding`` rows of the appended values and the per-token tensors are padding:
+    slot -1, request -1, position -1."""
 
     pool: torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # as the library takes it
     k_pool: torch.Tensor  # [pages, page, H, D] (NHD) or [pages, H, page, D] (HND)
     v_pool: torch.Tensor
-    append_k: torch.Tensor  # [total_appended, H, D]
+    append_k: torch.Tensor  # [total_appended + padding, H, D] in ``source_dtype``
     append_v: torch.Tensor
     kv_indices: torch.Tensor  # int32 [sum pages]: each request's pages, the appended tokens included
     kv_indptr: torch.Tensor  # int32 [B + 1]
     kv_last_page_len: torch.Tensor  # int32 [B], after the append (0 for a request with no tokens)
-    batch_indices: torch.Tensor  # int32 [total_appended]: the request of each appended token
-    positions: torch.Tensor  # int32 [total_appended]: its position in its request
-    slot_mapping: torch.Tensor  # int64 [total_appended]: page * page_size + slot
+    batch_indices: torch.Tensor  # int32 [total_appended + padding]: the request of each appended token
+    positions: torch.Tensor  # int32 [total_appended + padding]: its position in its request
+    slot_mapping: torch.Tensor  # int64 [total_appended + padding]: page * page_size + slot (-1: padding)
 
 
 def _page_table(case: AppendCase) -> tuple[np.ndarray, np.ndarray]:
@@ -120,25 +163,31 @@ def _page_table(case: AppendCase) -> tuple[np.ndarray, np.ndarray]:
     return order[: indptr[-1]], indptr
 
 
-def make_inputs(case: AppendCase, device: str | torch.device = "cpu") -> AppendInputs:
-    """Canary-filled pool, appended values and the index tensors, all from ``case.seed``."""
+def _canaries(case: AppendCase, gen: torch.Generator) -> torch.Tensor:
+    """[pages, 2, *page] random bits in the cache dtype."""
     dtype = getattr(torch, case.dtype)
-    gen = torch.Generator().manual_seed(case.seed)
     page_shape = ((case.page_size, case.num_kv_heads) if case.kv_layout == "NHD"
                   else (case.num_kv_heads, case.page_size)) + (case.head_dim,)
     bits = BITS_OF_SIZE[torch.empty((), dtype=dtype).element_size()]
     info = torch.iinfo(bits)
     shape = (case.num_pages, 2, *page_shape)
-    canaries = torch.randint(info.min, info.max, shape, generator=gen, dtype=torch.int64).to(bits).view(dtype)
+    return torch.randint(info.min, info.max, shape, generator=gen, dtype=torch.int64).to(bits).view(dtype)
+
+
+def make_inputs(case: AppendCase, device: str | torch.device = "cpu") -> AppendInputs:
+    """Canary-filled pool, appended values and the index tensors, all from ``case.seed``."""
+    gen = torch.Generator().manual_seed(case.seed)
+    canaries = _canaries(case, gen)
     if case.combined:
         pool: Any = canaries.to(device)
         k_pool, v_pool = pool[:, 0], pool[:, 1]
     else:
         k_pool, v_pool = canaries[:, 0].contiguous().to(device), canaries[:, 1].contiguous().to(device)
         pool = (k_pool, v_pool)
-    n = case.total_appended
-    append_k = torch.randn((n, case.num_kv_heads, case.head_dim), generator=gen, dtype=torch.float32).to(dtype).to(device)
-    append_v = torch.randn((n, case.num_kv_heads, case.head_dim), generator=gen, dtype=torch.float32).to(dtype).to(device)
+    n, rows = case.total_appended, case.total_appended + case.padding
+    source = getattr(torch, case.source_dtype)
+    append_k = torch.randn((rows, case.num_kv_heads, case.head_dim), generator=gen, dtype=torch.float32).to(source).to(device)
+    append_v = torch.randn((rows, case.num_kv_heads, case.head_dim), generator=gen, dtype=torch.float32).to(source).to(device)
     indices, indptr = _page_table(case)
     last = [(n_after - 1) % case.page_size + 1 if n_after else 0 for n_after in case.seq_lens_after]
     batch = np.repeat(np.arange(case.batch_size), case.append_lens).astype(np.int32)
@@ -146,22 +195,73 @@ def make_inputs(case: AppendCase, device: str | torch.device = "cpu") -> AppendI
     positions = positions.astype(np.int32)
     pages = indices[indptr[batch] + positions // case.page_size] if n else np.zeros(0, np.int32)
     slots = pages.astype(np.int64) * case.page_size + positions % case.page_size
-    as_tensor = lambda a, t: torch.as_tensor(a, dtype=t).to(device)  # noqa: E731
-    return AppendInputs(pool, k_pool, v_pool, append_k, append_v, as_tensor(indices, torch.int32),
-                        as_tensor(indptr, torch.int32), as_tensor(last, torch.int32), as_tensor(batch, torch.int32),
-                        as_tensor(positions, torch.int32), as_tensor(slots, torch.int64))
+    pad = lambda a: np.concatenate([a, np.full(case.padding, -1, a.dtype)])  # noqa: E731
+    as_tensor = lambda a, t: torch.as_tensor(pad(a), dtype=t).to(device)  # noqa: E731
+    return AppendInputs(pool, k_pool, v_pool, append_k, append_v, torch.as_tensor(indices, dtype=torch.int32).to(device),
+                        torch.as_tensor(indptr, dtype=torch.int32).to(device), torch.as_tensor(last, dtype=torch.int32).to(device),
+                        as_tensor(batch, torch.int32), as_tensor(positions, torch.int32), as_tensor(slots, torch.int64))
+
+
+def _fp8_grid(dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(values, codes) of the finite non-negative fp8 values, ascending (the code order is the value order)."""
+    codes = np.arange(128, dtype=np.uint8)
+    values = torch.from_numpy(codes).view(dtype).to(torch.float64).numpy()
+    finite = np.isfinite(values)
+    return values[finite], codes[finite]
+
+
+def _round_fp8(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """float64 ``x`` rounded once to fp8 (nearest, ties to the even code, saturated at the largest finite
+    value; the sign kept, -0 included), as uint8 codes."""
+    values, codes = _fp8_grid(dtype)
+    a = np.minimum(np.abs(x), values[-1])
+    hi = np.clip(np.searchsorted(values, a, side="left"), 1, len(values) - 1)
+    lo = hi - 1
+    d_lo, d_hi = a - values[lo], values[hi] - a
+    take_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (codes[hi] % 2 == 0))
+    code = np.where(take_hi, codes[hi], codes[lo])
+    return (code | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
+
+
+def quantised_values(case: AppendCase, values: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(want, also): ``values`` as an fp8 cache must hold them: ``value / scale`` in float64 rounded once;
+    ``also`` the rounding of the quotient moved by ``FP8_SLACK`` (equal to ``want`` except next to a tie)."""
+    dtype = getattr(torch, case.dtype)
+    q = values.detach().cpu().to(torch.float64).numpy() / float(scale)
+    want = _round_fp8(q, dtype)
+    below, above = _round_fp8(q * (1 - FP8_SLACK), dtype), _round_fp8(q * (1 + FP8_SLACK), dtype)
+    also = np.where(below != want, below, above)
+    as_fp8 = lambda codes: torch.from_numpy(codes).view(dtype)  # noqa: E731
+    return as_fp8(want), as_fp8(also)
+
+
+def _stored(case: AppendCase, before: AppendInputs) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """For K and V: (the pool before, the values a correct write stores, the values it may store instead)."""
+    real = before.slot_mapping.cpu() >= 0
+    out = []
+    for pool, values, scale in ((before.k_pool, before.append_k, case.k_scale), (before.v_pool, before.append_v, case.v_scale)):
+        values = values.cpu()[real]
+        want, also = quantised_values(case, values, scale) if case.quantised else (values, values)
+        out.append((pool.cpu(), want, also))
+    return out
+
+
+def _filled(case: AppendCase, pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    filled = pool.clone()
+    pages, within = slots // case.page_size, slots % case.page_size
+    if case.kv_layout == "NHD":
+        filled[pages, within] = values
+    else:
+        filled.permute(0, 2, 1, 3)[pages, within] = values
+    return filled
 
 
 def expected_pools(case: AppendCase, before: AppendInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pools as a correct write leaves them (on the CPU): canaries, appended slots replaced."""
-    k, v = before.k_pool.cpu().clone(), before.v_pool.cpu().clone()
+    """The pools as a correct write leaves them (on the CPU): canaries, appended slots replaced (padding rows
+    stored nowhere; fp8 values quantised once, ``quantised_values``)."""
     slots = before.slot_mapping.cpu()
-    pages, within = slots // case.page_size, slots % case.page_size
-    for pool, values in ((k, before.append_k.cpu()), (v, before.append_v.cpu())):
-        if case.kv_layout == "NHD":
-            pool[pages, within] = values
-        else:
-            pool.permute(0, 2, 1, 3)[pages, within] = values
+    slots = slots[slots >= 0]
+    k, v = (_filled(case, pool, slots, want) for pool, want, _also in _stored(case, before))
     return k, v
 
 
@@ -190,15 +290,17 @@ class AppendVerdict(NamedTuple):
 
 def compare_pools(case: AppendCase, before: AppendInputs, k_after: torch.Tensor, v_after: torch.Tensor,
                   limit: int = 20) -> AppendVerdict:
-    """Byte-for-byte comparison of the pools a kernel left with ``expected_pools``."""
-    want_k, want_v = expected_pools(case, before)
-    intended = torch.zeros(case.num_pages, case.page_size, dtype=torch.bool)
+    """Byte-for-byte comparison of the pools a kernel left with ``expected_pools`` (an fp8 slot may also hold
+    the other rounding next to a tie: ``quantised_values``)."""
     slots = before.slot_mapping.cpu()
+    slots = slots[slots >= 0]
+    intended = torch.zeros(case.num_pages, case.page_size, dtype=torch.bool)
     intended[slots // case.page_size, slots % case.page_size] = True
     found: list[Mismatch] = []
     count = 0
-    for which, want, got in (("k", want_k, k_after.cpu()), ("v", want_v, v_after.cpu())):
-        diff = raw_bits(want) != raw_bits(got)
+    for which, (pool, want, also), got in zip("kv", _stored(case, before), (k_after.cpu(), v_after.cpu())):
+        got_bits = raw_bits(got)
+        diff = (raw_bits(_filled(case, pool, slots, want)) != got_bits) & (raw_bits(_filled(case, pool, slots, also)) != got_bits)
         rows = diff.any(-1)  # [pages, page, H] or [pages, H, page]
         if case.kv_layout == "HND":
             rows = rows.transpose(1, 2)

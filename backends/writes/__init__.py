@@ -1,26 +1,48 @@
 """KV-cache write kernels, one file each: they append tokens to a paged pool in place, and are
 judged byte for byte by ``pa_oracle.oracle.append`` (a backend kind of its own, with its own
-registry: an attention campaign never sees these)."""
+registry: an attention campaign never sees these). Found as attention adapters are
+(``pa_oracle.backends``): every module of this package, then every module named by a
+``pa_oracle.backends.writes`` entry point; a user's ``--kernel MODULE:NAME`` is loaded by the same
+``load_kernel`` (``pa_oracle.backends.writes.user``)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from importlib.metadata import entry_points
+from typing import Any
 
-from pa_oracle.oracle.append import DTYPES, LAYOUTS, AppendCase, AppendInputs
+from pa_oracle.oracle.append import CACHE_DTYPES, DTYPES, LAYOUTS, AppendCase, AppendInputs
+
+ENTRY_POINTS = "pa_oracle.backends.writes"  # the entry-point group of third-party write kernels
 
 
 @dataclass(frozen=True)
 class WriteCapabilities:
     layouts: tuple[str, ...] = LAYOUTS
     combined: tuple[bool, ...] = (False, True)  # two tensors, one [pages, 2, ...] tensor
-    dtypes: tuple[str, ...] = DTYPES
+    dtypes: tuple[str, ...] = DTYPES  # cache dtypes; an fp8 one (oracle.append.FP8_CACHE_DTYPES) draws scales
     page_sizes: tuple[int, ...] = (1, 2, 5, 16)
     head_dims: tuple[int, ...] = (8, 16, 64)
     devices: tuple[str, ...] = ("cpu", "cuda")
     same_append_len: bool = False  # the API appends one length for the whole batch (flash-attn's k=)
+    padding: bool = False  # draw padding rows (slot -1, CUDA-graph padding) that must not be stored
+
+    def __post_init__(self) -> None:
+        if bad := [d for d in self.dtypes if d not in CACHE_DTYPES]:
+            raise ValueError(f"write capabilities: unknown dtype(s) {bad} (known: {', '.join(CACHE_DTYPES)})")
+        if bad := [x for x in self.layouts if x not in LAYOUTS]:
+            raise ValueError(f"write capabilities: unknown layout(s) {bad} (known: {', '.join(LAYOUTS)})")
+        if not (self.layouts and self.combined and self.dtypes and self.page_sizes and self.head_dims):
+            raise ValueError("write capabilities: layouts, combined, dtypes, page_sizes and head_dims must be non-empty")
+
+    def replace(self, **changes: Any) -> WriteCapabilities:
+        return replace(self, **changes)
+
+
+CAPABILITY_FIELDS = frozenset(f.name for f in fields(WriteCapabilities))
 
 
 class WriteKernel:
@@ -49,6 +71,8 @@ class WriteKernel:
 
 
 _REGISTRY: dict[str, type[WriteKernel]] = {}
+_PRIVATE = {"user"}
+_discovered = False
 
 
 def register(cls: type[WriteKernel]) -> type[WriteKernel]:
@@ -59,8 +83,15 @@ def register(cls: type[WriteKernel]) -> type[WriteKernel]:
 
 
 def discover() -> dict[str, type[WriteKernel]]:
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    """Import every write-kernel module once (this package's, then the entry points'); the registry."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        for module in pkgutil.iter_modules(__path__):
+            if module.name not in _PRIVATE and not module.name.startswith("_"):
+                importlib.import_module(f"{__name__}.{module.name}")
+        for entry in entry_points(group=ENTRY_POINTS):
+            entry.load()
     return dict(_REGISTRY)
 
 
@@ -69,3 +100,42 @@ def get_write_kernel(name: str) -> WriteKernel:
     if name not in registry:
         raise KeyError(f"unknown write kernel {name!r} (known: {', '.join(sorted(registry))})")
     return registry[name]()
+
+
+def available() -> tuple[list[WriteKernel], dict[str, str]]:
+    """(every registered write kernel usable here, {name: why not} for the rest)."""
+    usable, missing = [], {}
+    for name, cls in sorted(discover().items()):
+        kernel = cls()
+        if reason := kernel.unavailable_reason():
+            missing[name] = reason
+        else:
+            usable.append(kernel)
+    return usable, missing
+
+
+def resolve(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[WriteKernel]:
+    """The write kernels a command line names: registered ``names`` and user ``kernels`` (``MODULE:NAME``,
+    ``pa_oracle.backends.writes.user``); every usable registered one when both are empty. Raises
+    ``pa_oracle.backends.BackendSpecError`` (bad input) for one that cannot be used here."""
+    from pa_oracle.backends import BackendSpecError
+    from pa_oracle.backends.base import exception_text
+    from pa_oracle.backends.writes.user import user_write_kernel
+
+    registry = discover()
+    if unknown := [n for n in names if n not in registry]:
+        raise BackendSpecError(f"unknown write kernel(s) {', '.join(unknown)} (known: {', '.join(sorted(registry))})")
+    chosen = [registry[n]() for n in names]
+    for spec in kernels:
+        try:
+            chosen.append(user_write_kernel(spec))
+        except (ValueError, TypeError) as exc:
+            raise BackendSpecError(f"--kernel {spec}: {exception_text(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's module failed to import (ImportError, SyntaxError, its own error)
+            raise BackendSpecError(f"--kernel {spec}: cannot import it ({type(exc).__name__}: {exception_text(exc)})") from None
+    if not chosen:
+        chosen, _ = available()
+    for kernel in chosen:
+        if reason := kernel.unavailable_reason():
+            raise BackendSpecError(f"write kernel {kernel.name} is not available here: {reason}")
+    return chosen

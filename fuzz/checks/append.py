@@ -28,7 +28,8 @@ def judge_write(case: AppendCase, kernel: WriteKernel) -> WriteOutcome:
     inputs = make_inputs(case, kernel.device())
     before = inputs._replace(k_pool=inputs.k_pool.clone(), v_pool=inputs.v_pool.clone())
     read_only = {name: getattr(inputs, name).clone() for name in
-                 ("append_k", "append_v", "kv_indices", "kv_indptr", "kv_last_page_len", "batch_indices", "positions")}
+                 ("append_k", "append_v", "kv_indices", "kv_indptr", "kv_last_page_len", "batch_indices", "positions",
+                  "slot_mapping")}
     try:
         kernel.append(case, inputs)
         if inputs.k_pool.is_cuda:

@@ -1,13 +1,25 @@
 """Hypothesis strategy for KV-cache writes: ragged appends within a write kernel's capabilities,
 weighted towards the edges where writes go wrong (a last page filled exactly, an append that
-opens a fresh page or spans several, an empty request, an empty append)."""
+opens a fresh page or spans several, an empty request, an empty append).
+
+A kernel whose capabilities list an fp8 cache dtype also draws, for those cases, the dtype of the
+appended values and the K and V scales (1 among them, each exact in float32 so that the judge's
+float64 quotient is the kernel's); one that declares ``padding`` draws 0-3 padding rows (slot -1).
+Both are drawn after every other field and only then: a kernel that declares neither draws the cases
+it drew before they existed (``tests/test_write_kernels.py`` pins them)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from hypothesis import strategies as st
 
 from pa_oracle.backends.writes import WriteCapabilities
-from pa_oracle.oracle.append import AppendCase
+from pa_oracle.oracle.append import DTYPES, FP8_CACHE_DTYPES, AppendCase
+
+# |randn| stays far below 448 (e4m3's largest value) times the smallest scale; 1.0 hides scale misuse, so
+# it is one value among several
+SCALES = (1.0, 0.5, 2.0, 0.3125, 1.75, 0.0625, 3.5)
 
 
 @st.composite
@@ -26,7 +38,7 @@ def append_cases(draw: st.DrawFn, caps: WriteCapabilities, max_batch: int = 6, m
         appends = tuple(draw(length("append")) for _ in range(batch))
     if sum(appends) == 0:
         appends = (1,) + appends[1:]
-    return AppendCase(
+    fields: dict[str, Any] = dict(
         seq_lens_before=before,
         append_lens=appends,
         page_size=page,
@@ -38,3 +50,16 @@ def append_cases(draw: st.DrawFn, caps: WriteCapabilities, max_batch: int = 6, m
         spare_pages=draw(st.integers(0, 3), label="spare"),
         seed=draw(st.integers(0, 2**32 - 1), label="seed"),
     )
+    return AppendCase(**fields, **_newer_dimensions(draw, fields["dtype"], caps))
+
+
+def _newer_dimensions(draw: st.DrawFn, dtype: str, caps: WriteCapabilities) -> dict[str, Any]:
+    """The fp8 fields (an fp8 ``dtype``) and padding rows (``caps.padding``); nothing drawn otherwise."""
+    changes: dict[str, Any] = {}
+    if dtype in FP8_CACHE_DTYPES:
+        changes.update(append_dtype=draw(st.sampled_from(DTYPES), label="append_dtype"),
+                       k_scale=draw(st.sampled_from(SCALES), label="k_scale"),
+                       v_scale=draw(st.sampled_from(SCALES), label="v_scale"))
+    if caps.padding:
+        changes["padding"] = draw(st.integers(0, 3), label="padding")
+    return changes
