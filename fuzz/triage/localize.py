@@ -43,7 +43,9 @@ _FAMILY = {
 
 
 @dataclass(frozen=True)
-class Check:
+class Clue:
+    """One localization test on the wrong elements: its name, whether it found a pattern, and why."""
+
     name: str
     result: CheckResult
     finding: str
@@ -116,13 +118,13 @@ class Localization:
     threshold: str  # how "wrong" was decided
     verdict: Verdict | None = None
     worst: list[Location] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
+    checks: list[Clue] = field(default_factory=list)
     toggles: list[Toggle] = field(default_factory=list)
     kv_reads: dict[tuple[int, int], int] = field(default_factory=dict)  # (row, qo head) -> kv head that fits
     profile: tuple[int, int, list[float], int | None] | None = None  # (row, head, error per key toggled, key that fits)
 
     @property
-    def patterns(self) -> list[Check]:
+    def patterns(self) -> list[Clue]:
         """The checks that found something: a pattern, or keys that the case cannot tell apart."""
         return [c for c in self.checks if c.result in ("pattern", "ambiguous")]
 
@@ -285,7 +287,7 @@ def localize(cap: Capture) -> Localization:
     if verdict is None or verdict.error is None or verdict.out is None:
         why = f"the kernel {cap.outcome.status}ed: no output to locate" if cap.outcome.status == "crash" else cap.outcome.message
         return Localization(case, cap.backend, cap.outcome.status, torch.zeros(shape), torch.zeros(shape, dtype=torch.bool), "n/a",
-                            checks=[Check("output", "n/a", why)])
+                            checks=[Clue("output", "n/a", why)])
     score, wrong, threshold = _scores(cap)
     loc = Localization(case, cap.backend, cap.outcome.status, score, wrong, threshold, verdict, worst_elements(case, verdict.error))
     rows = _Rows(cap)
@@ -349,7 +351,7 @@ def _fmt(values: list[int] | set[int], limit: int = 12) -> str:
     return "{" + text + (f", ... ({len(values)} in all)" if len(values) > limit else "") + "}"
 
 
-def _check_tensors(cap: Capture, loc: Localization) -> Check:
+def _check_tensors(cap: Capture, loc: Localization) -> Clue:
     verdict = cap.outcome.verdict
     out_wrong = int((verdict.error.amax(-1) > verdict.out.limit_max).sum()) if verdict.error.numel() else 0
     lse_wrong = int((verdict.lse_error > verdict.lse.limit_max).sum()) if verdict.lse_error is not None else None
@@ -358,28 +360,28 @@ def _check_tensors(cap: Capture, loc: Localization) -> Check:
     parts.append("the kernel returns no LSE" if lse_wrong is None else f"LSE wrong on {lse_wrong} of {total}")
     evidence = [f"wrong pairs decided by: {loc.threshold}"]
     if out_wrong == 0 and lse_wrong:
-        return Check("out or LSE", "pattern", "only the LSE is wrong; the output is right", tuple(parts + evidence))
+        return Clue("out or LSE", "pattern", "only the LSE is wrong; the output is right", tuple(parts + evidence))
     if lse_wrong == 0 and out_wrong:
-        return Check("out or LSE", "pattern", "only the output is wrong; the LSE is right", tuple(parts + evidence))
-    return Check("out or LSE", "no pattern", "; ".join(parts), tuple(evidence))
+        return Clue("out or LSE", "pattern", "only the output is wrong; the LSE is right", tuple(parts + evidence))
+    return Clue("out or LSE", "no pattern", "; ".join(parts), tuple(evidence))
 
 
 def _wrong_rows(loc: Localization) -> set[int]:
     return set(loc.wrong.any(-1).nonzero().flatten().tolist())
 
 
-def _check_requests(rows: _Rows, loc: Localization) -> Check:
+def _check_requests(rows: _Rows, loc: Localization) -> Clue:
     with_rows = sorted(set(rows.request))
     bad = sorted({rows.request[r] for r in _wrong_rows(loc)})
     maxima = [f"request {b}: max error/allowed {float(loc.score[[r for r in range(len(rows.request)) if rows.request[r] == b]].max()):.3g}" for b in with_rows]
     if not bad:
-        return Check("requests", "n/a", "no wrong (row, head) pair above the threshold", tuple(maxima))
+        return Clue("requests", "n/a", "no wrong (row, head) pair above the threshold", tuple(maxima))
     if len(bad) == len(with_rows):
-        return Check("requests", "no pattern", f"every request with queries is wrong ({len(bad)})", tuple(maxima))
-    return Check("requests", "pattern", f"requests {_fmt(bad)} of {len(with_rows)} are wrong; {_fmt(set(with_rows) - set(bad))} are right", tuple(maxima))
+        return Clue("requests", "no pattern", f"every request with queries is wrong ({len(bad)})", tuple(maxima))
+    return Clue("requests", "pattern", f"requests {_fmt(bad)} of {len(with_rows)} are wrong; {_fmt(set(with_rows) - set(bad))} are right", tuple(maxima))
 
 
-def _check_heads(cap: Capture, rows: _Rows, loc: Localization) -> Check:
+def _check_heads(cap: Capture, rows: _Rows, loc: Localization) -> Clue:
     heads = cap.case.heads
     n, group, n_kv = heads.num_qo_heads, heads.group_size, heads.num_kv_heads
     bad = set(loc.wrong.any(0).nonzero().flatten().tolist())
@@ -390,32 +392,32 @@ def _check_heads(cap: Capture, rows: _Rows, loc: Localization) -> Check:
         mapping = dict(sorted({h: kv for (_, h), kv in misread.items()}.items()))
         evidence.append(f"{len(misread)} of {len(reads)} probed wrong pairs match the oracle on another kv head: qo head -> kv head read {mapping}")
         if all(kv == h % n_kv for (_, h), kv in misread.items()):
-            return Check("heads", "pattern", "wrong qo heads read kv head h % num_kv_heads instead of h // group_size: a wrong GQA head map",
+            return Clue("heads", "pattern", "wrong qo heads read kv head h % num_kv_heads instead of h // group_size: a wrong GQA head map",
                          tuple(evidence + [f"wrong qo heads {_fmt(bad)} of {n} (group size {group}, {n_kv} kv heads)"]))
-        return Check("heads", "pattern", f"wrong qo heads read another kv head ({mapping}): a wrong head map", tuple(evidence))
+        return Clue("heads", "pattern", f"wrong qo heads read another kv head ({mapping}): a wrong head map", tuple(evidence))
     if not bad:
-        return Check("heads", "n/a", "no wrong pair above the threshold")
+        return Clue("heads", "n/a", "no wrong pair above the threshold")
     if len(bad) == n:
-        return Check("heads", "no pattern", f"every qo head ({n}) is wrong", tuple(evidence))
+        return Clue("heads", "no pattern", f"every qo head ({n}) is wrong", tuple(evidence))
     gqa_alt = {h for h in range(n) if h % n_kv != h // group}
     if bad == gqa_alt:
-        return Check("heads", "pattern", "exactly the qo heads with h % num_kv_heads != h // group_size are wrong (a wrong GQA map reads those)",
+        return Clue("heads", "pattern", "exactly the qo heads with h % num_kv_heads != h // group_size are wrong (a wrong GQA map reads those)",
                      tuple(evidence + [f"wrong {_fmt(bad)}"]))
     if bad == {h for h in range(n) if h % group}:
-        return Check("heads", "pattern", "every qo head but the first of each group is wrong", (f"wrong {_fmt(bad)}, group size {group}",))
+        return Clue("heads", "pattern", "every qo head but the first of each group is wrong", (f"wrong {_fmt(bad)}, group size {group}",))
     bad_kv = {h // group for h in bad}
     if all(h in bad for h in range(n) if h // group in bad_kv):
-        return Check("heads", "pattern", f"the whole groups of kv heads {_fmt(bad_kv)} are wrong, the others right", (f"wrong qo heads {_fmt(bad)}",))
-    return Check("heads", "no pattern", f"qo heads {_fmt(bad)} of {n} are wrong; no GQA pattern found", tuple(evidence))
+        return Clue("heads", "pattern", f"the whole groups of kv heads {_fmt(bad_kv)} are wrong, the others right", (f"wrong qo heads {_fmt(bad)}",))
+    return Clue("heads", "no pattern", f"qo heads {_fmt(bad)} of {n} are wrong; no GQA pattern found", tuple(evidence))
 
 
-def _check_rows(rows: _Rows, loc: Localization) -> Check:
+def _check_rows(rows: _Rows, loc: Localization) -> Clue:
     bad = _wrong_rows(loc)
     all_rows = set(range(len(rows.request)))
     if not bad:
-        return Check("query rows", "n/a", "no wrong row")
+        return Clue("query rows", "n/a", "no wrong row")
     if bad == all_rows:
-        return Check("query rows", "no pattern", f"every query row ({len(all_rows)}) is wrong")
+        return Clue("query rows", "no pattern", f"every query row ({len(all_rows)}) is wrong")
     properties = {
         "the last query of its request": lambda r: rows.token[r] == rows.qo_len[r] - 1,
         "the first query of its request": lambda r: rows.token[r] == 0,
@@ -425,8 +427,8 @@ def _check_rows(rows: _Rows, loc: Localization) -> Check:
     detail = (f"wrong rows {_fmt(bad)} of {len(all_rows)}; their tokens {_fmt({rows.token[r] for r in bad})}",)
     for name, holds in properties.items():
         if {r for r in all_rows if holds(r)} == bad:
-            return Check("query rows", "pattern", f"exactly the rows that are {name} are wrong", detail)
-    return Check("query rows", "no pattern", "wrong rows share none of: last / first query, position < 0, decode", detail)
+            return Clue("query rows", "pattern", f"exactly the rows that are {name} are wrong", detail)
+    return Clue("query rows", "no pattern", "wrong rows share none of: last / first query, position < 0, decode", detail)
 
 
 def _toggle_share(loc: Localization, label: str, dropped: bool | None = None) -> tuple[int, int]:
@@ -434,15 +436,15 @@ def _toggle_share(loc: Localization, label: str, dropped: bool | None = None) ->
     return hits, len(loc.toggles)
 
 
-def _claim(loc: Localization, name: str, finding: str, evidence: list[str]) -> Check:
+def _claim(loc: Localization, name: str, finding: str, evidence: list[str]) -> Clue:
     """A toggle-based pattern of check ``name``, or "ambiguous" when every fitted key also carries another
     check's label: the case cannot tell them apart (a larger witness can)."""
     common = set.intersection(*({_FAMILY.get(label, label) for label in t.labels} for t in loc.toggles))
     rivals = sorted(common - {name})
     if not rivals:
-        return Check(name, "pattern", finding, tuple(evidence))
+        return Clue(name, "pattern", finding, tuple(evidence))
     labels = sorted({label for t in loc.toggles for label in t.labels})
-    return Check(name, "ambiguous",
+    return Clue(name, "ambiguous",
                  f"the key that explains the error is at once {', '.join(labels)} on every fitted pair: this case cannot tell "
                  f"{name} from {', '.join(rivals)}; a larger case is needed to separate them (the original case's "
                  "localization may, or a finding's first failing case, original.json, which triage localizes then)", tuple([f"if it is the {name}: {finding}"] + evidence))
@@ -460,7 +462,7 @@ def _toggle_evidence(loc: Localization, k: int = 3) -> list[str]:
     return lines + [t.describe() for t in loc.toggles[:2]]
 
 
-def _check_pages(rows: _Rows, loc: Localization) -> Check:
+def _check_pages(rows: _Rows, loc: Localization) -> Clue:
     ps = rows.case.layout.page_size
     bad_rows = _wrong_rows(loc)
 
@@ -481,7 +483,7 @@ def _check_pages(rows: _Rows, loc: Localization) -> Check:
         return _claim(loc, "page boundary", "the key that explains the error is the first slot of a page on every fitted pair",
                       _toggle_evidence(loc))
     if not bad_rows:
-        return Check("page boundary", "n/a", "no wrong row")
+        return Clue("page boundary", "n/a", "no wrong row")
     good_rows = {r for r in range(len(rows.request)) if rows.kv_len[r] > 0} - bad_rows
     bad_rem = {rem(r) for r in bad_rows if rows.kv_len[r] > 0}
     good_rem = {rem(r) for r in good_rows}
@@ -493,31 +495,31 @@ def _check_pages(rows: _Rows, loc: Localization) -> Check:
             finding = "wrong rows all end inside a page (kv_len % page_size != 0); rows with a full last page are right"
         else:
             finding = f"wrong rows all have kv_len % page_size in {_fmt(bad_rem)}; right rows in {_fmt(good_rem)}"
-        return Check("page boundary", "pattern", finding, tuple(evidence))
+        return Clue("page boundary", "pattern", finding, tuple(evidence))
     if not good_rows:
         evidence.append("every row with keys is wrong, so page alignment cannot separate wrong from right rows")
-    return Check("page boundary", "no pattern", "no page-alignment pattern found", tuple(evidence + _toggle_evidence(loc)))
+    return Clue("page boundary", "no pattern", "no page-alignment pattern found", tuple(evidence + _toggle_evidence(loc)))
 
 
-def _check_empty_rows(cap: Capture, loc: Localization) -> Check:
+def _check_empty_rows(cap: Capture, loc: Localization) -> Clue:
     if cap.ref is None:
-        return Check("empty rows", "n/a", "no raw kernel output")
+        return Clue("empty rows", "n/a", "no raw kernel output")
     empty = torch.isinf(cap.ref.lse)
     if not empty.any():
-        return Check("empty rows", "n/a", "the case has no row without keys to attend")
+        return Clue("empty rows", "n/a", "the case has no row without keys to attend")
     bad_empty = int((loc.wrong & empty).sum())
     bad_other = int((loc.wrong & ~empty).sum())
     evidence = (f"{int(empty.sum())} empty (row, head) pairs, {bad_empty} wrong; {bad_other} wrong pairs with keys",)
     if bad_empty and not bad_other:
-        return Check("empty rows", "pattern", "only rows with no key to attend are wrong", evidence)
+        return Clue("empty rows", "pattern", "only rows with no key to attend are wrong", evidence)
     if bad_empty:
-        return Check("empty rows", "pattern", "empty rows are wrong (and other rows too)", evidence)
-    return Check("empty rows", "no pattern", "empty rows are right", evidence)
+        return Clue("empty rows", "pattern", "empty rows are wrong (and other rows too)", evidence)
+    return Clue("empty rows", "no pattern", "empty rows are right", evidence)
 
 
-def _check_causal(rows: _Rows, loc: Localization) -> Check:
+def _check_causal(rows: _Rows, loc: Localization) -> Clue:
     if not rows.case.options.causal:
-        return Check("causal diagonal", "n/a", "the case is not causal")
+        return Clue("causal diagonal", "n/a", "the case is not causal")
     evidence = _toggle_evidence(loc)
     for label in ("the causal diagonal", "one past the causal diagonal", "a future key"):
         hits, fitted = _toggle_share(loc, label)
@@ -527,55 +529,55 @@ def _check_causal(rows: _Rows, loc: Localization) -> Check:
     requests = set(rows.request)
     shifted = {b for b in requests if rows.case.layout.kv_lens[b] != rows.case.layout.qo_lens[b]}
     if bad and bad == shifted and shifted != requests:
-        return Check("causal diagonal", "pattern",
+        return Clue("causal diagonal", "pattern",
                      "exactly the requests with kv_len != qo_len are wrong: the mask is aligned top-left, not bottom-right",
                      (f"wrong requests {_fmt(bad)}; requests with kv_len == qo_len {_fmt(requests - shifted)} are right",))
-    return Check("causal diagonal", "no pattern", "no causal-diagonal pattern found", tuple(evidence))
+    return Clue("causal diagonal", "no pattern", "no causal-diagonal pattern found", tuple(evidence))
 
 
-def _check_window(rows: _Rows, loc: Localization) -> Check:
+def _check_window(rows: _Rows, loc: Localization) -> Clue:
     if rows.case.options.window_left < 0:
-        return Check("window edge", "n/a", "no sliding window")
+        return Clue("window edge", "n/a", "no sliding window")
     for label in ("the window's left edge", "one outside the window"):
         hits, fitted = _toggle_share(loc, label)
         if fitted and hits == fitted:
             return _claim(loc, "window edge", f"the error is explained by {label} on every fitted pair: a window off by one",
                           _toggle_evidence(loc))
-    return Check("window edge", "no pattern", "no window-edge pattern found", tuple(_toggle_evidence(loc)))
+    return Clue("window edge", "no pattern", "no window-edge pattern found", tuple(_toggle_evidence(loc)))
 
 
-def _check_splits(cap: Capture, rows: _Rows, loc: Localization) -> Check:
+def _check_splits(cap: Capture, rows: _Rows, loc: Localization) -> Clue:
     n = cap.split_count
     if not n:
-        return Check("split boundary", "n/a", "the backend declares no KV split count")
+        return Clue("split boundary", "n/a", "the backend declares no KV split count")
     bad = _wrong_rows(loc)
     assumption = f"assuming {n} even splits of ceil(kv_len / {n}) keys"
     short = {r for r in range(len(rows.request)) if 0 < rows.kv_len[r] < n}
     if bad and short and bad == short:
-        return Check("split boundary", "pattern", f"exactly the rows with fewer keys than splits ({n}) are wrong: an empty split",
+        return Clue("split boundary", "pattern", f"exactly the rows with fewer keys than splits ({n}) are wrong: an empty split",
                      (assumption,))
     on_boundary = [t for t in loc.toggles if t.key % -(-rows.kv_len[t.row] // n) == 0 and t.key > 0]
     if loc.toggles and len(on_boundary) == len(loc.toggles):
-        return Check("split boundary", "pattern", "the key that explains the error starts a split on every fitted pair",
+        return Clue("split boundary", "pattern", "the key that explains the error starts a split on every fitted pair",
                      (assumption, *_toggle_evidence(loc)))
-    return Check("split boundary", "no pattern", "no split-boundary pattern found", (assumption,))
+    return Clue("split boundary", "no pattern", "no split-boundary pattern found", (assumption,))
 
 
-def _check_lse(cap: Capture, loc: Localization) -> Check:
+def _check_lse(cap: Capture, loc: Localization) -> Clue:
     if cap.lse is None or cap.ref is None:
-        return Check("LSE", "n/a", "the kernel returns no LSE")
+        return Clue("LSE", "n/a", "the kernel returns no LSE")
     ref, kernel = cap.ref.lse, cap.lse
     empty = torch.isinf(ref)
     if empty.any() and not (kernel[empty] == -math.inf).all():
         values = sorted(set(kernel[empty & (kernel != -math.inf)].tolist()))[:3]
-        return Check("LSE", "pattern", f"empty rows get a finite LSE {values} instead of -inf (a sentinel)")
+        return Clue("LSE", "pattern", f"empty rows get a finite LSE {values} instead of -inf (a sentinel)")
     live = ~empty & torch.isfinite(kernel) & (ref.abs() > 1e-3)
     if not live.any():
-        return Check("LSE", "n/a", "no row with keys and a finite kernel LSE")
+        return Clue("LSE", "n/a", "no row with keys and a finite kernel LSE")
     limit = cap.outcome.verdict.lse.limit_max if cap.outcome.verdict.lse else 0.0
     if (kernel[live] - ref[live] * LOG2_E).abs().max() <= max(limit, 1e-6) * LOG2_E and (kernel[live] - ref[live]).abs().max() > limit:
-        return Check("LSE", "pattern", "the kernel's LSE is the oracle's times log2(e): a base-2 LSE where natural log is declared")
+        return Clue("LSE", "pattern", "the kernel's LSE is the oracle's times log2(e): a base-2 LSE where natural log is declared")
     diff = kernel[live] - ref[live]
     if diff.numel() >= 3 and diff.abs().max() > limit and (diff - diff.mean()).abs().max() <= limit:
-        return Check("LSE", "pattern", f"the kernel's LSE is the oracle's plus a constant {float(diff.mean()):.4g} ({diff.numel()} values)")
-    return Check("LSE", "no pattern", f"LSE error up to {float((kernel[live] - ref[live]).abs().max()):.3g} (allowed {limit:.3g}); no base or offset pattern")
+        return Clue("LSE", "pattern", f"the kernel's LSE is the oracle's plus a constant {float(diff.mean()):.4g} ({diff.numel()} values)")
+    return Clue("LSE", "no pattern", f"LSE error up to {float((kernel[live] - ref[live]).abs().max()):.3g} (allowed {limit:.3g}); no base or offset pattern")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.run.runner import Outcome
-from pa_oracle.fuzz.triage.localize import Check
+from pa_oracle.fuzz.triage.localize import Clue
 from pa_oracle.oracle.case import Case, CaseError, Options
 
 # option name -> (is it on, the options with it off)
@@ -25,7 +25,7 @@ SWITCHES: dict[str, tuple[Callable[[Options], bool], Callable[[Options], Options
 }
 
 
-def necessary_options(case: Case, backend: Backend, check: Callable[[Case], Outcome]) -> Check:
+def necessary_options(case: Case, backend: Backend, check: Callable[[Case], Outcome]) -> Clue:
     """Judge ``case`` once per option that is on, with that option off (``check`` runs the kernel)."""
     results: dict[str, str] = {}
     for name, (is_on, off) in SWITCHES.items():
@@ -44,14 +44,14 @@ def necessary_options(case: Case, backend: Backend, check: Callable[[Case], Outc
     if case.storage is not None:  # the same values in the default memory layout
         results[f"storage {case.storage.label()}"] = check(case.replace(storage=None)).status
     if not results:
-        return Check("options needed", "n/a", "the case has no option on (causal, window, soft cap, ALiBi, sinks, fp8 KV, RoPE)")
+        return Clue("options needed", "n/a", "the case has no option on (causal, window, soft cap, ALiBi, sinks, fp8 KV, RoPE)")
     needed = [name for name, status in results.items() if status == "pass"]
     kept = [name for name, status in results.items() if status in ("fail", "crash")]
     evidence = tuple(f"{name} off: {status}" for name, status in results.items())
     if needed:
         rest = f"; with {', '.join(kept)} off it still fails" if kept else ""
-        return Check("options needed", "pattern",
+        return Clue("options needed", "pattern",
                      f"the failure needs {' and '.join(needed)}: turning {'it' if len(needed) == 1 else 'any of them'} off makes it pass{rest}",
                      evidence)
-    return Check("options needed", "no pattern", "no single option is needed: the case fails with each one off" if kept
+    return Clue("options needed", "no pattern", "no single option is needed: the case fails with each one off" if kept
                  else "no option could be turned off and judged", evidence)
