@@ -37,7 +37,7 @@ def test_golden_case(case_path, backend_name: str) -> None:
     if outcome.status == "unsupported":
         pytest.skip(outcome.message)
     verdict = ledger_verdict(LEDGER, case_path.stem, backend_name, versions, outcome.status, family, check_name, case)
-    if verdict.kind == "fixed":  # loud, not a silent pass: the README's findings table says fixed in which version
+    if verdict.kind == "fixed":  # loud, not a silent pass: FINDINGS.md's table says fixed in which version
         warnings.warn(FixedUpstream(f"{backend_name} on {case_path.stem}: {verdict.message}"), stacklevel=1)
     assert verdict.ok, f"{backend_name} on {case_path.stem} ({check_name}): {verdict.message}: {outcome.message}"
 
