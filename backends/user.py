@@ -6,26 +6,41 @@ The function takes the canonical layout directly::
                      causal, sm_scale, window_left, logits_soft_cap) -> out | (out, lse)
 
 ``q`` [total_q, Hq, Dqk], caches [num_pages, page_size, Hkv, D] (NHD), int32 index tensors on the
-same device, ``out`` [total_q, Hq, Dvo] in q's dtype, ``lse`` natural log [total_q, Hq]. Optional
-keywords ``alibi_slopes`` / ``sinks`` (float32 [Hq]) and ``k_scale`` / ``v_scale`` (floats; fp8 KV)
-are passed when the signature has them. An option the function does not accept is held at its
-neutral value for it (never drawn). A function that names ``custom_mask`` (and ``mask_indptr``)
+same device, ``out`` [total_q, Hq, Dvo] in the case's output dtype (q's; for an fp8 q the drawn one),
+``lse`` natural log [total_q, Hq]. Optional keywords, passed when the signature has them (an option the
+function does not accept is held at its neutral value for it, never drawn):
+
+- ``alibi_slopes`` / ``sinks`` (float32 [Hq]);
+- ``k_scale`` / ``v_scale`` (floats: the KV value is ``stored * scale``; both named: fp8 KV is drawn);
+- ``q_scale`` (float: an fp8 q's value is ``stored * q_scale``; 1.0 otherwise) and ``out_dtype`` (the
+  ``torch.dtype`` ``out`` must have). Naming both (with the KV scales) draws fp8 q too. An fp8 q of a
+  function that does not name ``q_scale`` (one that declared fp8 ``q_dtypes``) gets it folded into
+  ``sm_scale`` (exact: the logit is ``sm_scale * q_scale * (q_stored . k)``); without ``sm_scale`` either,
+  a case with ``q_scale != 1`` is unsupported for it.
+
+A function that names ``custom_mask`` (and ``mask_indptr``)
 is also given custom-mask cases: FlashInfer's packed form, each request's ``[qo_len, kv_len]``
 mask flattened row-major and packed little-endian (uint8), ``mask_indptr`` (int32 [B + 1]) its
 byte offsets; None for a case without a mask. ``@declare(mla=(True,))`` asks for MLA cases:
 one latent KV head, ``v_cache`` the view ``k_cache[..., :d_ckv]``, q's first ``d_ckv`` dims
-``q_nope``, the rest ``q_pe``. A function that names ``rope`` is also given RoPE cases: ``rope`` is
+``q_nope``, the rest ``q_pe``; ``mla_dims`` pairs are drawn as declared, but a pair outside the built-in
+list (``MLA_DIMS_DRAWN``) only alone or with other such pairs (declared beside a built-in one it is refused
+by name: it would never be drawn). A function that names ``rope`` is also given RoPE cases: ``rope`` is
 the case's ``pa_oracle.oracle.case.Rope`` (style, theta, scale, rotary_dim) or None, and the function
 rotates q and k itself by absolute position (``pa_oracle.oracle.rope``). ``@declare(...)`` narrows further, with ``Capabilities`` fields::
 
     @declare(q_dtypes=("bfloat16",), page_sizes=(16, 32), devices=("cuda",))
     def my_attention(...): ...
 
-Memory layouts: ``@declare(storages=STORAGE_FEATURES)`` (``oracle.case``; or some of them) asks for
-cases whose tensors lie in another ``Storage``: q may then be a strided view into a fused QKV buffer
-and the caches strided views (the halves of one ``[pages, 2, ...]`` tensor, HND memory, an offset into a
-larger pool), still indexed ``[num_pages, page_size, Hkv, D]``: a kernel that indexes through the
-strides reads them right, one that assumes contiguous memory does not. A function that names
+Memory layouts (views by default): every user kernel is given cases whose tensors lie in another
+``Storage`` (``STORAGE_FEATURES``, ``oracle.case``), beside default ones: q may then be a strided view into
+a fused QKV buffer and the caches strided views (the halves of one ``[pages, 2, ...]`` tensor, HND memory,
+an offset into a larger pool), still indexed ``[num_pages, page_size, Hkv, D]``: a kernel that indexes
+through the strides reads them right, one that assumes contiguous memory does not (a finding). A kernel
+that raises on such a view while it runs on contiguous copies of the same tensors "refuses views": the case
+is unsupported for it (``Unsupported("refuses views ...")``), neither a finding nor a pass; one that raises
+on the copies too crashed. ``@declare(storages=("contiguous",))`` opts out; declaring storages explicitly
+promises to handle them (an exception on a view is then a crash). A function that names
 ``kv_layout`` gets the caches in the stored page layout instead (``[num_pages, Hkv, page_size, D]`` when
 it is ``"HND"``) and the layout's name; one that names ``paged_kv_cache`` also gets the single
 ``[num_pages, 2, ...]`` tensor of a combined storage in that layout (None otherwise).
@@ -41,11 +56,16 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import torch
-from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput
-from pa_oracle.oracle.case import FP8_DTYPES, Case, flashinfer_packed_mask
-from pa_oracle.oracle.tensors import Tensors
+from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
+from pa_oracle.oracle.case import FP8_DTYPES, Q_DTYPES, STORAGE_FEATURES, Case, flashinfer_packed_mask
+from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.tensors import Tensors, torch_dtype
 
 ATTRIBUTE = "pa_oracle_capabilities"
+# the (head_dim_qk, head_dim_vo) pairs the strategies draw MLA cases with (``fuzz.draw.families.MLA_DIMS``, which
+# this room cannot import; tests/test_user_kernel_options.py keeps the two equal). A declared pair outside them
+# is drawn only when every declared pair is outside them.
+MLA_DIMS_DRAWN = ((12, 8), (576, 512), (192, 128), (24, 16), (80, 64))
 _CAPABILITY_FIELDS = {f.name for f in fields(Capabilities)}
 _OPTION_FLAGS = {  # keyword -> Capabilities field it enables
     "window_left": "window_left",
@@ -57,11 +77,17 @@ _OPTION_FLAGS = {  # keyword -> Capabilities field it enables
 _LAYOUT_KWARGS = ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")
 
 
+class BadDeclaration(BadInput):
+    """A user kernel's declared capabilities that cannot be drawn as declared; the message names the field."""
+
+
 def declare(**capabilities: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Narrow what the fuzzer draws for a user kernel (``Capabilities`` field names)."""
     unknown = set(capabilities) - _CAPABILITY_FIELDS
     if unknown:
         raise TypeError(f"unknown capability fields {sorted(unknown)}; known: {sorted(_CAPABILITY_FIELDS)}")
+    if "mla_dims" in capabilities:
+        check_mla_dims(capabilities["mla_dims"], "declare(mla_dims=...)")
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         setattr(fn, ATTRIBUTE, dict(capabilities))
@@ -87,7 +113,31 @@ def load_kernel(spec: str) -> Callable[..., Any]:
     return fn
 
 
+def check_mla_dims(pairs: Any, where: str) -> None:
+    """Refuse (``BadDeclaration``, naming ``where`` and the pair) MLA dims that would not all be drawn: a
+    malformed pair, or a pair outside ``MLA_DIMS_DRAWN`` declared beside one inside it."""
+    if pairs is None:
+        return
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, (tuple, list)) or not pairs:
+        raise BadDeclaration(f"{where}: expected a non-empty tuple of (head_dim_qk, head_dim_vo) pairs, got {pairs!r}")
+    for pair in pairs:
+        ok = isinstance(pair, (tuple, list)) and len(pair) == 2 and all(type(d) is int for d in pair)
+        if not ok or not 0 < pair[1] < pair[0]:
+            raise BadDeclaration(f"{where}: {pair!r} is not a pair of whole numbers head_dim_qk > head_dim_vo > 0 "
+                                 "(MLA: q is [q_nope | q_pe], V the first head_dim_vo dims of the latent cache)")
+    outside = [tuple(p) for p in pairs if tuple(p) not in MLA_DIMS_DRAWN]
+    inside = [tuple(p) for p in pairs if tuple(p) in MLA_DIMS_DRAWN]
+    if outside and inside:
+        shown = ", ".join(f"{qk}/{vo}" for qk, vo in outside)
+        raise BadDeclaration(
+            f"{where}: the pair(s) {shown} would never be drawn beside the built-in {', '.join(f'{qk}/{vo}' for qk, vo in inside)} "
+            f"(the strategies draw the built-in pairs {MLA_DIMS_DRAWN} a kernel declares, and other pairs only when it "
+            "declares no built-in one): declare them alone, or fuzz the two sets as two kernels")
+
+
 def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
+    """What the fuzzer draws for ``fn``: the options its signature names (module docstring), every storage
+    (views by default), narrowed by what it declares."""
     params = inspect.signature(fn).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     accepts = lambda name: takes_all or name in params  # noqa: E731
@@ -102,13 +152,17 @@ def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
         flags["rope"] = (False, True)
     fp8 = accepts("k_scale") and accepts("v_scale")
     flags["fp8_scales"] = fp8
-    caps = Capabilities(**flags)
+    caps = Capabilities(**flags, storages=STORAGE_FEATURES)  # views by default
     if fp8:
         caps = caps.replace(kv_dtypes=FP8_DTYPES)
+        if "q_scale" in params and "out_dtype" in params:  # named only: it can take an fp8 q and say its output dtype
+            caps = caps.replace(q_dtypes=Q_DTYPES + FP8_DTYPES)
     declared = getattr(fn, ATTRIBUTE, {})
+    name = f"{getattr(fn, '__name__', fn)!s}.{ATTRIBUTE}"
     unknown = set(declared) - _CAPABILITY_FIELDS
     if unknown:
-        raise ValueError(f"{getattr(fn, '__name__', fn)!s}.{ATTRIBUTE} has unknown fields {sorted(unknown)}")
+        raise ValueError(f"{name} has unknown fields {sorted(unknown)}")
+    check_mla_dims(declared.get("mla_dims"), f"{name}['mla_dims']")
     return caps.replace(**declared)
 
 
@@ -121,6 +175,30 @@ class UserKernel(Backend):
         self.capabilities = capabilities_of(fn)  # type: ignore[misc]
         self._params = inspect.signature(fn).parameters
         self._takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in self._params.values())
+        # views it did not ask for: one it raises on while it runs on contiguous copies it "refuses" (a skip)
+        self._views_by_default = "storages" not in getattr(fn, ATTRIBUTE, {})
+
+    def _accepts(self, name: str) -> bool:
+        return self._takes_all or name in self._params
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        """The capability misses, and an fp8 q's scale that the function has no keyword to take in."""
+        reason = super().unsupported_reason(case)
+        if reason is None and case.options.q_scale != 1.0 and not self._accepts("q_scale") and not self._accepts("sm_scale"):
+            return f"unsupported: q_scale={case.options.q_scale:g} (the kernel names neither q_scale nor sm_scale to take it)"
+        return reason
+
+    def _scales(self, case: Case) -> dict[str, Any]:
+        """``sm_scale`` and the scales the case draws; an fp8 q's ``q_scale`` folded into ``sm_scale`` for a
+        function that does not name it (the logit is ``sm_scale * q_scale * (q_stored . k)``)."""
+        opts = case.options
+        sm_scale = case.sm_scale
+        if opts.q_scale != 1.0 and not self._accepts("q_scale"):
+            if not self._accepts("sm_scale"):
+                raise Unsupported(f"q_scale={opts.q_scale:g}: the kernel names neither q_scale nor sm_scale to take it")
+            sm_scale *= opts.q_scale
+        return {"sm_scale": sm_scale, "k_scale": opts.k_scale, "v_scale": opts.v_scale, "q_scale": opts.q_scale,
+                "out_dtype": torch_dtype(opts.out_dtype)}
 
     @classmethod
     def from_spec(cls, spec: str) -> UserKernel:
@@ -172,23 +250,8 @@ class UserKernel(Backend):
         if isinstance(plan, Case) or any(t.device != device for t in plan.inputs.values()):
             plan = self.plan(plan if isinstance(plan, Case) else plan.case, device)
         case = plan.case
-        opts = case.options
-        kwargs: dict[str, Any] = {
-            **{name: plan.inputs[name] for name in _LAYOUT_KWARGS},
-            "causal": opts.causal,
-            "sm_scale": case.sm_scale,
-            "window_left": opts.window_left,
-            "logits_soft_cap": opts.logits_soft_cap,
-            "k_scale": opts.k_scale,
-            "v_scale": opts.v_scale,
-            "alibi_slopes": plan.inputs.get("alibi_slopes"),
-            "sinks": plan.inputs.get("sinks"),
-        }
-        if "custom_mask" in plan.inputs or "custom_mask" in self._params:  # a **kwargs kernel sees none unless masked
-            kwargs["custom_mask"], kwargs["mask_indptr"] = plan.inputs.get("custom_mask"), plan.inputs.get("mask_indptr")
-        if "rope" in self._params or opts.rope is not None:
-            kwargs["rope"] = opts.rope
-        k_cache, v_cache = tensors.k_cache, tensors.v_cache
+        kwargs = self._keywords(plan)
+        q, k_cache, v_cache = tensors.q, tensors.k_cache, tensors.v_cache
         if "kv_layout" in self._params:  # named only: a **kwargs kernel keeps its NHD caches
             kwargs["kv_layout"] = tensors.kv_layout
             stored = tensors.paged_kv(tensors.kv_layout)
@@ -197,13 +260,55 @@ class UserKernel(Backend):
             kwargs["paged_kv_cache"] = tensors.kv_cache if "kv_layout" in self._params or tensors.kv_layout == "NHD" else None
         if not self._takes_all:
             kwargs = {k: v for k, v in kwargs.items() if k in self._params}
-        result = self.fn(tensors.q, k_cache, v_cache, **kwargs)
+        try:
+            result = self.fn(q, k_cache, v_cache, **kwargs)
+        except Exception as exc:
+            if case.storage is None or not self._views_by_default or not self._runs_contiguous((q, k_cache, v_cache), kwargs,
+                                                                                                  latent=tensors.v_is_latent_view()):
+                raise
+            text = exception_text(exc).splitlines()[0][:200] if exception_text(exc).strip() else "no message"
+            raise Unsupported(f"refuses views: {type(exc).__name__} on storage {case.storage.label()} ({text}); "
+                              "it runs on contiguous copies") from exc
         if isinstance(result, torch.Tensor):
             return KernelOutput(result, None)
         if isinstance(result, (tuple, list)) and len(result) == 2:
             return KernelOutput(result[0], result[1])
         shown = f"a {type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list)) else type(result).__name__
         raise ContractViolation(f"{self.name} returned {shown}; expected out or (out, lse)")
+
+    def _keywords(self, plan: UserPlan) -> dict[str, Any]:
+        """Every keyword the function may be given for ``plan``'s case (``run`` keeps those it names)."""
+        case = plan.case
+        opts = case.options
+        kwargs: dict[str, Any] = {
+            **{name: plan.inputs[name] for name in _LAYOUT_KWARGS},
+            "causal": opts.causal,
+            "window_left": opts.window_left,
+            "logits_soft_cap": opts.logits_soft_cap,
+            **self._scales(case),
+            "alibi_slopes": plan.inputs.get("alibi_slopes"),
+            "sinks": plan.inputs.get("sinks"),
+        }
+        if "custom_mask" in plan.inputs or "custom_mask" in self._params:  # a **kwargs kernel sees none unless masked
+            kwargs["custom_mask"], kwargs["mask_indptr"] = plan.inputs.get("custom_mask"), plan.inputs.get("mask_indptr")
+        if "rope" in self._params or opts.rope is not None:
+            kwargs["rope"] = opts.rope
+        return kwargs
+
+    def _runs_contiguous(self, views: tuple[torch.Tensor, ...], kwargs: dict[str, Any], *, latent: bool) -> bool:
+        """Whether the same call runs (raises nothing) on contiguous copies of ``views`` (q, the caches; MLA's V
+        again a view of the latent cache; a combined ``paged_kv_cache`` copied too). Its output is not judged."""
+        q, k_cache, v_cache = (t.contiguous() for t in views)
+        if latent:
+            v_cache = k_cache[..., : views[2].shape[-1]]
+        again = dict(kwargs)
+        if isinstance(again.get("paged_kv_cache"), torch.Tensor):
+            again["paged_kv_cache"] = again["paged_kv_cache"].contiguous()
+        try:
+            self.fn(q, k_cache, v_cache, **again)
+        except Exception:  # noqa: BLE001 - it fails on default memory too: the first exception is the crash
+            return False
+        return True
 
     def call_source(self, case: Case) -> str | None:
         """The function imported by its module name and called with the keywords ``run`` passes it."""
@@ -212,11 +317,11 @@ class UserKernel(Backend):
             return None  # not importable by name from a standalone script
         module, function = spec
         opts = case.options
-        if opts.rope is not None:
-            return None  # the standalone repro's own reference has no RoPE
+        if opts.rope is not None or opts.q_scale != 1.0:
+            return None  # the standalone repro's own reference has no RoPE and no q_scale
         kwargs = {name: f"index({name})" for name in _LAYOUT_KWARGS}
         kwargs.update(causal="causal", sm_scale="sm_scale", window_left="window_left", logits_soft_cap="logits_soft_cap",
-                      k_scale="k_scale", v_scale="v_scale")
+                      k_scale="k_scale", v_scale="v_scale", q_scale="1.0", out_dtype=f"torch.{opts.out_dtype}")
         if "kv_layout" in self._params:  # the repro's tensors are in the default storage
             kwargs["kv_layout"] = repr("NHD")
         if "paged_kv_cache" in self._params:

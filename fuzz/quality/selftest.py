@@ -13,10 +13,10 @@ from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign import engine
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
-from pa_oracle.fuzz.quality import planted, planted_composed, planted_families, planted_layouts
+from pa_oracle.fuzz.quality import planted, planted_composed, planted_families, planted_layouts, planted_user
 
 # each: BUGS, PLANTED, CORRECT (user-kernel functions, or Backend classes), optional CHECKS (kernel -> check name)
-MODULES = (planted, planted_families, planted_layouts, planted_composed)
+MODULES = (planted, planted_families, planted_layouts, planted_composed, planted_user)
 # selftest asks "is it found?", not "how small": a finding's shrinking stops after this many seconds (the
 # finding is kept as it is then). Unbounded, one planted bug shrank for over five minutes on a CPU and
 # Hypothesis printed its "spent more than five minutes working to shrink ... PLEASE REPORT THIS".
