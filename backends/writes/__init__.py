@@ -8,70 +8,16 @@ registry: an attention campaign never sees these). Found as attention adapters a
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import pkgutil
-from dataclasses import dataclass, fields, replace
 from importlib.metadata import entry_points
-from typing import Any
 
-from pa_oracle.oracle.append import CACHE_DTYPES, DTYPES, LAYOUTS, AppendCase, AppendInputs
+from pa_oracle.backends.writes.base import CAPABILITY_FIELDS, WriteCapabilities, WriteKernel
 
 ENTRY_POINTS = "pa_oracle.backends.writes"  # the entry-point group of third-party write kernels
 
 
-@dataclass(frozen=True)
-class WriteCapabilities:
-    layouts: tuple[str, ...] = LAYOUTS
-    combined: tuple[bool, ...] = (False, True)  # two tensors, one [pages, 2, ...] tensor
-    dtypes: tuple[str, ...] = DTYPES  # cache dtypes; an fp8 one (oracle.append.FP8_CACHE_DTYPES) draws scales
-    page_sizes: tuple[int, ...] = (1, 2, 5, 16)
-    head_dims: tuple[int, ...] = (8, 16, 64)
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    same_append_len: bool = False  # the API appends one length for the whole batch (flash-attn's k=)
-    padding: bool = False  # draw padding rows (slot -1, CUDA-graph padding) that must not be stored
-
-    def __post_init__(self) -> None:
-        if bad := [d for d in self.dtypes if d not in CACHE_DTYPES]:
-            raise ValueError(f"write capabilities: unknown dtype(s) {bad} (known: {', '.join(CACHE_DTYPES)})")
-        if bad := [x for x in self.layouts if x not in LAYOUTS]:
-            raise ValueError(f"write capabilities: unknown layout(s) {bad} (known: {', '.join(LAYOUTS)})")
-        if not (self.layouts and self.combined and self.dtypes and self.page_sizes and self.head_dims):
-            raise ValueError("write capabilities: layouts, combined, dtypes, page_sizes and head_dims must be non-empty")
-
-    def replace(self, **changes: Any) -> WriteCapabilities:
-        return replace(self, **changes)
-
-
-CAPABILITY_FIELDS = frozenset(f.name for f in fields(WriteCapabilities))
-
-
-class WriteKernel:
-    """Appends ``inputs.append_k``/``append_v`` into ``inputs.pool`` in place, as its library does."""
-
-    name: str = ""
-    package: str | None = None  # the module that must import for this kernel to run
-    capabilities = WriteCapabilities()
-
-    def unavailable_reason(self) -> str | None:
-        import torch
-
-        if "cpu" not in self.capabilities.devices and not torch.cuda.is_available():
-            return "needs CUDA"
-        if self.package and importlib.util.find_spec(self.package) is None:
-            return f"{self.package} is not installed"
-        return None
-
-    def device(self) -> str:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() and "cuda" in self.capabilities.devices else "cpu"
-
-    def append(self, case: AppendCase, inputs: AppendInputs) -> None:
-        raise NotImplementedError
-
-
 _REGISTRY: dict[str, type[WriteKernel]] = {}
-_PRIVATE = {"user"}
+_PRIVATE = {"base", "user"}
 _discovered = False
 
 
@@ -139,3 +85,7 @@ def resolve(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[
         if reason := kernel.unavailable_reason():
             raise BackendSpecError(f"write kernel {kernel.name} is not available here: {reason}")
     return chosen
+
+
+__all__ = ["CAPABILITY_FIELDS", "ENTRY_POINTS", "WriteCapabilities", "WriteKernel", "available", "discover",
+           "get_write_kernel", "register", "resolve"]

@@ -29,7 +29,7 @@ import inspect
 from typing import Any, Callable
 
 from pa_oracle.backends.user import load_kernel
-from pa_oracle.backends.writes import CAPABILITY_FIELDS, WriteCapabilities, WriteKernel
+from pa_oracle.backends.writes.base import CAPABILITY_FIELDS, WriteCapabilities, WriteKernel
 from pa_oracle.oracle.append import CACHE_DTYPES, DTYPES, LAYOUTS, AppendCase, AppendInputs
 
 ATTRIBUTE = "pa_oracle_write_capabilities"
