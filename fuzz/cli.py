@@ -232,6 +232,8 @@ def fuzz(
         click.echo("\n".join(r.line() for r in results))
         for name, why in (left_out if not merge_only and workers == 1 else {}).items():
             click.echo(f"{name}: LEFT OUT ({why})")
+        if not merge_only and workers == 1:
+            click.echo(time_line(results, time.monotonic() - started))
         click.echo("\n".join(coverage_table([(r.backend, r.coverage, r.declared) for r in results])))
     out_of_time = time_budget is not None and time.monotonic() - started >= time_budget
     may_be_empty = merge_only or out_of_time or (workers == 1 and shard.share(examples) == 0)
@@ -241,6 +243,15 @@ def fuzz(
         click.echo(f"pa-oracle: {line}{kept}", err=True)
     _name_the_folder(out_dir, to_stderr=as_json)
     ctx.exit(code)
+
+
+def time_line(results: list[BackendResult], wall: float) -> str:
+    """Where the run's ``wall`` seconds went: the backends' turns split into start / compile / judge, and the rest
+    (loading backends, planning, waiting on builds between turns, saving); the parts add up to ``wall``."""
+    parts = [sum(getattr(r, f) for r in results) for f in ("start_seconds", "compile_seconds", "judge_seconds")]
+    other = max(wall - sum(parts), 0.0)
+    return (f"time: {wall:.1f}s in all = start {parts[0]:.1f}s + compile {parts[1]:.1f}s + judge {parts[2]:.1f}s "
+            f"(the backends' turns) + other {other:.1f}s (loading, planning, waiting for builds, saving)")
 
 
 RUN_FOLDER = "run-%Y%m%d-%H%M%S"  # under the default --out, one per run once it holds a campaign

@@ -218,3 +218,16 @@ def test_a_second_warm_up_with_the_kept_cache_folder_compiles_nothing_new(tmp_pa
         files.append(sorted(p for p in (tmp_path / "caches").rglob("*") if p.is_file()))
     assert files[0], "the first warm-up compiled into the cache folder"
     assert files[1] == files[0], "the second found everything there: nothing new was compiled"
+
+
+def test_the_summary_accounts_for_every_second_of_the_run(tmp_path: Path) -> None:
+    """The time line's parts (the backends' start / compile / judge, and the rest) add up to the run's wall time."""
+    import re
+
+    result = CliRunner().invoke(main, ["fuzz", "-b", "sdpa-math", "-b", "flex", "-n", "5", "--time-budget", "120",
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code == NO_FINDING, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("time: "))
+    total, *parts = (float(x) for x in re.findall(r"(\d+\.\d)s", line))
+    assert len(parts) == 4 and abs(sum(parts) - total) <= 0.25, line
+    assert parts[2] > 0 and parts[3] >= 0, "judging took time; the rest is never negative"
