@@ -23,6 +23,7 @@ such rows, and each chunk's softmax is one fused kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import NamedTuple
 
@@ -30,8 +31,8 @@ import numpy as np
 import torch
 from pa_oracle.oracle.buckets import Bucket, HostPlan, Plan, plan_buckets
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.result import LOG2_E, Reference
-from pa_oracle.oracle.rope import rotated
+from pa_oracle.oracle.result import LOG2_E, Reference, RopeControl
+from pa_oracle.oracle.rope import kernel_rotated, rotated
 from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, query_values, torch_dtype, upload
 
 _EXPONENT_BITS = 0x7FF0000000000000  # of a float64
@@ -313,8 +314,42 @@ def reference(
     ``logit_noise=True`` also returns, per output element, a first-order bound on the error that
     rounding each logit to float32 (every kernel's accumulator) causes:
     ``sum_j p_j * half_ulp32(s_j) * (|v_j| + |out|)``. It is large exactly where softmax is
-    peaked on large logits, where any correct fp32 kernel loses digits.
+    peaked on large logits, where any correct fp32 kernel loses digits. For a RoPE case it also
+    returns ``rope_control`` (``rope_control``: the tolerance model's RoPE control).
     """
+    result = _reference(case, tensors, lse_base=lse_base, chunk_size=chunk_size, logit_noise=logit_noise, engine=engine, plan=plan)
+    if logit_noise and case.options.rope is not None:
+        result = result._replace(rope_control=rope_control(case, tensors, lse_base=lse_base, plan=plan))
+    return result
+
+
+def rope_control(case: Case, tensors: Tensors, *, lse_base: str = "e", plan: Plan | None = None) -> RopeControl:
+    """The tolerance model's RoPE controls of a RoPE case: its float64 attention of q and k rotated as a correct
+    float32 RoPE kernel rotates them (``rope.kernel_rotated``), stored in the input dtype (``out``, ``lse``) and
+    kept in float32 (``angle_out``, ``angle_lse``: the float32 angles' part alone), V as stored. Their error is
+    what those operands alone cost: the attention itself is exact (no rounding of its own). Always this
+    module's code (the fused kernel would compile a variant for the rotated operands' dtypes)."""
+    unrotated = case.replace(options=dataclasses.replace(case.options, rope=None))
+
+    def attend(store: bool) -> Reference:
+        return _reference(unrotated, kernel_rotated(case, tensors, store), lse_base=lse_base, engine="torch", plan=plan)
+
+    stored = attend(True)
+    kept = attend(False) if 2 in (tensors.q.dtype.itemsize, tensors.k_cache.dtype.itemsize) else stored  # else the same operands
+    return RopeControl(stored.out, stored.lse, kept.out, kept.lse)
+
+
+def _reference(
+    case: Case,
+    tensors: Tensors,
+    *,
+    lse_base: str = "e",
+    chunk_size: int | None = None,
+    logit_noise: bool = False,
+    engine: str | None = None,
+    plan: Plan | None = None,
+) -> Reference:
+    """``reference`` without its RoPE control."""
     if lse_base not in ("e", "2"):
         raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
     engine = engine or default_engine()
@@ -564,4 +599,4 @@ def merge_states(
     state = _merge(_State(lse_a, out_a, None, None), _State(lse_b, out_b, None, None))
     return state.out, state.lse
 
-__all__ = ["ENGINES", "FUSED_MIN_FLOPS", "Reference", "attended_flops", "default_engine", "half_ulp", "reference", "plain_attention", "plain_controls", "shared_plan", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]
+__all__ = ["ENGINES", "FUSED_MIN_FLOPS", "Reference", "attended_flops", "default_engine", "half_ulp", "reference", "rope_control", "plain_attention", "plain_controls", "shared_plan", "merge_states", "gather_kv", "make_tensors", "LOG2_E"]

@@ -5,6 +5,10 @@ and key ``j`` at ``j``: the positions FlashInfer's in-kernel RoPE uses (``vec_ap
 ``include/flashinfer/attention/decode.cuh`` rotates q at ``kv_len - 1`` and key ``j`` at ``j``;
 ``q_smem_inplace_apply_rotary`` in ``prefill.cuh`` rotates q at ``i + kv_len - qo_len``).
 
+``kernel_rotated`` rotates as a correct float32 RoPE kernel does, for the tolerance model's RoPE controls
+(``pa_oracle.oracle.tolerance``): float32 angles, float32 rotation, the result stored in the input dtype
+(or kept in float32).
+
 >>> import torch
 >>> from pa_oracle.oracle.case import Rope
 >>> x = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
@@ -43,6 +47,39 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, rope: Rope) -> torch.Tensor
     return out
 
 
+def _rotate32(x: torch.Tensor, positions: torch.Tensor, rope: Rope, store: torch.dtype) -> torch.Tensor:
+    """``x`` [N, ..., D] rotated by integer ``positions`` [N] in float32 as FlashInfer does, stored in ``store``.
+
+    ``compute_rope_freq`` (``attention/prefill.cuh``): ``rope_rcp_scale * __powf(rope_rcp_theta, 2 i / dims)``
+    in float32; ``q_frag_apply_llama_rope`` / ``k_frag_apply_llama_rope``: ``__sincosf(float(p) * freq)`` and
+    ``a * cos - b * sin``, ``b * cos + a * sin`` in float32 from the stored values, assigned back to the
+    fragment's dtype (round to nearest). The angle ``float(p) * freq`` errs by up to ~``p * freq * 2^-23``."""
+    dims = rope.dims(x.shape[-1])
+    f32 = dict(dtype=torch.float32, device=x.device)
+    pair = torch.arange(dims // 2, **f32)
+    freq = torch.tensor(1.0 / float(rope.scale), **f32) * torch.pow(torch.tensor(1.0 / float(rope.theta), **f32), 2 * pair / max(dims, 1))
+    angle = positions.to(torch.float32)[:, None] * freq  # [N, dims / 2], each product rounded to float32
+    angle = angle.view(angle.shape[0], *[1] * (x.dim() - 2), angle.shape[-1])
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x32 = x.to(torch.float32)
+    out = x32.clone()
+    if rope.style == "neox":
+        a, b = x32[..., : dims // 2], x32[..., dims // 2 : dims]
+        out[..., : dims // 2], out[..., dims // 2 : dims] = a * cos - b * sin, b * cos + a * sin
+    else:
+        a, b = x32[..., 0:dims:2], x32[..., 1:dims:2]
+        out[..., 0:dims:2], out[..., 1:dims:2] = a * cos - b * sin, b * cos + a * sin
+    return out.to(store)
+
+
+def operand_dtype(stored: torch.dtype, store: bool = True) -> torch.dtype:
+    """Where a RoPE kernel keeps a rotated operand: with ``store``, back in its 16-bit or 32-bit input dtype
+    (FlashInfer's fa2 prefill, ``{q,k}_smem_inplace_apply_rotary``), never in fp8 (``k_smem_inplace_apply_rotary``
+    asserts a 16-bit K; CUDA-core decode rotates an fp8 key after ``cast_load`` in float32 registers): float32
+    then; without ``store``, in float32 (FlashInfer's decode, ``vec_apply_llama_rope``)."""
+    return torch.float32 if stored.itemsize < 2 or not store else stored
+
+
 def query_positions(case: Case) -> np.ndarray:
     """Absolute position of every query row (bottom-right aligned; negative where qo_len > kv_len)."""
     lay = case.layout
@@ -71,4 +108,23 @@ def rotated(case: Case, tensors: Tensors) -> Tensors:
     pages, slots = (t.to(device) for t in token_addresses(case))
     if len(pages):
         k_cache[pages, slots] = rotate(k_cache[pages, slots], as_tensor(key_positions(case)), rope)
+    return Tensors(q, k_cache, tensors.v_cache)
+
+
+def kernel_rotated(case: Case, tensors: Tensors, store: bool = True) -> Tensors:
+    """The case's tensors with q and every referenced key slot rotated as a correct float32 RoPE kernel
+    rotates them (``_rotate32``: float32 angles and arithmetic) and kept where it keeps them
+    (``operand_dtype(dtype, store)``); V unchanged. fp8 values rotate as stored (the scales multiply after,
+    as in ``rotated``). The case must have a rope."""
+    rope = case.options.rope
+    assert rope is not None, "kernel_rotated needs a RoPE case"
+    device = tensors.q.device
+    as_tensor = lambda a: torch.from_numpy(a).to(device=device)  # noqa: E731
+    q = _rotate32(tensors.q, as_tensor(query_positions(case)), rope, operand_dtype(tensors.q.dtype, store))
+    k_cache = tensors.k_cache.to(operand_dtype(tensors.k_cache.dtype, store))  # a copy when the dtype changes
+    if k_cache is tensors.k_cache:
+        k_cache = k_cache.clone()
+    pages, slots = (t.to(device) for t in token_addresses(case))
+    if len(pages):
+        k_cache[pages, slots] = _rotate32(tensors.k_cache[pages, slots], as_tensor(key_positions(case)), rope, k_cache.dtype)
     return Tensors(q, k_cache, tensors.v_cache)

@@ -13,6 +13,56 @@ does not drop to 0 on values that happen to be representable, so correct fp32 ke
 algorithm differs from the control's are not flagged). That is flash-attn's rule (``<= 2-3x`` the same-precision error), with FA3's noise
 floor and its mean rule. Finiteness is its own check: only an empty row's LSE may be -inf, and
 an empty row's output must be exactly 0.
+
+**RoPE: the rotated operands a kernel is entitled to round** (issue 30). A RoPE kernel attends with q
+and k it rotated itself, and the rotation is its own arithmetic. FlashInfer's fa2 prefill
+(``include/flashinfer/attention/prefill.cuh``: ``q_smem_inplace_apply_rotary`` and
+``k_smem_inplace_apply_rotary``, through ``q_frag_apply_llama_rope`` / ``k_frag_apply_llama_rope``) loads
+the 16-bit fragments from shared memory, rotates them in float32 by ``__sincosf(float(p) * freq)`` with
+``freq = rope_rcp_scale * __powf(rope_rcp_theta, 2 i / head_dim)`` (``compute_rope_freq``), assigns the
+result back to the input dtype and stores it to shared memory before the MMA (``k_smem_inplace_apply_rotary``
+asserts a 16-bit K). Its decode (``include/flashinfer/pos_enc.cuh``: ``vec_apply_llama_rope``) rotates in
+float32 registers and keeps them; vLLM's rotary cache also takes ``cos``/``sin`` of float32 ``p * inv_freq``.
+So a correct kernel's logits are dot products of operands that differ from the exactly rotated ones by
+(a) rounding to the input dtype (half an ulp: ``2^-9`` relative in bf16) and (b) the float32 angle, which
+errs by up to half an ulp of ``p * freq``, about ``p * 2^-24`` rad at position ``p``: a rotation error that
+grows with the position, which float32 operands alone (``2^-24`` relative) do not.
+
+The plain control rotates in float64 and rounds the result to ``d``, so it holds (a), but then it rounds
+every logit to ``d`` too, and on a row with one dominant key the two roundings may cancel: on
+``flashinfer-prefill-fa2-rope`` case 321f681eeb76 (bf16, ``outliers``) its LSE error was 0.0036 where a kernel
+rounding as FlashInfer does errs by 0.0171 (the H200 measured the same, so the limit 0.0108 failed it).
+It never holds (b). So a RoPE case has RoPE controls (``pa_oracle.oracle.reference.rope_control``,
+``Reference.rope_control``): the float64 attention of q and k rotated as FlashInfer rotates them
+(``pa_oracle.oracle.rope.kernel_rotated``: float32 angles and arithmetic), stored in the input dtype (``R``;
+an fp8 input stays in float32: no kernel stores a rotation in fp8) or kept in float32 (``A``, the angles'
+part alone). Their attention is exact, so their errors are what those operands alone cost, not a draw of
+two roundings that may cancel. A correct kernel's result is, to first order, the exact one moved by its
+operands' rounding and by its own arithmetic's (what the plain control measures). Its operands' rounding:
+
+* storing a rotation in a 16-bit dtype rounds a near-exact value, so every kernel that rotates in float32 or
+  float64 and stores gets the same bits as ``R`` (but where the exact value lies within the rotation's own
+  error, a few float32 ulps plus the angle's, of a rounding midpoint), and one that keeps float32 gets none
+  of it: its result lies near the reference or near ``R`` (a kernel storing only one of q and k moves part
+  of the way, but not always between them: its two parts may differ in sign; the limits' slack covers it);
+* the float32 angles' rounding depends on how a kernel computes its frequencies and ``sin``/``cos``
+  (``__powf``, ``1 / theta ** x``, ``__sincosf``): not the same bits, but of ``A``'s size.
+
+So a RoPE case's error is the distance from the nearer of the reference and ``R`` (0 between them), and its
+limits add ``A``'s error:
+
+    max err  <= max_ratio  * max|control - ref|  + rope_ratio * max|A - ref|  + floor
+    mean err <= mean_ratio * mean|control - ref| + rope_ratio * mean|A - ref| + mean_floor
+
+with ``rope_ratio = 1.5``: another kernel's angles err by a draw of the same size, and ``A``'s error is small
+beside the rest unless positions are long (about ``p * 2^-24`` relative against bf16's ``2^-9``). On case
+321f681eeb76 the kernel rounding as FlashInfer does lies 4.8e-07 beyond ``R`` and the LSE limit stays 0.0108
+(+ 1.5 x 4.7e-07); a planted 0.5% LSE error (0.056 at LSE 11.25) lies 0.056 or 0.039 beyond it either way
+round and fails. Widening the limits instead does not keep that: the worse of the controls times 3 gives
+0.051, a limit that a -0.5% error (0.039) passes, and ``3 x control + 1.5 x |R - ref|`` passed a +0.5% error on
+a drawn bf16 decode-rope case (LSE 14.38, ``R`` 0.0245 below: 0.047 against 0.072); a worst-case bound of the
+operands' effect (issue 30's first attempt, 897a7c0) let a 0.5% LSE error through on another. Cases without
+RoPE have no RoPE controls: their errors and limits are what they were, bit for bit.
 """
 
 from __future__ import annotations
@@ -20,10 +70,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.reference import Reference, half_ulp
+
+
+ROPE_RATIO = 1.5  # the RoPE angle control's factor (module docstring)
 
 
 @dataclass(frozen=True)
@@ -31,16 +85,18 @@ class Tolerance:
     max_ratio: float = 3.0
     mean_ratio: float = 2.0
     floor_factor: float = 2.0
+    rope_ratio: float = ROPE_RATIO  # times the RoPE angle control's error, added (module docstring)
 
     def __post_init__(self) -> None:
-        for name in ("max_ratio", "mean_ratio", "floor_factor"):
+        for name in ("max_ratio", "mean_ratio", "floor_factor", "rope_ratio"):
             if not getattr(self, name) >= 1.0:
                 raise ValueError(f"{name} must be >= 1 (a kernel may be at least as accurate as the control)")
 
 
 @dataclass(frozen=True)
 class ErrorStats:
-    """Errors of one output (``out`` or ``lse``) against the float64 reference."""
+    """Errors of one output (``out`` or ``lse``) against the float64 reference (a RoPE case's: beyond the
+    nearer of it and the RoPE control, module docstring)."""
 
     name: str
     max_error: float
@@ -52,6 +108,8 @@ class ErrorStats:
     mismatches: int  # elements whose error exceeds limit_max
     limit_max: float
     limit_mean: float
+    rope_max_error: float | None = None  # the RoPE angle control's (module docstring); None: not a RoPE case
+    rope_mean_error: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -67,7 +125,7 @@ class Verdict:
     failures: list[str] = field(default_factory=list)
     out: ErrorStats | None = None
     lse: ErrorStats | None = None
-    error: torch.Tensor | None = None  # |kernel - ref| of out, [total_q, Hq, Dvo], float64 (NaN -> inf)
+    error: torch.Tensor | None = None  # |kernel - ref| of out, [total_q, Hq, Dvo], float64 (NaN -> inf; RoPE: beyond its control)
     lse_error: torch.Tensor | None = None  # |kernel - ref| of lse, [total_q, Hq]; a wrong empty row is inf
 
     def headline(self) -> str:
@@ -104,59 +162,87 @@ def _finite_elements(ref: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(ref).reshape(-1).nonzero().squeeze(1)
 
 
+class _Widening(NamedTuple):
+    """What widens an output's limit beyond its same-precision controls: ``logit_noise``, a per-element bound
+    added to the half ulp of the floor; a RoPE case's controls of this output (``Reference.rope_control``):
+    ``rope``, its rotated operands stored in the input dtype (the error is the distance from the nearer of it
+    and the reference), and ``rope_angle``, kept in float32 (its error, times ``rope_ratio``, is added)."""
+
+    logit_noise: torch.Tensor | None = None
+    rope: torch.Tensor | None = None
+    rope_angle: torch.Tensor | None = None
+
+
 class _Pending:
     """``_stats``' reductions of one output, queued on a ``_Reads``; ``finish`` makes the stats.
 
-    The kernel's error, the control error and the rounding bound are reduced over the elements
-    where the reference is finite, in their logical order, as ``x[mask].max()`` / ``.mean()``
-    would: over every element when the reference's sum is finite (then so is each element), else
-    over the finite ones, selected with one ``nonzero`` (``rows``)."""
+    The kernel's error, the control error, the RoPE angle control's error and the rounding bound are reduced
+    over the elements where the reference is finite, in their logical order, as ``x[mask].max()`` /
+    ``.mean()`` would: over every element when the reference's sum is finite (then so is each element),
+    else over the finite ones, selected with one ``nonzero`` (``rows``)."""
 
     def __init__(
         self, name: str, kernel: torch.Tensor, controls: list[torch.Tensor], ref: torch.Tensor, dtype: torch.dtype,
-        logit_noise: torch.Tensor | None, reads: _Reads, rows: torch.Tensor | None = None,
+        widening: _Widening, reads: _Reads, rows: torch.Tensor | None = None,
     ) -> None:
-        self.name, self.kernel, self.controls, self.ref, self.dtype, self.logit_noise = name, kernel, controls, ref, dtype, logit_noise
+        self.name, self.kernel, self.controls, self.ref, self.dtype, self.widening = name, kernel, controls, ref, dtype, widening
         self.reads, self.rows = reads, rows
-        self.err = (kernel.to(torch.float64) - ref).abs().nan_to_num_(nan=float("inf"), posinf=float("inf"))
+        self.err = _beyond(kernel.to(torch.float64), ref, widening.rope).nan_to_num_(nan=float("inf"), posinf=float("inf"))
         ctrl = [(c.to(torch.float64) - ref).abs() for c in controls]
         self.ctrl = functools.reduce(torch.maximum, ctrl[1:], ctrl[0])  # NaN-propagating, as amax
+        self.rope = None if widening.rope_angle is None else (widening.rope_angle.to(torch.float64) - ref).abs()
         self.numel = ref.numel() if rows is None else rows.numel()
         self.all_finite = reads.add(ref.sum()) if rows is None else None  # NaN or inf if any element is
         if self.numel == 0:
             return
         e, c = self._pick(self.err), self._pick(self.ctrl)
         bound = half_ulp(self._pick(ref), dtype)
-        if logit_noise is not None:
-            bound = bound + self._pick(logit_noise)
-        self.slots = [reads.add(x) for x in (e.max(), e.mean(), c.max(), c.mean(), bound.max(), bound.mean())]
+        if widening.logit_noise is not None:
+            bound = bound + self._pick(widening.logit_noise)
+        reduced = [e.max(), e.mean(), c.max(), c.mean(), bound.max(), bound.mean()]
+        if self.rope is not None:
+            r = self._pick(self.rope)
+            reduced += [r.max(), r.mean()]
+        self.slots = [reads.add(x) for x in reduced]
         self.e = e
 
     def _pick(self, x: torch.Tensor) -> torch.Tensor:
         """The elements the stats are over, flat in logical order."""
         return x.reshape(-1) if self.rows is None else x.reshape(-1).index_select(0, self.rows)
 
+    def _overflow(self, what: str, errors: torch.Tensor) -> CaseError:
+        # the computation in the kernel's dtype overflows where the reference is finite: no limit can be
+        # derived, and a NaN limit would pass anything (every comparison is False)
+        return CaseError(
+            f"{self.name}: the case's values overflow {self.dtype}: {what} is not finite on "
+            f"{int((~torch.isfinite(self._pick(errors))).sum())} elements where the float64 reference is, "
+            "so no kernel can be judged on it"
+        )
+
     def finish(self, tol: Tolerance) -> tuple[ErrorStats, torch.Tensor]:
         """The stats and the error tensor (0 where the reference is not finite)."""
         if self.all_finite is not None and not math.isfinite(self.reads.value(self.all_finite)):
             rows = _finite_elements(self.ref)
-            exact = _Pending(self.name, self.kernel, self.controls, self.ref, self.dtype, self.logit_noise, _Reads(), rows)
+            exact = _Pending(self.name, self.kernel, self.controls, self.ref, self.dtype, self.widening, _Reads(), rows)
             return exact.finish(tol)
+        rope_max = rope_mean = None
         if self.numel == 0:
             max_error = mean_error = ctrl_max = ctrl_mean = floor = mean_floor = 0.0
+            if self.rope is not None:
+                rope_max = rope_mean = 0.0
         else:
-            max_error, mean_error, ctrl_max, ctrl_mean, bound_max, bound_mean = (self.reads.value(s) for s in self.slots)
+            max_error, mean_error, ctrl_max, ctrl_mean, bound_max, bound_mean = (self.reads.value(s) for s in self.slots[:6])
             if not math.isfinite(ctrl_max):  # max propagates NaN and inf: some control element is not finite
-                # the plain computation in the kernel's dtype overflows where the reference is finite: no
-                # limit can be derived, and a NaN limit would pass anything (every comparison is False)
-                raise CaseError(
-                    f"{self.name}: the case's values overflow {self.dtype}: the plain {self.dtype} computation is not finite on "
-                    f"{int((~torch.isfinite(self._pick(self.ctrl))).sum())} elements where the float64 reference is, "
-                    "so no kernel can be judged on it"
-                )
+                raise self._overflow(f"the plain {self.dtype} computation", self.ctrl)
             floor, mean_floor = tol.floor_factor * bound_max, tol.floor_factor * bound_mean
+            if self.rope is not None:
+                rope_max, rope_mean = (self.reads.value(s) for s in self.slots[6:])
+                if not math.isfinite(rope_max):
+                    raise self._overflow("the RoPE angle control (operands rotated in float32)", self.rope)
         limit_max = tol.max_ratio * ctrl_max + floor
         limit_mean = tol.mean_ratio * ctrl_mean + mean_floor
+        if rope_max is not None and rope_mean is not None:  # a RoPE case: the float32 angles' part, added
+            limit_max, limit_mean = limit_max + tol.rope_ratio * rope_max, limit_mean + tol.rope_ratio * rope_mean
         stats = ErrorStats(
             name=self.name,
             max_error=max_error,
@@ -169,10 +255,30 @@ class _Pending:
             mismatches=int((self.e > limit_max).sum()) if max_error > limit_max else 0,
             limit_max=limit_max,
             limit_mean=limit_mean,
+            rope_max_error=rope_max,
+            rope_mean_error=rope_mean,
         )
         if self.rows is None:
             return stats, self.err
         return stats, torch.where(torch.isfinite(self.ref), self.err, 0.0)
+
+
+def _beyond(kernel: torch.Tensor, ref: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+    """``|kernel - ref|``; for a RoPE case the distance from the nearer of ``ref`` and ``rope`` (the RoPE control
+    with its operands stored in the input dtype), 0 between them (module docstring)."""
+    if rope is None:
+        return (kernel - ref).abs()
+    rope = rope.to(torch.float64)
+    nearest = torch.minimum(torch.maximum(kernel, torch.minimum(ref, rope)), torch.maximum(ref, rope))
+    return (kernel - nearest).abs()
+
+
+def _rope_note(stats: ErrorStats, tol: Tolerance, *, mean: bool = False) -> str:
+    """What a RoPE case's failure message adds ('' for any other case)."""
+    error = stats.rope_mean_error if mean else stats.rope_max_error
+    if error is None:
+        return ""
+    return f"; error beyond the RoPE control, limit + {tol.rope_ratio:g} x its angle control{' mean' if mean else ''} {error:.3g}"
 
 
 def compare(
@@ -211,7 +317,9 @@ def compare(
     empty = None if empty_rows is False else torch.isinf(ref_lse)
     finite_out = reads.count(torch.isfinite(out))
     nonzero_empty = None if empty is None else reads.count((out != 0).any(-1) & empty)
-    out_pending = _Pending("out", out, [c[0] for c in controls], ref_out, out_dtype, ref.logit_noise, reads)
+    rope = ref.rope_control  # a RoPE case's RoPE controls; None otherwise
+    out_widening = _Widening(ref.logit_noise) if rope is None else _Widening(ref.logit_noise, rope.out, rope.angle_out)
+    out_pending = _Pending("out", out, [c[0] for c in controls], ref_out, out_dtype, out_widening, reads)
     lse64, wrong_empties = None, None
     if lse is not None:
         lse = lse.to(ref_lse.device)
@@ -224,7 +332,8 @@ def compare(
                 wrong_empties, bad_lse = reads.count(wrong_empty), reads.count(~empty & ~torch.isfinite(lse64))
             # some rows known to be empty: the finite reference rows, selected at once (one wait, not two)
             rows = _finite_elements(ref_lse) if empty_rows else None
-            lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, lse_noise, reads, rows)
+            lse_widening = _Widening(lse_noise) if rope is None else _Widening(lse_noise, rope.lse, rope.angle_lse)
+            lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, lse_widening, reads, rows)
     if reads.value(finite_out) < out.numel():
         failures.append(f"out has {out.numel() - int(reads.value(finite_out))} non-finite elements (NaN {int(torch.isnan(out).sum())})")
     if nonzero_empty is not None and reads.value(nonzero_empty):
@@ -233,13 +342,13 @@ def compare(
     if out_stats.max_error > out_stats.limit_max:
         failures.append(
             f"out max error {out_stats.max_error:.3g} > {out_stats.limit_max:.3g} allowed "
-            f"({tolerance.max_ratio:g} x control {out_stats.control_max_error:.3g} + floor {out_stats.floor:.3g}); "
+            f"({tolerance.max_ratio:g} x control {out_stats.control_max_error:.3g} + floor {out_stats.floor:.3g}{_rope_note(out_stats, tolerance)}); "
             f"{out_stats.mismatches} / {out_stats.numel} elements mismatch"
         )
     elif out_stats.mean_error > out_stats.limit_mean:
         failures.append(
             f"out mean error {out_stats.mean_error:.3g} > {out_stats.limit_mean:.3g} allowed "
-            f"({tolerance.mean_ratio:g} x control mean {out_stats.control_mean_error:.3g} + mean floor)"
+            f"({tolerance.mean_ratio:g} x control mean {out_stats.control_mean_error:.3g} + mean floor{_rope_note(out_stats, tolerance, mean=True)})"
         )
     lse_stats, lse_error = None, None
     if lse is not None and lse64 is None:
@@ -257,6 +366,6 @@ def compare(
         if lse_stats.max_error > lse_stats.limit_max:
             failures.append(
                 f"lse max error {lse_stats.max_error:.3g} > {lse_stats.limit_max:.3g} allowed "
-                f"({lse_stats.mismatches} / {lse_stats.numel} mismatch)"
+                f"({lse_stats.mismatches} / {lse_stats.numel} mismatch{_rope_note(lse_stats, tolerance)})"
             )
     return Verdict(not failures, failures, out_stats, lse_stats, error, lse_error)

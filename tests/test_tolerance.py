@@ -123,3 +123,64 @@ def test_a_control_row_whose_logits_overflow_is_never_taken_for_an_empty_one() -
         assert torch.isfinite(ref.out).all()
         with pytest.raises(CaseError, match="overflow"):
             compare(case, out=torch.zeros_like(ref.out, dtype=torch.float16), lse=None, ref=ref, controls=controls)
+
+
+# --- issue 30: a RoPE case's RoPE controls (oracle/tolerance.py's docstring) -----------------------------------
+
+NO_ROPE = (  # non-RoPE cases of several kinds: their limits must be what they were before the RoPE controls, bit for bit
+    CASE,
+    Case(Layout.from_lengths([1, 1, 1], [1, 2, 1], 16), Heads(2, 1, 64, 64), Options(q_dtype="bfloat16", kv_dtype="bfloat16"), seed=1,
+         distribution="outliers"),
+    Case(Layout.from_lengths([1, 4], [9, 30], 8), Heads(4, 1, 16, 16), Options(q_dtype="float16", kv_dtype="float8_e4m3fn", k_scale=0.5,
+         v_scale=2.0, causal=True, logits_soft_cap=30.0)),
+    Case(Layout.from_lengths([2, 1], [273, 40], 16), Heads(2, 2, 16, 16), Options(window_left=64, sinks=(0.5, -1.0)), seed=3),
+)
+
+
+def test_cases_without_rope_have_no_rope_controls_and_the_limits_they_had() -> None:
+    for case in NO_ROPE:
+        tensors = make_tensors(case)
+        ref = reference(case, tensors, logit_noise=True)
+        assert ref.rope_control is None
+        dtype = getattr(torch, case.options.out_dtype)
+        controls = [plain_attention(case, tensors, dtype, reorder_ops=r) for r in (False, True)]
+        out, lse = ref.out.to(dtype), ref.lse.float() + 1e-3
+        verdict = compare(case, out=out, lse=lse, ref=ref, controls=controls)
+        for stats, kernel, ref_values in ((verdict.out, out, ref.out), (verdict.lse, lse, ref.lse)):
+            assert stats.rope_max_error is None and stats.rope_mean_error is None
+            assert stats.limit_max == 3.0 * stats.control_max_error + stats.floor  # the formula before issue 30, to the bit
+            assert stats.max_error == _definition(kernel, [c[0 if stats.name == "out" else 1] for c in controls], ref_values)[0]
+
+
+def _rope_reference(case: Case, shift: float, angle: float) -> tuple:  # noqa: ANN201 - (tensors, ref, controls)
+    """``case``'s reference with made-up RoPE controls: R = ref + ``shift`` (every element), A = ref + ``angle``."""
+    from pa_oracle.oracle.result import RopeControl
+
+    tensors = make_tensors(case)
+    ref = reference(case, tensors, logit_noise=True)
+    rope = RopeControl(ref.out + shift, ref.lse + shift, ref.out + angle, ref.lse + angle)
+    controls = [plain_attention(case, tensors, torch.bfloat16, reorder_ops=r) for r in (False, True)]
+    return ref._replace(rope_control=rope), controls
+
+
+def test_a_rope_case_error_is_the_distance_beyond_the_nearer_of_the_reference_and_the_rope_control() -> None:
+    case = Case(Layout.from_lengths([3, 1], [20, 7], 4), Heads(4, 2, 16, 16), Options(q_dtype="bfloat16", kv_dtype="bfloat16"))
+    ref, controls = _rope_reference(case, shift=0.25, angle=1e-3)
+    judged = lambda lse: compare(case, out=ref.out.to(torch.bfloat16), lse=lse, ref=ref, controls=controls)  # noqa: E731
+    for offset, beyond in ((0.0, 0.0), (0.125, 0.0), (0.25, 0.0), (0.3, 0.05), (-0.05, 0.05)):
+        verdict = judged((ref.lse + offset).float())
+        assert abs(verdict.lse.max_error - beyond) < 1e-5, (offset, verdict.lse)
+    stats = verdict.lse
+    assert stats.rope_max_error == float((ref.rope_control.angle_lse - ref.lse).abs().max())
+    assert stats.limit_max == 3.0 * stats.control_max_error + stats.floor + 1.5 * stats.rope_max_error
+    far = judged((ref.lse + 0.25 + 1.01 * stats.limit_max).float())  # just beyond R by more than the limit
+    assert not far.passed and "error beyond the RoPE control" in far.headline(), far.headline()
+    assert judged((ref.lse + 0.25 + 0.99 * stats.limit_max).float()).passed
+
+
+def test_the_rope_ratio_is_at_least_one() -> None:
+    import pytest
+    from pa_oracle.oracle.tolerance import Tolerance
+
+    with pytest.raises(ValueError, match="rope_ratio"):
+        Tolerance(rope_ratio=0.5)
