@@ -315,7 +315,7 @@ def reference(
     rounding each logit to float32 (every kernel's accumulator) causes:
     ``sum_j p_j * half_ulp32(s_j) * (|v_j| + |out|)``. It is large exactly where softmax is
     peaked on large logits, where any correct fp32 kernel loses digits. For a RoPE case it also
-    returns ``rope_control`` (``rope_control``: the tolerance model's RoPE control).
+    returns ``rope_control``, the tolerance model's RoPE controls (``rope_control``).
     """
     result = _reference(case, tensors, lse_base=lse_base, chunk_size=chunk_size, logit_noise=logit_noise, engine=engine, plan=plan)
     if logit_noise and case.options.rope is not None:
