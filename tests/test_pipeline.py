@@ -57,6 +57,7 @@ def test_a_check_runs_in_a_worker_and_its_cases_come_back() -> None:
 
 def test_the_isolated_campaign_judges_with_the_campaigns_tolerance(tmp_path: Path) -> None:
     kernel = UserKernel.from_spec(SLIGHTLY_OFF)
+    kernel.capabilities = kernel.capabilities.replace(storages=("contiguous",))  # its 3 cases as before views by default
     results = {}
     for name, tolerance in (("strict", Tolerance()), ("loose", LOOSE)):
         path = state_path(tmp_path / name, Shard())
@@ -139,6 +140,7 @@ def _count_worker_starts(monkeypatch) -> list[int]:  # type: ignore[no-untyped-d
 def test_every_backend_and_check_of_a_campaign_shares_one_worker_per_device(tmp_path: Path, monkeypatch) -> None:
     starts = _count_worker_starts(monkeypatch)
     backends = [UserKernel.from_spec(CORRECT), get_backend("sdpa-math")]
+    backends[0].capabilities = backends[0].capabilities.replace(storages=("contiguous",))  # its 3 cases as before views by default
     results = run_campaign(backends, CampaignState({"seed": 0}), tmp_path / "checks.json",
                            examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"]))
     assert [(r.backend, r.check) for r in results] == [(b.name, c) for b in backends for c in ("oracle", "reorder")]
