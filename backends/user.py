@@ -23,9 +23,7 @@ is also given custom-mask cases: FlashInfer's packed form, each request's ``[qo_
 mask flattened row-major and packed little-endian (uint8), ``mask_indptr`` (int32 [B + 1]) its
 byte offsets; None for a case without a mask. ``@declare(mla=(True,))`` asks for MLA cases:
 one latent KV head, ``v_cache`` the view ``k_cache[..., :d_ckv]``, q's first ``d_ckv`` dims
-``q_nope``, the rest ``q_pe``; ``mla_dims`` pairs are drawn as declared, but a pair outside the built-in
-list (``MLA_DIMS_DRAWN``) only alone or with other such pairs (declared beside a built-in one it is refused
-by name: it would never be drawn). A function that names ``rope`` is also given RoPE cases: ``rope`` is
+``q_nope``, the rest ``q_pe``; every declared ``mla_dims`` pair is drawn (a malformed one is refused by name). A function that names ``rope`` is also given RoPE cases: ``rope`` is
 the case's ``pa_oracle.oracle.case.Rope`` (style, theta, scale, rotary_dim) or None, and the function
 rotates q and k itself by absolute position (``pa_oracle.oracle.rope``). ``@declare(...)`` narrows further, with ``Capabilities`` fields::
 
@@ -62,10 +60,6 @@ from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.tensors import Tensors, torch_dtype
 
 ATTRIBUTE = "pa_oracle_capabilities"
-# the (head_dim_qk, head_dim_vo) pairs the strategies draw MLA cases with (``fuzz.draw.families.MLA_DIMS``, which
-# this room cannot import; tests/test_user_kernel_options.py keeps the two equal). A declared pair outside them
-# is drawn only when every declared pair is outside them.
-MLA_DIMS_DRAWN = ((12, 8), (576, 512), (192, 128), (24, 16), (80, 64))
 _CAPABILITY_FIELDS = {f.name for f in fields(Capabilities)}
 _OPTION_FLAGS = {  # keyword -> Capabilities field it enables
     "window_left": "window_left",
@@ -114,8 +108,8 @@ def load_kernel(spec: str) -> Callable[..., Any]:
 
 
 def check_mla_dims(pairs: Any, where: str) -> None:
-    """Refuse (``BadDeclaration``, naming ``where`` and the pair) MLA dims that would not all be drawn: a
-    malformed pair, or a pair outside ``MLA_DIMS_DRAWN`` declared beside one inside it."""
+    """Refuse (``BadDeclaration``, naming ``where`` and the pair) MLA dims that cannot be drawn: not a non-empty
+    sequence of pairs head_dim_qk > head_dim_vo > 0 (every well-formed declared pair is drawn)."""
     if pairs is None:
         return
     if isinstance(pairs, (str, bytes)) or not isinstance(pairs, (tuple, list)) or not pairs:
@@ -125,14 +119,7 @@ def check_mla_dims(pairs: Any, where: str) -> None:
         if not ok or not 0 < pair[1] < pair[0]:
             raise BadDeclaration(f"{where}: {pair!r} is not a pair of whole numbers head_dim_qk > head_dim_vo > 0 "
                                  "(MLA: q is [q_nope | q_pe], V the first head_dim_vo dims of the latent cache)")
-    outside = [tuple(p) for p in pairs if tuple(p) not in MLA_DIMS_DRAWN]
-    inside = [tuple(p) for p in pairs if tuple(p) in MLA_DIMS_DRAWN]
-    if outside and inside:
-        shown = ", ".join(f"{qk}/{vo}" for qk, vo in outside)
-        raise BadDeclaration(
-            f"{where}: the pair(s) {shown} would never be drawn beside the built-in {', '.join(f'{qk}/{vo}' for qk, vo in inside)} "
-            f"(the strategies draw the built-in pairs {MLA_DIMS_DRAWN} a kernel declares, and other pairs only when it "
-            "declares no built-in one): declare them alone, or fuzz the two sets as two kernels")
+
 
 
 def capabilities_of(fn: Callable[..., Any]) -> Capabilities:

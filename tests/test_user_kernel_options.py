@@ -12,7 +12,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from pa_oracle.backends import BackendSpecError, resolve
-from pa_oracle.backends.user import MLA_DIMS_DRAWN, BadDeclaration, UserKernel, capabilities_of, declare
+from pa_oracle.backends.base import Capabilities
+from pa_oracle.backends.user import BadDeclaration, UserKernel, capabilities_of, declare
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.draw import families
 from pa_oracle.fuzz.draw.strategies import Limits, cases
@@ -133,37 +134,39 @@ def test_the_repro_passes_out_dtype_and_leaves_a_scaled_q_out() -> None:
 # --- MLA dims -----------------------------------------------------------------------------------
 
 
-def test_the_adapters_copy_of_the_built_in_mla_pairs_is_the_strategies_own() -> None:
-    assert MLA_DIMS_DRAWN == families.MLA_DIMS
-
-
-def test_a_declared_pair_outside_the_built_in_ones_beside_one_inside_is_refused_by_name() -> None:
-    with pytest.raises(BadDeclaration, match=r"declare\(mla_dims=...\): the pair\(s\) 288/256 would never be drawn"):
-        declare(mla=(True,), mla_dims=((576, 512), (288, 256)))
+def test_a_malformed_mla_pair_is_refused_by_name() -> None:
+    with pytest.raises(BadDeclaration, match="head_dim_qk > head_dim_vo"):
+        declare(mla_dims=((512, 576),))
 
     def kernel(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, **_):
         raise AssertionError("never called")
 
-    kernel.pa_oracle_capabilities = {"mla": (True,), "mla_dims": ((288, 256), (576, 512))}  # type: ignore[attr-defined]
-    with pytest.raises(BadDeclaration, match=r"kernel\.pa_oracle_capabilities\['mla_dims'\]: the pair\(s\) 288/256"):
+    kernel.pa_oracle_capabilities = {"mla": (True,), "mla_dims": ((288, 256), (576,))}  # type: ignore[attr-defined]
+    with pytest.raises(BadDeclaration, match=r"kernel\.pa_oracle_capabilities\['mla_dims'\]: \(576,\)"):
         capabilities_of(kernel)
-    with pytest.raises(BadDeclaration, match="head_dim_qk > head_dim_vo"):
-        declare(mla_dims=((512, 576),))
 
 
-def test_a_refused_declaration_is_bad_input_on_the_command_line(tmp_path, monkeypatch) -> None:
-    (tmp_path / "mixed_mla_kernel.py").write_text(
+def test_a_malformed_declaration_is_bad_input_on_the_command_line(tmp_path, monkeypatch) -> None:
+    (tmp_path / "bad_mla_kernel.py").write_text(
         "from pa_oracle.backends.user import declare\n\n"
-        "@declare(mla=(True,), mla_dims=((576, 512), (288, 256)))\n"
+        "@declare(mla=(True,), mla_dims=((576, 512), (256, 288)))\n"
         "def attention(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):\n"
         "    raise AssertionError\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(BackendSpecError, match="288/256"):
-        resolve(kernels=("mixed_mla_kernel:attention",))
+    with pytest.raises(BackendSpecError, match=r"\(256, 288\)"):
+        resolve(kernels=("bad_mla_kernel:attention",))
+
+
+def test_registered_backends_draw_the_mla_pairs_they_drew_before() -> None:
+    """Every registered MLA declaration is inside the built-in pairs, whose order is kept: their draws stay."""
+    for caps, expected in ((Capabilities(mla_dims=None), list(families.MLA_DIMS)),
+                           (Capabilities(mla_dims=((576, 512),)), [(576, 512)]),
+                           (Capabilities(mla_dims=((80, 64), (12, 8))), [(12, 8), (80, 64)])):
+        assert families.mla_dims(caps) == expected
 
 
 def test_every_declared_pair_is_drawn() -> None:
-    for declared in (planted_user.OWN_MLA_DIMS, ((288, 256), (40, 32)), ((12, 8), (80, 64))):
+    for declared in (planted_user.OWN_MLA_DIMS, ((288, 256), (40, 32)), ((12, 8), (80, 64)), ((576, 512), (288, 256))):
         caps = capabilities_of(declare(mla=(True,), mla_dims=declared)(planted_user.correct_mla_own_dims))
         seen: set[tuple[int, int]] = set()
 

@@ -58,8 +58,12 @@ def tree_parents(draw: st.DrawFn, max_depth: int = MAX_TREE_DEPTH, max_width: in
 
 
 def mla_dims(caps: Capabilities) -> list[tuple[int, int]]:
-    """The (head_dim_qk, head_dim_vo) pairs an MLA case of ``caps`` is drawn with."""
-    return [d for d in MLA_DIMS if caps.mla_dims is None or d in caps.mla_dims] or list(caps.mla_dims or ())
+    """The (head_dim_qk, head_dim_vo) pairs an MLA case of ``caps`` is drawn with: the built-in ones it declares (in
+    ``MLA_DIMS``' order), then every other pair it declares (in its order); all built-in ones when it declares none."""
+    if caps.mla_dims is None:
+        return list(MLA_DIMS)
+    declared = [tuple(d) for d in caps.mla_dims]
+    return [d for d in MLA_DIMS if d in declared] + [d for d in declared if d not in MLA_DIMS]
 
 
 def _mla_heads(draw: st.DrawFn, case: Case, caps: Capabilities, pinned: Mapping[str, Any]) -> Heads:

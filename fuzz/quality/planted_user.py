@@ -24,7 +24,7 @@ BUGS = {
 }
 CORRECT = ("correct_fp8_q", "correct_fp8_q_folded", "correct_mla_own_dims", "correct_refuses_views")
 PLANTED = tuple(BUGS)
-OWN_MLA_DIMS = ((288, 256),)  # a latent pair outside the built-in ones (half DeepSeek's): drawn only declared alone
+OWN_MLA_DIMS = ((288, 256),)  # a latent pair outside the built-in ones (half DeepSeek's): drawn when declared, beside built-in ones too
 MLA_TILE = 64  # the tile a DeepSeek-shaped kernel steps the head dim by
 _FP8 = tuple(getattr(torch, name) for name in FP8_DTYPES)
 
