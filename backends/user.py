@@ -60,6 +60,7 @@ from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.tensors import Tensors, torch_dtype
 
 ATTRIBUTE = "pa_oracle_capabilities"
+REFUSES_VIEWS = "refuses views"  # the start of an Unsupported reason: the kernel raised on a view, ran on copies
 _CAPABILITY_FIELDS = {f.name for f in fields(Capabilities)}
 _OPTION_FLAGS = {  # keyword -> Capabilities field it enables
     "window_left": "window_left",
@@ -254,7 +255,7 @@ class UserKernel(Backend):
                                                                                                   latent=tensors.v_is_latent_view()):
                 raise
             text = exception_text(exc).splitlines()[0][:200] if exception_text(exc).strip() else "no message"
-            raise Unsupported(f"refuses views: {type(exc).__name__} on storage {case.storage.label()} ({text}); "
+            raise Unsupported(f"{REFUSES_VIEWS}: {type(exc).__name__} on storage {case.storage.label()} ({text}); "
                               "it runs on contiguous copies") from exc
         if isinstance(result, torch.Tensor):
             return KernelOutput(result, None)

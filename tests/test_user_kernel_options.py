@@ -217,6 +217,8 @@ def test_a_kernel_that_refuses_views_is_neither_a_finding_nor_a_pass_there() -> 
     assert all(o.case.storage is not None for o in refused)
     assert sum(o.status == "pass" for o in seen) + len(refused) == len(seen)
     assert result.unsupported == len(refused) and result.passed == len(seen) - len(refused)
+    assert result.skip_reasons == {"refuses views": len(refused)}, result.skip_reasons
+    assert f"{result.unsupported} unsupported: {len(refused)} refuses views)" in result.line(), result.line()
 
 
 def _stored_case() -> Case:

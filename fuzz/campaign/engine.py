@@ -23,7 +23,7 @@ from typing import Any, Callable
 from hypothesis import reject
 from hypothesis.errors import Flaky, Unsatisfiable
 from pa_oracle.backends.base import Backend
-from pa_oracle.backends.user import UserKernel
+from pa_oracle.backends.user import REFUSES_VIEWS, UserKernel
 from pa_oracle.fuzz.campaign.coverage import declared
 from pa_oracle.fuzz.campaign.ledger import Entry
 from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding, save_unjudged
@@ -417,9 +417,12 @@ def _count(result: BackendResult, outcome: Outcome) -> None:
     result.passed += outcome.status == "pass"
     result.unsupported += outcome.status == "unsupported"
     result.exact += outcome.status == "pass" and bool(outcome.exact)
-    if outcome.status == "unsupported" and outcome.check != ORACLE.name:
+    if outcome.status == "unsupported":
         reason = outcome.message.splitlines()[0] if outcome.message else ""
-        result.skip_reasons[reason] = result.skip_reasons.get(reason, 0) + 1
+        if outcome.check == ORACLE.name:  # one kind counted by name (an oracle case's reasons are many and long)
+            reason = REFUSES_VIEWS if reason.removeprefix("Unsupported: ").startswith(REFUSES_VIEWS) else ""
+        if reason:
+            result.skip_reasons[reason] = result.skip_reasons.get(reason, 0) + 1
     if outcome.status != "unsupported":
         result.coverage.add(outcome.case)
         result.no_keys += not attends_a_key(outcome.case)

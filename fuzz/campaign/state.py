@@ -144,8 +144,10 @@ class BackendResult:
         if not self.is_complete:
             state = f"INCOMPLETE ({self._why_incomplete()[:160]})" + (f", {state}" if self.findings else "")
         skipped = f", {self.skipped_known} skipped as known" if self.skipped_known else ""
+        refused = "".join(f": {count} {reason}" for reason, count in self.skip_reasons.items())  # "refuses views"
         return (
             f"{self.backend}: {state}, {self.examples} examples ({self.passed} passed, {self.unsupported} unsupported"
+            f"{refused}"
             f"{skipped}) in {self.seconds:.1f}s ({rate:.1f}/s; {self.time_split()}), coverage {self.coverage_fraction:.0%}, "
             f"worst pass at {self.worst_allowed:.2f} of the allowed error ({self.worst_ratio:.2f}x the control's)"
         )
