@@ -283,3 +283,13 @@ def test_write_kernels_from_an_entry_point(tmp_path: Path, monkeypatch: pytest.M
     assert "third-party-append" in writes.discover()
     code, output = _writes("-b", "third-party-append", "-n", "30", "--out", str(tmp_path / "o"))
     assert code == 0 and "third-party-append" in output and " ok   30 examples" in output, output
+
+
+def test_selftest_runs_every_planted_and_correct_write_kernel() -> None:
+    from pa_oracle.fuzz.quality import planted_writes, selftest
+
+    names = {name for module, name in selftest.selftest_kernels() if module is selftest.WRITES}
+    everything = (*planted_writes.BUGS, *planted_writes.UPSTREAM_BUGS, *planted_writes.NEW_DRAW_BUGS, *planted_writes.CORRECT)
+    assert names == {k.__name__ for k in everything}
+    assert all(selftest._is_bug(selftest.WRITES, k.__name__) for k in planted_writes.NEW_DRAW_BUGS)
+    assert not any(selftest._is_bug(selftest.WRITES, k.__name__) for k in planted_writes.CORRECT)

@@ -5,6 +5,7 @@ progress line per kernel with the time it took and an estimate of the time left.
 from __future__ import annotations
 
 import time
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -13,10 +14,16 @@ from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign import engine
 from pa_oracle.fuzz.campaign.engine import fuzz_backend
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
-from pa_oracle.fuzz.quality import planted, planted_composed, planted_families, planted_layouts, planted_user
+from pa_oracle.fuzz.campaign.writes import WriteCampaign, WriteResult, fuzz_write_kernel
+from pa_oracle.fuzz.quality import (
+    planted,
+    planted_composed,
+    planted_families,
+    planted_layouts,
+    planted_user,
+    planted_writes,
+)
 
-# each: BUGS, PLANTED, CORRECT (user-kernel functions, or Backend classes), optional CHECKS (kernel -> check name)
-MODULES = (planted, planted_families, planted_layouts, planted_composed, planted_user)
 # selftest asks "is it found?", not "how small": a finding's shrinking stops after this many seconds (the
 # finding is kept as it is then). Unbounded, one planted bug shrank for over five minutes on a CPU and
 # Hypothesis printed its "spent more than five minutes working to shrink ... PLEASE REPORT THIS".
@@ -38,9 +45,40 @@ class SelftestResult:
         return self.ran and self.detected == self.planted
 
 
+# KV-cache write kernels (WriteKernel classes), judged by the write campaign: the same BUGS / PLANTED / CORRECT
+_WRITE_BUGS = (*planted_writes.BUGS, *planted_writes.UPSTREAM_BUGS, *planted_writes.NEW_DRAW_BUGS)
+WRITES = types.SimpleNamespace(
+    __name__=planted_writes.__name__, BUGS=tuple(k.__name__ for k in _WRITE_BUGS), PLANTED=tuple(k.__name__ for k in _WRITE_BUGS),
+    CORRECT=tuple(k.__name__ for k in planted_writes.CORRECT),
+    **{k.__name__: k for k in (*_WRITE_BUGS, *planted_writes.CORRECT)})
+# each: BUGS, PLANTED, CORRECT (user-kernel functions, or Backend classes), optional CHECKS (kernel -> check name)
+MODULES = (planted, planted_families, planted_layouts, planted_composed, planted_user, WRITES)
+
+
 def selftest_kernels() -> list[tuple[object, str]]:
     """(module, name) of every kernel selftest runs, in the order it runs them."""
-    return [(m, n) for m in MODULES for n in m.PLANTED + m.CORRECT]
+    return [(m, n) for m in MODULES for n in m.PLANTED + m.CORRECT]  # type: ignore[attr-defined]
+
+
+def _is_bug(module: object, name: str) -> bool:
+    return name in module.BUGS  # type: ignore[attr-defined]
+
+
+def _fuzz_one(module: object, name: str, examples: int, seed: int, deadline: float | None,
+              shrink_seconds: float) -> tuple[bool, int, str]:
+    """(found, examples judged, the finding's first line) for one selftest kernel."""
+    target = getattr(module, name)
+    if module is WRITES:  # in-process, as the attention kernels below
+        result = fuzz_write_kernel(target(), ("kernel", f"{module.__name__}:{name}"),
+                                   WriteCampaign(examples=examples, seed=seed, isolate=False),
+                                   WriteResult(f"{module.__name__}:{name}"), deadline)
+        return bool(result.findings), result.examples, result.findings[-1]["detail"] if result.findings else ""
+    kernel = target() if isinstance(target, type) and issubclass(target, Backend) else UserKernel(target, name=f"{module.__name__}:{name}")  # type: ignore[attr-defined]
+    check = ALL_CHECKS[getattr(module, "CHECKS", {}).get(name, "oracle")]
+    # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
+    outcome = fuzz_backend(kernel, check=check, examples=examples, base_seed=seed, isolate=False, deadline=deadline,
+                           on_case=_ShrinkBound(shrink_seconds))
+    return outcome.finding is not None, outcome.examples, outcome.finding.message.splitlines()[0] if outcome.finding else ""
 
 
 def _duration(seconds: float) -> str:
@@ -76,35 +114,29 @@ def run_selftest(
     deadline = started + time_budget if time_budget is not None else None
     results: list[SelftestResult] = []
     if progress:
-        bugs = sum(name in module.BUGS for module, name in kernels)  # type: ignore[attr-defined]
+        bugs = sum(_is_bug(module, name) for module, name in kernels)
         progress(f"selftest: {len(kernels)} kernels ({bugs} planted bugs, {len(kernels) - bugs} correct), "
                  f"up to {examples} examples per bug, {correct_examples} per correct kernel")
     for i, (module, name) in enumerate(kernels):
-        is_bug = name in module.BUGS  # type: ignore[attr-defined]
+        is_bug = _is_bug(module, name)
         wanted = examples if is_bug else correct_examples
         if deadline is not None and time.monotonic() >= deadline:
             results.append(SelftestResult(name, is_bug, False, 0, "not run: --time-budget spent", ran=False))
             continue
-        target = getattr(module, name)
-        kernel = target() if isinstance(target, type) and issubclass(target, Backend) else UserKernel(target, name=f"{module.__name__}:{name}")  # type: ignore[attr-defined]
-        check = ALL_CHECKS[getattr(module, "CHECKS", {}).get(name, "oracle")]
         one = time.monotonic()
-        # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
-        outcome = fuzz_backend(kernel, check=check, examples=wanted, base_seed=seed, isolate=False, deadline=deadline,
-                               on_case=_ShrinkBound(shrink_seconds))
+        found, judged, message = _fuzz_one(module, name, wanted, seed, deadline, shrink_seconds)
         seconds = time.monotonic() - one
-        message = outcome.finding.message.splitlines()[0] if outcome.finding else ""
         # the budget ended it before its examples (a finding cut while shrinking is kept: it was found)
-        cut = outcome.finding is None and outcome.examples < wanted and deadline is not None and time.monotonic() >= deadline
-        result = SelftestResult(name, is_bug, outcome.finding is not None, outcome.examples,
-                                message if not cut else f"cut by --time-budget after {outcome.examples} examples",
+        cut = not found and judged < wanted and deadline is not None and time.monotonic() >= deadline
+        result = SelftestResult(name, is_bug, found, judged,
+                                message if not cut else f"cut by --time-budget after {judged} examples",
                                 round(seconds, 2), ran=not cut)
         results.append(result)
         if progress:
             elapsed = time.monotonic() - started
             left = len(kernels) - i - 1
             same = [r.seconds for r in results if r.ran and r.planted == is_bug] or [seconds]
-            rest = sum(name2 in m.BUGS for m, name2 in kernels[i + 1:])  # type: ignore[attr-defined]
+            rest = sum(_is_bug(m, name2) for m, name2 in kernels[i + 1:])
             bug_mean = _mean([r.seconds for r in results if r.ran and r.planted], same)
             correct_mean = _mean([r.seconds for r in results if r.ran and not r.planted], same)
             estimate = rest * bug_mean + (left - rest) * correct_mean
