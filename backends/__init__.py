@@ -4,22 +4,18 @@ every module named by a ``pa_oracle.backends`` entry point (third-party kernels,
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from importlib.metadata import entry_points
-
 from pa_oracle.backends.base import (
     Backend,
     Capabilities,
     KernelOutput,
     Unsupported,
     exception_text,
+    import_adapters,
     register,
     registered,
 )
 from pa_oracle.oracle.errors import BadInput
 
-_PRIVATE = {"base", "user"}
 _discovered = False
 
 
@@ -28,11 +24,7 @@ def discover() -> dict[str, type[Backend]]:
     global _discovered
     if not _discovered:
         _discovered = True
-        for module in pkgutil.iter_modules(__path__):
-            if module.name not in _PRIVATE and not module.name.startswith("_"):
-                importlib.import_module(f"{__name__}.{module.name}")
-        for entry in entry_points(group="pa_oracle.backends"):
-            entry.load()
+        import_adapters(__name__, __path__, "pa_oracle.backends")
     return registered()
 
 

@@ -36,6 +36,19 @@ class KernelOutput(NamedTuple):
 RawOutput = tuple[torch.Tensor, "torch.Tensor | None"]  # a kernel's own (out, lse) buffers
 
 
+
+def import_adapters(package: str, path: list[str], group: str, private: frozenset[str] = frozenset({"base", "user"})) -> None:
+    """Import every module of ``package`` (its ``__path__``: ``path``) but the ``private`` and ``_``-named ones,
+    then every entry point of ``group``: how a kind of kernel's registry fills (each module registers its own)."""
+    import pkgutil
+    from importlib.metadata import entry_points
+
+    for module in pkgutil.iter_modules(path):
+        if module.name not in private and not module.name.startswith("_"):
+            importlib.import_module(f"{package}.{module.name}")
+    for entry in entry_points(group=group):
+        entry.load()
+
 @dataclass
 class GraphCall:
     """One kernel call over static buffers, captured in a CUDA graph (the serving-engine contract:

@@ -277,7 +277,9 @@ def test_write_kernels_from_an_entry_point(tmp_path: Path, monkeypatch: pytest.M
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     entry = importlib.metadata.EntryPoint("third", "third_party_writes", writes.ENTRY_POINTS)
-    monkeypatch.setattr(writes, "entry_points", lambda group: [entry] if group == writes.ENTRY_POINTS else [])
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [entry] if group == writes.ENTRY_POINTS else real(group=group))
     monkeypatch.setattr(writes, "_discovered", False)
     monkeypatch.setattr(writes, "_REGISTRY", dict(writes._REGISTRY))
     assert "third-party-append" in writes.discover()

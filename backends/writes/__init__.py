@@ -7,17 +7,13 @@ registry: an attention campaign never sees these). Found as attention adapters a
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from importlib.metadata import entry_points
-
+from pa_oracle.backends.base import import_adapters
 from pa_oracle.backends.writes.base import CAPABILITY_FIELDS, WriteCapabilities, WriteKernel
 
 ENTRY_POINTS = "pa_oracle.backends.writes"  # the entry-point group of third-party write kernels
 
 
 _REGISTRY: dict[str, type[WriteKernel]] = {}
-_PRIVATE = {"base", "user"}
 _discovered = False
 
 
@@ -33,11 +29,7 @@ def discover() -> dict[str, type[WriteKernel]]:
     global _discovered
     if not _discovered:
         _discovered = True
-        for module in pkgutil.iter_modules(__path__):
-            if module.name not in _PRIVATE and not module.name.startswith("_"):
-                importlib.import_module(f"{__name__}.{module.name}")
-        for entry in entry_points(group=ENTRY_POINTS):
-            entry.load()
+        import_adapters(__name__, __path__, ENTRY_POINTS)
     return dict(_REGISTRY)
 
 
