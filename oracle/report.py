@@ -4,7 +4,6 @@ qo head -> kv head, position, page, slot), per-request and per-head error, and a
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 
 import torch
@@ -82,22 +81,6 @@ def per_head_error(error: torch.Tensor) -> list[float]:
     if error.numel() == 0:
         return [0.0] * error.shape[1]
     return error.amax(dim=(0, 2)).tolist()
-
-
-def repro_command(case_path: str, backend: str, kernel: str | None = None, check: str | None = None) -> str:
-    """The command that re-runs one saved case on one backend (a user ``kernel`` as
-    MODULE:FUNCTION, else the registered ``backend``): ``pa-oracle replay`` for the comparison
-    with the oracle (``check`` None or "oracle"), ``pa-oracle metamorphic --check`` for any other check.
-
-    >>> repro_command("out/a b/case.json", "sdpa-math", check="relabel")
-    "pa-oracle metamorphic --case 'out/a b/case.json' --check relabel --backend sdpa-math"
-    """
-    if check in (None, "oracle"):
-        args = ["pa-oracle", "replay", str(case_path)]
-    else:
-        args = ["pa-oracle", "metamorphic", "--case", str(case_path), "--check", check]
-    args += ["--kernel", kernel] if kernel else ["--backend", backend]
-    return shlex.join(args)
 
 
 def limit_ratio(stats: ErrorStats) -> float:

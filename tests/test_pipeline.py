@@ -17,7 +17,7 @@ from pa_oracle.fuzz.draw.strategies import Limits
 from pa_oracle.fuzz.run.isolation import IsolatedBackend, Worker
 from pa_oracle.fuzz.run.runner import ORACLE, check_case
 from pa_oracle.oracle.case import Case, Heads, Layout
-from pa_oracle.oracle.report import repro_command
+from pa_oracle.fuzz.campaign.findings import repro_command
 from pa_oracle.oracle.tensors import load_case
 from pa_oracle.oracle.tolerance import Tolerance
 

@@ -2,7 +2,7 @@
 (``pa_oracle.fuzz.campaign.outdir.publish_folder``: temp folder, fsync, rename; nothing is ever
 replaced), holding every case it involved (``case.json`` + ``tensors.npz``, written by
 ``pa_oracle.oracle.tensors.write_case``), a ``report.md`` and the repro command
-(``pa_oracle.oracle.report.repro_command``).
+(``repro_command``).
 
 Layout: an oracle finding is ``BACKEND/CASE_ID/{case.json,tensors.npz,report.md}``, plus
 ``output.npz`` (the kernel's raw ``out``/``lse``, ``load_output``) when the kernel returned a
@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,7 +32,7 @@ from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_
 from pa_oracle.fuzz.checks.registry import expectation
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK, Outcome
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.report import format_report, repro_command
+from pa_oracle.oracle.report import format_report
 from pa_oracle.oracle.tensors import Tensors, make_tensors, raw_bits, save_tensors, saved_form, write_case
 from pa_oracle.oracle.tolerance import Verdict
 
@@ -58,6 +59,22 @@ def finding_meta(outcome: Outcome, backend: Backend, kernel_spec: str | None) ->
         "date": datetime.date.today().isoformat(),
         "generated_from": {"seed": outcome.case.seed, "distribution": outcome.case.distribution},
     }
+
+
+def repro_command(case_path: str, backend: str, kernel: str | None = None, check: str | None = None) -> str:
+    """The command that re-runs one saved case on one backend (a user ``kernel`` as
+    MODULE:FUNCTION, else the registered ``backend``): ``pa-oracle replay`` for the comparison
+    with the oracle (``check`` None or "oracle"), ``pa-oracle metamorphic --check`` for any other check.
+
+    >>> repro_command("out/a b/case.json", "sdpa-math", check="relabel")
+    "pa-oracle metamorphic --case 'out/a b/case.json' --check relabel --backend sdpa-math"
+    """
+    if check in (None, "oracle"):
+        args = ["pa-oracle", "replay", str(case_path)]
+    else:
+        args = ["pa-oracle", "metamorphic", "--case", str(case_path), "--check", check]
+    args += ["--kernel", kernel] if kernel else ["--backend", backend]
+    return shlex.join(args)
 
 
 FIRST_FAILING = "original.json"  # beside case.json: the first failing case, before shrinking

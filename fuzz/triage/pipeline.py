@@ -18,7 +18,7 @@ from pa_oracle.fuzz.triage.minimize import Minimized, minimize
 from pa_oracle.fuzz.triage.necessity import necessary_options
 from pa_oracle.fuzz.triage.workload import Workload
 from pa_oracle.oracle.case import Case, CaseError
-from pa_oracle.oracle.report import repro_command
+from pa_oracle.fuzz.campaign.findings import repro_command
 from pa_oracle.oracle.tensors import load_case
 from pa_oracle.oracle.tolerance import Tolerance
 
