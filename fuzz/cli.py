@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
-from pa_oracle.fuzz.exits import TOOL_FAILED, BadInput, campaign_exit_code, remember_out_dir
+from pa_oracle.fuzz.exits import TOOL_FAILED, campaign_exit_code, remember_out_dir
+from pa_oracle.oracle.errors import BadInput
 
 if TYPE_CHECKING:  # the commands import what they use: `pa-oracle --help` imports neither torch nor Hypothesis
     from pa_oracle.backends.base import Backend

@@ -47,7 +47,9 @@ EPILOG = """Exit status (every command):
 OUT_DIR_KEY = "pa_oracle.out_dir"  # ctx.meta: where a command writes, so an internal error's trace goes there
 
 
-class BadInput(click.ClickException):
+class BadInputExit(click.ClickException):
+    """Exit 2 with one line: what every ``pa_oracle.oracle.errors.BadInput`` a command raises becomes."""
+
     exit_code = BAD_INPUT
 
 
@@ -130,7 +132,7 @@ class ExitCodeGroup(click.Group):
             raise failed from None
         except Exception as exc:  # noqa: BLE001 - mapped to a code here, once for every command
             if isinstance(exc, _bad_input_errors()):
-                raise BadInput(str(exc)) from None
+                raise BadInputExit(str(exc)) from None
             raise tool_failure(exc, ctx.meta.get(OUT_DIR_KEY)) from None
 
 

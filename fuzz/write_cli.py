@@ -13,7 +13,8 @@ from typing import Annotated, Literal, Optional
 import click
 import msgspec
 
-from pa_oracle.fuzz.exits import FINDING, NO_FINDING, BadInput, campaign_exit_code, remember_out_dir
+from pa_oracle.fuzz.exits import FINDING, NO_FINDING, campaign_exit_code, remember_out_dir
+from pa_oracle.oracle.errors import BadInput
 
 # what a saved write case may ask for: a pool (K and V, float32 at most) beyond this is refused before
 # anything is allocated; far above what `writes` draws (tens of pages) and what a test device holds

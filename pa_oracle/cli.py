@@ -40,7 +40,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "End-to-end gates: a model's attention runs through a backend and is compared with a reference."),
     "writes": ("pa_oracle.fuzz.write_cli:writes",
                "Append ragged batches into canary-filled paged pools and compare every byte: the appended slots "
-               "must hold the appended values, everything else must be unchanged."),
+               "must hold the appended values (an fp8 cache: quantised once with the case's scale), padding rows "
+               "(slot -1) nothing, and everything else must be unchanged."),
     "warmup": ("pa_oracle.fuzz.warmup:warmup",
                "Build the kernel variants a campaign (or a corpus replay) will run on, all together (FlashInfer: "
                "MAX_JOBS jobs)."),
