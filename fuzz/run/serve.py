@@ -34,6 +34,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.run import boundary
 from pa_oracle.fuzz.run.ahead import AHEAD
@@ -162,6 +163,27 @@ class KernelLock:  # not a Backend subclass: its defaults would shadow the wrapp
         if not getattr(self._held, "done", True):
             self._held.done = True
             self._turns.leave(self._held.ticket)
+
+
+_WARM_OPS = (torch.exp, torch.log, torch.tanh, torch.sqrt, torch.sigmoid)
+_WARM_ELEMENTS = (64, 1 << 17)  # one chunk (one thread), then enough for every intra-op thread
+
+
+def warm_math() -> None:
+    """Run torch's CPU math once in this thread before it judges: the vectorized transcendentals (MKL's
+    VML behind ``torch.exp``, ``log``, ...) and a matmul, in float32 and float64, on one thread, then on
+    all. Under CPU load, the first float32 ``torch.exp`` of a worker's judge thread (a correct kernel's
+    softmax) now and then came out ~1e-4 relative off on the calling thread's share of the elements
+    (half the heads: FAIL, 12x the allowed error), the same call repeated at once exact; torch's numerics
+    switches were unchanged (5 in ~100 runs of the side-by-side crash test under 3 CPU burners, none
+    in 70 after this). Where in torch or MKL the first call goes wrong is not known: no case is the first."""
+    for dtype in (torch.float32, torch.float64):
+        for n in _WARM_ELEMENTS:
+            x = torch.linspace(0.5, 2.0, n, dtype=dtype)
+            for op in _WARM_OPS:
+                op(x)
+            side = int(n ** 0.5) // 8 * 8 or 8
+            torch.einsum("ij,jk->ik", x[: side * side].view(side, side), x[: side * side].view(side, side))
 
 
 def _load_backend(spec: str, capabilities: Any) -> Any:
@@ -296,7 +318,7 @@ class _Server:
                 done, _ = wait(self.running, return_when=FIRST_COMPLETED)
                 self.running -= done
             if self.pool is None or self.pool._max_workers < threads:  # noqa: SLF001 - grown once, for the widest backend
-                self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pa-oracle-judge")
+                self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pa-oracle-judge", initializer=warm_math)
             future = self.pool.submit(self.judge, request, self._locked(request.spec, backend), self.turns.ticket())
             self.running.add(future)
             return future
@@ -371,6 +393,7 @@ def serve(tolerance: Tolerance, conn: Connection, threads: int | None = None, sl
     None or goes away. ``("load", spec, capabilities)`` loads a backend; a ``Request`` is judged with
     its check and the parent's tolerance; torch's numerics switches are restored before each case."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warm_math()  # this thread judges a case sent alone; each judge thread warms itself (the pool's initializer)
     conn.send_bytes(pickle.dumps("ready"))
     _Server(tolerance, conn, threads, slot).serve()
 
