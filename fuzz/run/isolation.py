@@ -26,11 +26,12 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from pa_oracle.fuzz.run.runner import ORACLE, BadEngine, Check, OracleDisagreement, Outcome, engine_from_env
+from pa_oracle.fuzz.run.runner import ORACLE, ORACLE_CHECK, BadEngine, Check, OracleDisagreement, Outcome, engine_from_env, judge
+from pa_oracle.oracle.tensors import make_tensors
 from pa_oracle.fuzz.run.serve import NO_CASE, Request, serve, threads_from_env
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.errors import BadInput
-from pa_oracle.oracle.tolerance import Tolerance
+from pa_oracle.oracle.tolerance import Tolerance, Verdict
 
 STARTUP_SECONDS = 300.0  # importing torch and the kernel library; not part of a case's timeout
 CASE_TIMEOUT = 300.0  # the default per-case limit (fuzz --case-timeout)
@@ -265,7 +266,8 @@ class Worker:
 
     def _send(self, sent: _Sent) -> None:
         assert self._conn is not None
-        request = Request(sent.spec, sent.case, sent.keep_output, sent.check, sent.pass_errors, sent.seq, sent.alone)
+        raw = sent.check.name == ORACLE_CHECK  # the verdict is made here, from the kernel's raw output (``_judged_here``)
+        request = Request(sent.spec, sent.case, sent.keep_output, sent.check, sent.pass_errors, sent.seq, sent.alone, raw)
         try:
             self._conn.send_bytes(pickle.dumps(request))
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -307,6 +309,8 @@ class Worker:
                 raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {sent.case.case_id}")
             return self._lost(f"hang: no answer after {limit:g} s (worker restarted)", limit, deadline)
         self._judged.add(sent.spec)
+        if reply[0] == "outcome":
+            reply = (reply[0], _judged_here(sent, reply[1], self.tolerance), *reply[2:])
         overlapped = bool(reply[3] if reply[0] == "outcome" else reply[4])
         status = reply[1].status if reply[0] == "outcome" else f"raised {reply[1]}"
         if overlapped and status not in ("pass", "unsupported"):
@@ -406,6 +410,36 @@ class Worker:
         self._starting, self._loading = False, None
         if not keep_pending:
             self._pending.clear()  # not judged: their callers are told by ``pending`` dropping to 0
+
+
+def _judged_here(sent: _Sent, outcome: Outcome, tolerance: Tolerance) -> Outcome:
+    """An oracle case's outcome with the verdict made in this process: the reference and the controls
+    computed here from the parent's own case and tolerance, compared with the kernel's raw output the
+    worker returned (the worker compares nothing: ``Request.raw``). What the worker found counts only
+    against the kernel (its failures are kept: a write to an input, a broken contract, a changed judge),
+    so nothing the kernel changed in the worker's process (the judge's code, torch's numerics switches,
+    the tolerance) can make it pass."""
+    if sent.check.name != ORACLE_CHECK or outcome.status not in ("pass", "fail"):
+        return outcome
+    if outcome.output is None or outcome.verdict is None:
+        if outcome.status == "fail":
+            return outcome  # no well-formed output (a contract failure): nothing to compare here
+        why = "the worker answered pass without the kernel's output (the judge's side of the worker was changed)"
+        return dataclasses.replace(outcome, status="fail", message=f"FAIL: {why}", verdict=Verdict(False, [why]))
+    try:
+        verdict = judge(sent.case, make_tensors(sent.case, "cpu"), outcome.output, tolerance)
+    except (OracleDisagreement, BadInput):  # the oracle's bug, the user's input: no verdict
+        raise
+    except Exception as exc:  # noqa: BLE001 - a well-formed output the oracle cannot judge: a tool failure
+        return dataclasses.replace(outcome, status="error", verdict=None,
+                                   message=f"the oracle could not judge the output: {type(exc).__name__}: {exc}")
+    verdict.failures += [text for text in outcome.verdict.failures if text not in verdict.failures]
+    verdict.passed = verdict.passed and outcome.verdict.passed
+    if verdict.passed and not sent.pass_errors and not sent.keep_output:
+        verdict.error = verdict.lse_error = None  # a pass counts by its statistics
+    status = "pass" if verdict.passed else "fail"
+    kept = outcome.output if sent.keep_output or status == "fail" else None
+    return dataclasses.replace(outcome, status=status, message=verdict.headline(), verdict=verdict, output=kept)
 
 
 class Judges(Protocol):

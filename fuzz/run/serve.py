@@ -38,7 +38,7 @@ import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.run import boundary
 from pa_oracle.fuzz.run.ahead import AHEAD
-from pa_oracle.fuzz.run.runner import ORACLE_CHECK, WATCH, exception_text, finished
+from pa_oracle.fuzz.run.runner import ORACLE_CHECK, WATCH, check_case, exception_text, finished
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.errors import BadInput, env_count
 from pa_oracle.oracle.tensors import Tensors
@@ -75,6 +75,7 @@ class Request:
     pass_errors: bool
     seq: int
     alone: bool = False  # judge with no other case beside it (a second look at an overlapped finding)
+    raw: bool = False  # the oracle check: run the kernel, return its output; the parent compares it (``check_case``'s elsewhere)
 
 
 class KernelTurns:
@@ -350,7 +351,10 @@ class _Server:
                 raise KeyError(f"{request.spec} was not loaded in this worker")
             boundary.restore_numerics(self.saved)  # one backend's import must not loosen another's controls
             start = time.monotonic()
-            outcome = request.check.judge(request.case, backend, self.tolerance, request.keep_output)
+            if request.raw:
+                outcome = check_case(backend, request.case, self.tolerance, True, elsewhere=True)
+            else:
+                outcome = request.check.judge(request.case, backend, self.tolerance, request.keep_output)
             if outcome.status == "pass" and outcome.verdict is not None and not (request.keep_output or request.pass_errors):
                 outcome.verdict.error = outcome.verdict.lse_error = None  # a pass counts by its statistics
             outcome = outcome.on_cpu()

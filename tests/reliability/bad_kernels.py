@@ -441,3 +441,17 @@ def wraps_manual_seed_as_torch_compile_does(q, k_cache, v_cache, *, qo_indptr, k
     seed = torch.manual_seed
     torch.manual_seed = functools.wraps(seed)(lambda *args, **kwargs: seed(*args, **kwargs))
     return _good(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+
+
+def loosens_the_tolerance_it_is_judged_with(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Half the right output, after making every ``Tolerance`` in its process allow any error (found
+    through ``gc``, set past the frozen dataclass): nothing the watch of the judge's code sees."""
+    import gc
+
+    from pa_oracle.oracle.tolerance import Tolerance
+
+    for found in gc.get_objects():
+        if isinstance(found, Tolerance):
+            for name in ("max_ratio", "mean_ratio", "floor_factor"):
+                object.__setattr__(found, name, 1e30)
+    return _halved(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
