@@ -266,7 +266,7 @@ class Worker:
 
     def _send(self, sent: _Sent) -> None:
         assert self._conn is not None
-        raw = sent.check.name == ORACLE_CHECK  # the verdict is made here, from the kernel's raw output (``_judged_here``)
+        raw = sent.check.name == ORACLE_CHECK and verdict_in_parent()  # the verdict is made here (``_judged_here``)
         request = Request(sent.spec, sent.case, sent.keep_output, sent.check, sent.pass_errors, sent.seq, sent.alone, raw)
         try:
             self._conn.send_bytes(pickle.dumps(request))
@@ -410,6 +410,16 @@ class Worker:
         self._starting, self._loading = False, None
         if not keep_pending:
             self._pending.clear()  # not judged: their callers are told by ``pending`` dropping to 0
+
+
+def verdict_in_parent() -> bool:
+    """Whether an isolated oracle case's verdict is made in this process (``_judged_here``): on a machine without
+    CUDA. On a CUDA machine the worker still judges: the parent would compute every float64 reference and control
+    on the host, where the worker computes them on the device (the fused engine, the controls' device rounding),
+    which changes the tolerance's controls and the warm rate, and neither has been measured on a GPU yet."""
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def _judged_here(sent: _Sent, outcome: Outcome, tolerance: Tolerance) -> Outcome:
