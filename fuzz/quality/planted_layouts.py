@@ -31,7 +31,8 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _as_if_contiguous(t: torch.Tensor) -> torch.Tensor:
+def as_if_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s storage read with contiguous strides from its offset: what a kernel given ``data_ptr()`` reads."""
     return torch.as_strided(t, t.shape, _contiguous_strides(t.shape), t.storage_offset())
 
 
@@ -83,7 +84,7 @@ def _layout_aware(name: str, *, confused: bool):  # type: ignore[no-untyped-def]
     return _planted(name, kernel)
 
 
-reads_caches_as_contiguous = _standard("reads_caches_as_contiguous", _as_if_contiguous)
+reads_caches_as_contiguous = _standard("reads_caches_as_contiguous", as_if_contiguous)
 ignores_storage_offset = _standard("ignores_storage_offset", _from_storage_start)
 hnd_read_as_nhd = _layout_aware("hnd_read_as_nhd", confused=True)
 correct_any_storage = _standard("correct_any_storage", None)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 from pa_oracle.fuzz.quality.planted import _paged_attention
+from pa_oracle.fuzz.quality.planted_layouts import as_if_contiguous
 from pa_oracle.oracle.case import FP8_DTYPES, Q_DTYPES
 
 BUGS = {
@@ -80,19 +81,11 @@ def _mla(name: str, *, tiled: bool) -> Callable[..., Any]:
     return _named(name, kernel, mla=(True,), mla_dims=OWN_MLA_DIMS)
 
 
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
 def views_read_as_contiguous(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, causal, sm_scale,
                              window_left, logits_soft_cap):
     """Declares nothing: reads each cache as ``ptr + ((page * page_size + slot) * H + h) * D`` (a C kernel
     given ``data_ptr()``), right for a contiguous cache only; silently wrong on a view."""
-    k_cache, v_cache = (torch.as_strided(c, c.shape, _contiguous_strides(c.shape), c.storage_offset()) for c in (k_cache, v_cache))
+    k_cache, v_cache = as_if_contiguous(k_cache), as_if_contiguous(v_cache)
     return _paged_attention(q, k_cache, v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
                             kv_last_page_len=kv_last_page_len, causal=causal, sm_scale=sm_scale, window_left=window_left,
                             logits_soft_cap=logits_soft_cap)
