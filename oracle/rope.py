@@ -35,15 +35,18 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, rope: Rope) -> torch.Tensor
     """``x`` [N, ..., D] (float64) rotated by ``positions`` [N] (float64); a new tensor."""
     dims = rope.dims(x.shape[-1])
     angle = (positions / float(rope.scale))[:, None] * inverse_frequencies(rope, x.shape[-1], x)  # [N, dims / 2]
+    return _rotate_pairs(x, angle, rope.style, dims)
+
+
+def _rotate_pairs(x: torch.Tensor, angle: torch.Tensor, style: str, dims: int) -> torch.Tensor:
+    """``x``'s first ``dims`` dims rotated pairwise by ``angle`` [N, dims / 2] (in ``x``'s dtype; the rest
+    copied): neox pairs (i, i + dims / 2), else interleaved pairs (2i, 2i + 1)."""
     angle = angle.view(angle.shape[0], *[1] * (x.dim() - 2), angle.shape[-1])
     cos, sin = torch.cos(angle), torch.sin(angle)
     out = x.clone()
-    if rope.style == "neox":
-        a, b = x[..., : dims // 2], x[..., dims // 2 : dims]
-        out[..., : dims // 2], out[..., dims // 2 : dims] = a * cos - b * sin, b * cos + a * sin
-    else:
-        a, b = x[..., 0:dims:2], x[..., 1:dims:2]
-        out[..., 0:dims:2], out[..., 1:dims:2] = a * cos - b * sin, b * cos + a * sin
+    first, second = (slice(0, dims // 2), slice(dims // 2, dims)) if style == "neox" else (slice(0, dims, 2), slice(1, dims, 2))
+    a, b = x[..., first], x[..., second]
+    out[..., first], out[..., second] = a * cos - b * sin, b * cos + a * sin
     return out
 
 
@@ -59,17 +62,7 @@ def _rotate32(x: torch.Tensor, positions: torch.Tensor, rope: Rope, store: torch
     pair = torch.arange(dims // 2, **f32)
     freq = torch.tensor(1.0 / float(rope.scale), **f32) * torch.pow(torch.tensor(1.0 / float(rope.theta), **f32), 2 * pair / max(dims, 1))
     angle = positions.to(torch.float32)[:, None] * freq  # [N, dims / 2], each product rounded to float32
-    angle = angle.view(angle.shape[0], *[1] * (x.dim() - 2), angle.shape[-1])
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    x32 = x.to(torch.float32)
-    out = x32.clone()
-    if rope.style == "neox":
-        a, b = x32[..., : dims // 2], x32[..., dims // 2 : dims]
-        out[..., : dims // 2], out[..., dims // 2 : dims] = a * cos - b * sin, b * cos + a * sin
-    else:
-        a, b = x32[..., 0:dims:2], x32[..., 1:dims:2]
-        out[..., 0:dims:2], out[..., 1:dims:2] = a * cos - b * sin, b * cos + a * sin
-    return out.to(store)
+    return _rotate_pairs(x.to(torch.float32), angle, rope.style, dims).to(store)
 
 
 def operand_dtype(stored: torch.dtype, store: bool = True) -> torch.dtype:
