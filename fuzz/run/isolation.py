@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -412,6 +413,7 @@ class Worker:
             self._pending.clear()  # not judged: their callers are told by ``pending`` dropping to 0
 
 
+@functools.cache
 def verdict_in_parent() -> bool:
     """Whether an isolated oracle case's verdict is made in this process (``_judged_here``): on a machine without
     CUDA. On a CUDA machine the worker still judges: the parent would compute every float64 reference and control
