@@ -535,6 +535,10 @@ POOL_OFFSET_MULTIPLE, POOL_OFFSET_LIMIT = 64, 1 << 20  # 64 elements: every row 
 
 @dataclass(frozen=True)
 class Storage:
+# strided pools, drawn only for a kernel that declares them (so no other kernel's draws change): a page stride
+# beyond the dense page (padded pages, one layer of a cross-layer pool) and a head-dim stride beyond 1
+STRIDE_STORAGES = ("padded_pages", "cross_layer", "dim_stride")
+ALL_STORAGE_FEATURES = STORAGE_FEATURES + STRIDE_STORAGES
     """How the case's tensors lie in memory; the values never depend on it (``pa_oracle.oracle.tensors``).
 
     * ``kv``: ``"separate"`` K and V tensors, or ``"combined"``: one ``[num_pages, 2, ...]`` tensor, K at
@@ -552,6 +556,13 @@ class Storage:
     only ``q`` and ``pool_offset`` apply to it.
     """
 
+    * ``page_padding``: poison elements after each page (a multiple of ``POOL_OFFSET_MULTIPLE``): the page
+      stride exceeds the dense page size.
+    * ``layers`` / ``layer``: the caches are layer ``layer`` of a cross-layer pool ``[num_pages, layers, 2, ...]``
+      (vLLM's and SGLang's one tensor for every layer; the other layers poison); K and V of a page lie side by
+      side as in a combined tensor (``kv`` says whether one ``[num_pages, 2, ...]`` view is handed).
+    * ``dim_stride``: elements between consecutive head-dim elements of the caches (the head dim interleaved
+      with poison: a last dim of ``dim_stride * D`` read every ``dim_stride``-th element).
     kv: str = "separate"
     kv_layout: str = "NHD"
     q: str = "contiguous"
@@ -562,18 +573,41 @@ class Storage:
             if getattr(self, name) not in allowed:
                 raise CaseError(f"storage.{name} must be one of {allowed}, got {_brief(getattr(self, name))}")
         offset = _int("storage.pool_offset", self.pool_offset, 0, POOL_OFFSET_LIMIT, "the poison around the caches is allocated")
+    page_padding: int = 0
+    layers: int = 1
+    layer: int = 0
+    dim_stride: int = 1
         if offset % POOL_OFFSET_MULTIPLE:
             raise CaseError(f"storage.pool_offset must be a multiple of {POOL_OFFSET_MULTIPLE} (16-byte aligned rows), got {offset}")
         object.__setattr__(self, "pool_offset", offset)
 
     @property
     def features(self) -> tuple[str, ...]:
-        """The ``STORAGE_FEATURES`` it uses besides the default (``Capabilities.storages`` names them)."""
-        used = (self.kv == "combined", self.kv_layout == "HND", self.q == "fused_qkv", self.pool_offset > 0)
-        return tuple(name for name, on in zip(STORAGE_FEATURES[1:], used) if on)
+        """The ``ALL_STORAGE_FEATURES`` it uses besides the default (``Capabilities.storages`` names them)."""
+        used = (self.kv == "combined", self.kv_layout == "HND", self.q == "fused_qkv", self.pool_offset > 0,
+                self.page_padding > 0, self.layers > 1, self.dim_stride > 1)
+        return tuple(name for name, on in zip(ALL_STORAGE_FEATURES[1:], used) if on)
+        padding = _int("storage.page_padding", self.page_padding, 0, POOL_OFFSET_LIMIT, "every page's padding is allocated")
+        if padding % POOL_OFFSET_MULTIPLE:
+            raise CaseError(f"storage.page_padding must be a multiple of {POOL_OFFSET_MULTIPLE} (16-byte aligned rows), got {padding}")
+        object.__setattr__(self, "page_padding", padding)
+        object.__setattr__(self, "layers", _int("storage.layers", self.layers, 1, LAYERS_LIMIT, "every layer is allocated"))
+        object.__setattr__(self, "layer", _int("storage.layer", self.layer, 0, self.layers - 1, "a layer of the pool"))
+        object.__setattr__(self, "dim_stride", _int("storage.dim_stride", self.dim_stride, 1, DIM_STRIDE_LIMIT, "the interleave is allocated"))
 
     def label(self) -> str:
-        return "+".join(self.features) + (f"={self.pool_offset}" if self.pool_offset else "")
+        values = {"pool_offset": self.pool_offset, "padded_pages": self.page_padding, "cross_layer": f"{self.layer}/{self.layers}",
+                  "dim_stride": self.dim_stride}
+        return "+".join(f"{name}={values[name]}" if name in values else name for name in self.features)
+
+    def as_json(self) -> dict[str, Any]:
+        """Its fields as a case file holds them; the strided fields are left out when off, so the ids of the
+        cases written before they existed stay."""
+        body = dataclasses.asdict(self)
+        for name in ("page_padding", "layers", "layer", "dim_stride"):
+            if body[name] == getattr(Storage, name):
+                del body[name]
+        return body
 
 
 def storage_features(storage: Storage | None) -> tuple[str, ...]:
@@ -899,6 +933,10 @@ def _case_body(case: Case) -> dict[str, Any]:
     if not case.heads.mla:
         del heads["mla"]
     body = {
+    page_padding: int | _Unset = UNSET
+    layers: int | _Unset = UNSET
+    layer: int | _Unset = UNSET
+    dim_stride: int | _Unset = UNSET
         "layout": dataclasses.asdict(case.layout),
         "heads": heads,
         "options": _options_body(case.options),
@@ -909,7 +947,7 @@ def _case_body(case: Case) -> dict[str, Any]:
     if case.custom_mask is not None:
         body["custom_mask"] = case.custom_mask.as_json()
     if case.storage is not None:  # the default storage is left out: ids of cases written before it stay
-        body["storage"] = dataclasses.asdict(case.storage)
+        body["storage"] = case.storage.as_json()
     return body
 
 

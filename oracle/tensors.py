@@ -257,14 +257,13 @@ def _pool(case: Case, stored: torch.Tensor, pages: torch.Tensor, slots: torch.Te
 
 def in_storage(case: Case, tensors: Tensors) -> Tensors:
     """``tensors`` (default storage) moved into ``case.storage``: one poisoned buffer holding the
-    caches at ``pool_offset`` (then as many poison elements after them), combined or K then V (V
-    aligned to ``POOL_OFFSET_MULTIPLE`` elements), NHD or HND; q copied into a poisoned fused QKV
-    buffer. Every element is copied bit for bit (poison slots included); the returned views index
-    as NHD."""
+    caches at ``pool_offset`` (then as many poison elements after them), laid out by ``pool_layout``
+    (combined, cross-layer or K then V; NHD or HND; padded pages; a head-dim stride); q copied into a
+    poisoned fused QKV buffer. Every element is copied bit for bit (poison slots included); the
+    returned views index as NHD."""
     storage = case.storage
     if storage is None:
         return tensors
-    k, v = tensors.k_cache, tensors.v_cache
     q_buffer, q = None, tensors.q
     if storage.q == "fused_qkv":
         heads = case.heads
@@ -273,26 +272,63 @@ def in_storage(case: Case, tensors: Tensors) -> Tensors:
         q_buffer = _poison((q.shape[0], width), q.dtype, q.device)
         q = q_buffer[:, : q.shape[1] * q.shape[2]].view(q.shape)
         q.copy_(tensors.q)
-    hnd = storage.kv_layout == "HND"
-    start, kv_cache = storage.pool_offset, None
-    if tensors.v_is_latent_view():  # MLA: one latent cache, V its first dims (separate NHD only)
-        pool = _poison((start + k.numel() + storage.pool_offset,), k.dtype, k.device)
-        stored_k = pool[start : start + k.numel()].view(k.shape)
-        stored_k.copy_(k)
+    k, v = tensors.k_cache, tensors.v_cache
+    latent = tensors.v_is_latent_view()  # MLA: one latent cache, V its first dims
+    where = pool_layout(storage, tuple(k.shape), None if latent else v.shape[-1])
+    pool = _poison((where.pool_size,), k.dtype, k.device)
+    stored_k = _cache_view(pool, where.k_start, where.k_page_stride, tuple(k.shape), storage)
+    stored_k.copy_(k)
+    if latent:
         return Tensors(q, stored_k, stored_k[..., : v.shape[-1]], storage, pool, None, q_buffer)
-    pages = (k.shape[0], k.shape[2], k.shape[1]) if hnd else k.shape[:3]  # [P, H, page] or [P, page, H]
-    if storage.kv == "combined":
-        pool = _poison((start + 2 * k.numel() + storage.pool_offset,), k.dtype, k.device)
-        kv_cache = pool[start : start + 2 * k.numel()].view(pages[0], 2, *pages[1:], k.shape[3])
-        halves = kv_cache[:, 0], kv_cache[:, 1]
-    else:
-        v_start = -(-(start + k.numel()) // POOL_OFFSET_MULTIPLE) * POOL_OFFSET_MULTIPLE
-        pool = _poison((v_start + v.numel() + storage.pool_offset,), k.dtype, k.device)
-        halves = pool[start : start + k.numel()].view(*pages, k.shape[3]), pool[v_start : v_start + v.numel()].view(*pages, v.shape[3])
-    views = tuple(h.transpose(1, 2) if hnd else h for h in halves)  # NHD-indexed
-    for view, values in zip(views, (k, v)):
-        view.copy_(values)
-    return Tensors(q, views[0], views[1], storage, pool, kv_cache, q_buffer)
+    stored_v = _cache_view(pool, where.v_start, where.v_page_stride, tuple(v.shape), storage)
+    stored_v.copy_(v)
+    kv_cache = None
+    if storage.kv == "combined":  # one [pages, 2, ...] tensor in the stored page order, V one K-page after K
+        inner = stored_k.transpose(1, 2) if storage.kv_layout == "HND" else stored_k
+        kv_cache = pool.as_strided((k.shape[0], 2, *inner.shape[1:]), (where.k_page_stride, where.v_start - where.k_start,
+                                                                        *inner.stride()[1:]), where.k_start)
+    return Tensors(q, stored_k, stored_v, storage, pool, kv_cache, q_buffer)
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """Where a storage puts the caches in its pool, in elements: K's and V's first page, their page
+    strides and the pool's size."""
+
+    k_start: int
+    v_start: int
+    k_page_stride: int
+    v_page_stride: int
+    pool_size: int
+
+
+def pool_layout(storage: Storage, k_shape: tuple[int, ...], head_dim_vo: int | None) -> PoolLayout:
+    """The ``PoolLayout`` of caches of NHD shape ``k_shape`` (V's head dim ``head_dim_vo``; None: MLA's
+    latent cache alone). K and V lie side by side in each page when combined or cross-layer (a page holds
+    every layer's K and V, ``[layers, 2, ...]``), else K's pages then V's (V aligned to
+    ``POOL_OFFSET_MULTIPLE``); each page is followed by ``page_padding`` poison elements; the dense
+    sizes are ``dim_stride`` times the values'. ``pool_offset`` poison elements lie before and after."""
+    pages, page_size, heads, dim = k_shape
+    per_token = page_size * heads * storage.dim_stride
+    k_page, v_page = per_token * dim, per_token * (head_dim_vo or 0)
+    start, pad = storage.pool_offset, storage.page_padding
+    if head_dim_vo is not None and storage.kv == "separate" and storage.layers == 1:
+        k_stride, v_stride = k_page + pad, v_page + pad
+        v_start = -(-(start + pages * k_stride) // POOL_OFFSET_MULTIPLE) * POOL_OFFSET_MULTIPLE
+        return PoolLayout(start, v_start, k_stride, v_stride, v_start + pages * v_stride + start)
+    pair = k_page + v_page  # one layer's page: K, then V (none for MLA)
+    stride = storage.layers * pair + pad
+    k_start = start + storage.layer * pair
+    return PoolLayout(k_start, k_start + k_page, stride, stride, start + pages * stride + start)
+
+
+def _cache_view(pool: torch.Tensor, start: int, page_stride: int, shape: tuple[int, ...], storage: Storage) -> torch.Tensor:
+    """The NHD-indexed ``[pages, page_size, heads, dim]`` view of a cache at ``start`` of ``pool``, its
+    pages ``page_stride`` apart, laid out ``storage.kv_layout`` within a page, ``dim_stride`` apart."""
+    _, page_size, heads, dim = shape
+    step = storage.dim_stride
+    inner = (dim * step, page_size * dim * step) if storage.kv_layout == "HND" else (heads * dim * step, dim * step)
+    return pool.as_strided(shape, (page_stride, *inner, step), start)
 
 
 def _poison(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
