@@ -2,7 +2,9 @@
 with ``batch_indices`` and ``positions`` (from ``get_batch_indices_positions``), the pool as a
 ``(k, v)`` pair or one ``[pages, 2, ...]`` tensor, ``kv_indices``/``kv_indptr``/``kv_last_page_len``
 that already count the appended tokens, ``kv_layout`` NHD or HND. The adapter passes the case's
-own batch indices and positions (the documented values), so a wrong helper cannot hide a bug."""
+own batch indices and positions (the documented values), so a wrong helper cannot hide a bug. The kernel
+copies the appended values as the cache's dtype (f16, bf16 or fp8; no float32, no scale): an fp8 cache is
+``flashinfer-append-fp8``. No padding rows: the kernel has no skip for ``batch_indices`` -1 (see there)."""
 
 from __future__ import annotations
 
