@@ -21,7 +21,10 @@ The wrapper is built with the case's ``kv_layout`` ("NHD" or "HND": ``BatchDecod
 head strides and q's row and head strides from the tensors (``paged_kv_t`` with custom strides; the
 CUDA-core decode needs K and V of equal strides, which every storage gives); the last dim is contiguous
 in every storage and every offset is 16-byte aligned. The ``-hnd`` adapters keep their own HND copy
-(no storage drawn).
+(no storage drawn). The strided pools (``STRIDE_STORAGES``) are not declared, so these adapters draw what
+they drew: ``paged_kv_t`` takes the page stride as ``kv_strides[0]`` (padded pages and a layer of a
+cross-layer pool are read right, ``tests/test_strided_pools.py`` hands them through a stand-in) but never
+reads the head dim's stride (an interleaved head dim would be read wrong: ``dim_stride`` never applies).
 """
 
 from __future__ import annotations
