@@ -122,6 +122,7 @@ class Capabilities:
     rope: tuple[bool, ...] = (False,)  # (False, True): optional; (True,): rope cases only
     rope_styles: tuple[str, ...] = ROPE_STYLES  # the pairings the kernel applies
     rope_partial: bool = True  # rotary_dim below head_dim_qk
+    rope_positions: bool = False  # explicit RoPE positions (``Case.positions``: a draft tree's prefix + depth)
     # memory layouts the adapter hands its library (``oracle.case.STORAGE_FEATURES``): "contiguous" is the
     # default storage (always accepted; without it the strategies draw a storage for every case);
     # "combined", "HND", "fused_qkv", "pool_offset" the ``Storage`` features it accepts
@@ -175,6 +176,7 @@ class Capabilities:
             ("rope_styles", opts.rope is None or opts.rope.style in self.rope_styles, f"rope style {opts.rope and opts.rope.style}"),
             ("rope_partial", self.rope_partial or opts.rope is None or opts.rope.dims(heads.head_dim_qk) == heads.head_dim_qk,
              f"rotary_dim {opts.rope and opts.rope.rotary_dim} < head_dim_qk"),
+            ("rope_positions", self.rope_positions or case.positions is None, "RoPE positions other than the index ones"),
             # the default storage always runs ("contiguous" left out only keeps it from being drawn)
             ("storages", case.storage is None or set(case.storage.features) <= set(self.storages),
              f"storage {'+'.join(storage_features(case.storage))} not in {self.storages}"),

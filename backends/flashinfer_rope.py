@@ -13,6 +13,11 @@ What FlashInfer's source says (``include/flashinfer/pos_enc.cuh``, ``attention/d
 * Positions: decode rotates q at ``kv_len - 1`` and key ``j`` at ``j`` (no ``rope_pos_offset`` given);
   prefill rotates q at ``(q_packed_idx + (kv_len - qo_len) * group) / group`` = ``kv_len - qo_len + i``,
   computed in uint32, so a query before the first key (qo_len > kv_len) wraps: a precondition.
+* No explicit positions (``Case.positions``, EAGLE's ``prefix + depth`` of a draft tree): the kernels' params
+  hold ``maybe_q_rope_offset`` (per query) and ``paged_kv.rope_pos_offset`` (one offset per request, keys at
+  ``offset + j``), but the wrappers' JIT modules never set them (``gen_batch_prefill_module``'s
+  ``additional_tensor_names``; ``plan``/``run`` take no positions), and a per-request offset could not place a
+  tree's keys at their depths anyway. So ``rope_positions`` stays off: such a case is unsupported, by name.
 * fp8 KV: the prefill rotation asserts a 16-bit K (``k_smem_inplace_apply_rotary``'s
   ``static_assert(sizeof(DTypeKV) == 2)``); CUDA-core decode loads fp8 K through ``cast_load``.
 * ALiBi is the other ``pos_encoding_mode``: never both. fa3 takes no RoPE (``is_fa3_backend_supported``).

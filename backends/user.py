@@ -25,7 +25,13 @@ byte offsets; None for a case without a mask. ``@declare(mla=(True,))`` asks for
 one latent KV head, ``v_cache`` the view ``k_cache[..., :d_ckv]``, q's first ``d_ckv`` dims
 ``q_nope``, the rest ``q_pe``; every declared ``mla_dims`` pair is drawn (a malformed one is refused by name). A function that names ``rope`` is also given RoPE cases: ``rope`` is
 the case's ``pa_oracle.oracle.case.Rope`` (style, theta, scale, rotary_dim) or None, and the function
-rotates q and k itself by absolute position (``pa_oracle.oracle.rope``). ``@declare(...)`` narrows further, with ``Capabilities`` fields::
+rotates q and k itself by absolute position (``pa_oracle.oracle.rope``). One that also names ``positions`` (or
+``tree_parents``) is given the draft-tree RoPE cases of EAGLE and Medusa, node ``n`` at ``prefix + depth(n)``
+(``Case.positions``): ``positions`` (int32 [total_q]) the queries' RoPE positions (``kv_len - qo_len + i`` but for
+such a case), ``key_positions`` (int32 [sum of kv_lens], request-major) the keys' (a request's last ``qo_len`` keys,
+its queries' own, at their queries' positions; earlier keys at their index), ``tree_parents`` (int32 [total_q]: each
+query's parent within its request, -1 for a root; None for a case without a tree). ``@declare(...)`` narrows
+further, with ``Capabilities`` fields::
 
     @declare(q_dtypes=("bfloat16",), page_sizes=(16, 32), devices=("cuda",))
     def my_attention(...): ...
@@ -57,6 +63,7 @@ import torch
 from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
 from pa_oracle.oracle.case import FP8_DTYPES, Q_DTYPES, STORAGE_FEATURES, Case, flashinfer_packed_mask
 from pa_oracle.oracle.errors import BadInput
+from pa_oracle.oracle.rope import key_positions, query_positions
 from pa_oracle.oracle.tensors import Tensors, torch_dtype
 
 ATTRIBUTE = "pa_oracle_capabilities"
@@ -138,6 +145,7 @@ def capabilities_of(fn: Callable[..., Any]) -> Capabilities:
         flags["custom_mask"] = (False, True)
     if "rope" in params:  # named only, likewise
         flags["rope"] = (False, True)
+        flags["rope_positions"] = "positions" in params or "tree_parents" in params  # EAGLE's depth positions
     fp8 = accepts("k_scale") and accepts("v_scale")
     flags["fp8_scales"] = fp8
     caps = Capabilities(**flags, storages=STORAGE_FEATURES)  # views by default
@@ -228,7 +236,22 @@ class UserKernel(Backend):
             packed, mask_indptr = flashinfer_packed_mask(masks)
             inputs["custom_mask"] = torch.from_numpy(packed).to(device)
             inputs["mask_indptr"] = torch.from_numpy(mask_indptr).to(device)
+        inputs.update(self._position_inputs(case, device))
         return UserPlan(case, inputs)
+
+    def _position_inputs(self, case: Case, device: str | torch.device) -> dict[str, torch.Tensor]:
+        """``positions``, ``key_positions`` and ``tree_parents`` (int32) for a function that names them (module
+        docstring; named only, as ``rope``); a case without a tree has no ``tree_parents``."""
+        inputs: dict[str, torch.Tensor] = {}
+        as_int32 = lambda a: torch.from_numpy(a).to(device=device, dtype=torch.int32)  # noqa: E731
+        if "positions" in self._params:  # named only: a **kwargs kernel is given what it was given before
+            inputs["positions"] = as_int32(query_positions(case))
+        if "key_positions" in self._params:
+            inputs["key_positions"] = as_int32(key_positions(case))
+        parents = case.custom_mask.tree_parents if case.custom_mask is not None else None
+        if parents is not None and "tree_parents" in self._params:
+            inputs["tree_parents"] = torch.tensor([p for tree in parents for p in tree], dtype=torch.int32, device=device)
+        return inputs
 
     def plan_inputs(self, plan: Any) -> dict[str, torch.Tensor]:
         return dict(plan.inputs) if isinstance(plan, UserPlan) else {}
@@ -281,6 +304,9 @@ class UserKernel(Backend):
             kwargs["custom_mask"], kwargs["mask_indptr"] = plan.inputs.get("custom_mask"), plan.inputs.get("mask_indptr")
         if "rope" in self._params or opts.rope is not None:
             kwargs["rope"] = opts.rope
+        for name in ("positions", "key_positions", "tree_parents"):  # named only; None only for tree_parents
+            if name in self._params:
+                kwargs[name] = plan.inputs.get(name)
         return kwargs
 
     def _runs_contiguous(self, views: tuple[torch.Tensor, ...], kwargs: dict[str, Any], *, latent: bool) -> bool:

@@ -21,6 +21,11 @@ Semantics (every backend adapter converts *from* these, the oracle follows them 
 * A query row with no key to attend has output exactly 0 and LSE exactly ``-inf``.
 * ``rope`` (``Rope``, optional): q and k are rotated by their absolute positions (above) before
   the dot product, in exact arithmetic; V is not (``pa_oracle.oracle.rope``).
+* ``positions`` (optional, RoPE cases only): per request the RoPE position of each query, in place of
+  ``kv_len - qo_len + i``: EAGLE and Medusa verify a draft tree with node ``n`` at ``prefix + depth(n)``.
+  The last ``qo_len`` keys of a request are its queries' own keys and rotate at their queries' positions;
+  earlier keys at their index ``j``. They move RoPE only: causal, the window, ALiBi and the custom mask
+  stay by index. Positions equal to the index ones are no positions (``None``: one case, one id).
 * fp8 KV: the cache stores ``round(k / k_scale)`` in the fp8 dtype; the value is
   ``stored * k_scale`` (likewise V with ``v_scale``).
 * fp8 q (``q_dtype`` in ``FP8_DTYPES``): q is stored as ``round(q / q_scale)`` in that dtype, its value
@@ -530,15 +535,16 @@ KV_STORAGES = ("separate", "combined")
 KV_LAYOUTS = ("NHD", "HND")
 Q_STORAGES = ("contiguous", "fused_qkv")
 STORAGE_FEATURES = ("contiguous", "combined", "HND", "fused_qkv", "pool_offset")  # "contiguous": the default storage
-POOL_OFFSET_MULTIPLE, POOL_OFFSET_LIMIT = 64, 1 << 20  # 64 elements: every row stays 16-byte aligned (vector loads)
-
-
-@dataclass(frozen=True)
-class Storage:
 # strided pools, drawn only for a kernel that declares them (so no other kernel's draws change): a page stride
 # beyond the dense page (padded pages, one layer of a cross-layer pool) and a head-dim stride beyond 1
 STRIDE_STORAGES = ("padded_pages", "cross_layer", "dim_stride")
 ALL_STORAGE_FEATURES = STORAGE_FEATURES + STRIDE_STORAGES
+POOL_OFFSET_MULTIPLE, POOL_OFFSET_LIMIT = 64, 1 << 20  # 64 elements: every row stays 16-byte aligned (vector loads)
+LAYERS_LIMIT, DIM_STRIDE_LIMIT = 64, 8  # a cross-layer pool allocates every layer: kept small
+
+
+@dataclass(frozen=True)
+class Storage:
     """How the case's tensors lie in memory; the values never depend on it (``pa_oracle.oracle.tensors``).
 
     * ``kv``: ``"separate"`` K and V tensors, or ``"combined"``: one ``[num_pages, 2, ...]`` tensor, K at
@@ -550,12 +556,6 @@ ALL_STORAGE_FEATURES = STORAGE_FEATURES + STRIDE_STORAGES
       columns are poison.
     * ``pool_offset``: the caches start this many elements into a larger buffer (a multiple of
       ``POOL_OFFSET_MULTIPLE``); the elements before and after them are poison.
-
-    The default (separate NHD caches, contiguous q, offset 0) is no storage at all: ``Case.storage``
-    None, left out of the JSON. An MLA case keeps its latent layout (V a view of the one K head):
-    only ``q`` and ``pool_offset`` apply to it.
-    """
-
     * ``page_padding``: poison elements after each page (a multiple of ``POOL_OFFSET_MULTIPLE``): the page
       stride exceeds the dense page size.
     * ``layers`` / ``layer``: the caches are layer ``layer`` of a cross-layer pool ``[num_pages, layers, 2, ...]``
@@ -563,30 +563,29 @@ ALL_STORAGE_FEATURES = STORAGE_FEATURES + STRIDE_STORAGES
       side as in a combined tensor (``kv`` says whether one ``[num_pages, 2, ...]`` view is handed).
     * ``dim_stride``: elements between consecutive head-dim elements of the caches (the head dim interleaved
       with poison: a last dim of ``dim_stride * D`` read every ``dim_stride``-th element).
+
+    The default (separate NHD caches, contiguous q, offset 0) is no storage at all: ``Case.storage``
+    None, left out of the JSON. An MLA case keeps its latent layout (V a view of the one K head):
+    only ``q`` and ``pool_offset`` apply to it.
+    """
+
     kv: str = "separate"
     kv_layout: str = "NHD"
     q: str = "contiguous"
     pool_offset: int = 0
+    page_padding: int = 0
+    layers: int = 1
+    layer: int = 0
+    dim_stride: int = 1
 
     def __post_init__(self) -> None:
         for name, allowed in (("kv", KV_STORAGES), ("kv_layout", KV_LAYOUTS), ("q", Q_STORAGES)):
             if getattr(self, name) not in allowed:
                 raise CaseError(f"storage.{name} must be one of {allowed}, got {_brief(getattr(self, name))}")
         offset = _int("storage.pool_offset", self.pool_offset, 0, POOL_OFFSET_LIMIT, "the poison around the caches is allocated")
-    page_padding: int = 0
-    layers: int = 1
-    layer: int = 0
-    dim_stride: int = 1
         if offset % POOL_OFFSET_MULTIPLE:
             raise CaseError(f"storage.pool_offset must be a multiple of {POOL_OFFSET_MULTIPLE} (16-byte aligned rows), got {offset}")
         object.__setattr__(self, "pool_offset", offset)
-
-    @property
-    def features(self) -> tuple[str, ...]:
-        """The ``ALL_STORAGE_FEATURES`` it uses besides the default (``Capabilities.storages`` names them)."""
-        used = (self.kv == "combined", self.kv_layout == "HND", self.q == "fused_qkv", self.pool_offset > 0,
-                self.page_padding > 0, self.layers > 1, self.dim_stride > 1)
-        return tuple(name for name, on in zip(ALL_STORAGE_FEATURES[1:], used) if on)
         padding = _int("storage.page_padding", self.page_padding, 0, POOL_OFFSET_LIMIT, "every page's padding is allocated")
         if padding % POOL_OFFSET_MULTIPLE:
             raise CaseError(f"storage.page_padding must be a multiple of {POOL_OFFSET_MULTIPLE} (16-byte aligned rows), got {padding}")
@@ -594,6 +593,13 @@ ALL_STORAGE_FEATURES = STORAGE_FEATURES + STRIDE_STORAGES
         object.__setattr__(self, "layers", _int("storage.layers", self.layers, 1, LAYERS_LIMIT, "every layer is allocated"))
         object.__setattr__(self, "layer", _int("storage.layer", self.layer, 0, self.layers - 1, "a layer of the pool"))
         object.__setattr__(self, "dim_stride", _int("storage.dim_stride", self.dim_stride, 1, DIM_STRIDE_LIMIT, "the interleave is allocated"))
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The ``ALL_STORAGE_FEATURES`` it uses besides the default (``Capabilities.storages`` names them)."""
+        used = (self.kv == "combined", self.kv_layout == "HND", self.q == "fused_qkv", self.pool_offset > 0,
+                self.page_padding > 0, self.layers > 1, self.dim_stride > 1)
+        return tuple(name for name, on in zip(ALL_STORAGE_FEATURES[1:], used) if on)
 
     def label(self) -> str:
         values = {"pool_offset": self.pool_offset, "padded_pages": self.page_padding, "cross_layer": f"{self.layer}/{self.layers}",
@@ -633,9 +639,11 @@ class Case:
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     custom_mask: CustomMask | None = None
     storage: Storage | None = None  # how the tensors lie in memory (``Storage``); None: the default
+    positions: tuple[tuple[int, ...], ...] | None = None  # per request its queries' RoPE positions; None: index
 
     def __post_init__(self) -> None:
         self._check_storage()
+        self._check_positions()
         if self.custom_mask is not None:
             if not isinstance(self.custom_mask, CustomMask):
                 raise CaseError(f"custom_mask: expected a CustomMask, got {type(self.custom_mask).__name__}")
@@ -680,6 +688,27 @@ class Case:
             raise CaseError(
                 f"storage.kv 'combined' holds K and V in one tensor: needs head_dim_qk == head_dim_vo, got {self.heads.head_dim_qk} and {self.heads.head_dim_vo}"
             )
+
+    def _check_positions(self) -> None:
+        """``positions`` as a tuple per request, checked against the layout; the index positions are None."""
+        given = self.positions
+        if given is None:
+            return
+        if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+            raise CaseError(f"positions: expected a list (per request) of lists of int, got {type(given).__name__} {_brief(given)}")
+        positions = tuple(_ints(f"positions[{b}]", p) for b, p in enumerate(given))
+        lay = self.layout
+        if len(positions) != lay.batch_size:
+            raise CaseError(f"positions has {len(positions)} requests, the layout {lay.batch_size}")
+        for b, (p, qo) in enumerate(zip(positions, lay.qo_lens)):
+            if len(p) != qo:
+                raise CaseError(f"positions[{b}] has {len(p)} entries, request {b} has qo_len {qo}")
+        if positions == index_positions(lay):
+            object.__setattr__(self, "positions", None)  # the default positions are no positions: one case, one id
+            return
+        if self.options.rope is None:
+            raise CaseError("positions: explicit positions are RoPE positions (they move nothing else); the case has no options.rope")
+        object.__setattr__(self, "positions", positions)
 
     def masks(self) -> list[np.ndarray] | None:
         """Per request the custom ``[qo_len, kv_len]`` mask, or None without one."""
@@ -739,6 +768,8 @@ class Case:
             flags.append(f"q_scale={o.q_scale:g} o={o.o_dtype}")
         if self.storage is not None:
             flags.append(f"storage={self.storage.label()}")
+        if self.positions is not None:
+            flags.append(f"positions={[list(p) for p in self.positions]}")
         return (
             f"B={lay.batch_size} qo_lens={list(lay.qo_lens)} kv_lens={list(lay.kv_lens)} page={lay.page_size} "
             f"heads={h.num_qo_heads}/{h.num_kv_heads} dims={h.head_dim_qk}/{h.head_dim_vo} "
@@ -777,7 +808,7 @@ class Case:
             except CaseError as exc:
                 raise CaseError(f"{where}: {name}.{exc}") from None
         try:
-            top = {k: v for k, v in _given(raw).items() if k in ("seed", "distribution", "tensors_file", "tensors_sha256", "meta")}
+            top = {k: v for k, v in _given(raw).items() if k in ("seed", "distribution", "tensors_file", "tensors_sha256", "meta", "positions")}
             if raw.custom_mask is not UNSET and raw.custom_mask is not None:
                 top["custom_mask"] = CustomMask(**_given(raw.custom_mask))
             if raw.storage is not UNSET and raw.storage is not None:
@@ -902,6 +933,10 @@ class _StorageFile(msgspec.Struct, forbid_unknown_fields=True):
     kv_layout: str | _Unset = UNSET
     q: str | _Unset = UNSET
     pool_offset: int | _Unset = UNSET
+    page_padding: int | _Unset = UNSET
+    layers: int | _Unset = UNSET
+    layer: int | _Unset = UNSET
+    dim_stride: int | _Unset = UNSET
 
 
 class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -917,6 +952,7 @@ class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
     case_id: str | _Unset = UNSET
     custom_mask: _CustomMaskFile | None | _Unset = UNSET
     storage: _StorageFile | None | _Unset = UNSET
+    positions: list[list[int]] | None | _Unset = UNSET
 
 
 def _given(struct: msgspec.Struct | _Unset) -> dict[str, Any]:
@@ -933,10 +969,6 @@ def _case_body(case: Case) -> dict[str, Any]:
     if not case.heads.mla:
         del heads["mla"]
     body = {
-    page_padding: int | _Unset = UNSET
-    layers: int | _Unset = UNSET
-    layer: int | _Unset = UNSET
-    dim_stride: int | _Unset = UNSET
         "layout": dataclasses.asdict(case.layout),
         "heads": heads,
         "options": _options_body(case.options),
@@ -948,6 +980,8 @@ def _case_body(case: Case) -> dict[str, Any]:
         body["custom_mask"] = case.custom_mask.as_json()
     if case.storage is not None:  # the default storage is left out: ids of cases written before it stay
         body["storage"] = case.storage.as_json()
+    if case.positions is not None:  # the index positions are left out (None), likewise
+        body["positions"] = [list(p) for p in case.positions]
     return body
 
 
@@ -964,6 +998,26 @@ def _options_body(options: Options) -> dict[str, Any]:
     if body["o_dtype"] is None:
         del body["o_dtype"]
     return body
+
+
+def index_positions(layout: Layout) -> tuple[tuple[int, ...], ...]:
+    """Per request its queries' bottom-right positions ``kv_len - qo_len + i`` (the default ``Case.positions``)."""
+    return tuple(tuple(range(kv - qo, kv)) for qo, kv in zip(layout.qo_lens, layout.kv_lens))
+
+
+def tree_depths(parents: Iterable[int]) -> tuple[int, ...]:
+    """Each node's depth in a draft tree (``CustomMask.tree_parents`` of one request): 0 for a root."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    return tuple(depths)
+
+
+def tree_positions(layout: Layout, tree_parents: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """EAGLE's positions of a tree case: node ``n`` of a request with prefix ``P = kv_len - qo_len`` at
+    ``P + depth(n)`` (SGLang's and vLLM's draft-tree verify)."""
+    return tuple(tuple(kv - qo + d for d in tree_depths(parents))
+                 for parents, qo, kv in zip(tree_parents, layout.qo_lens, layout.kv_lens))
 
 
 def alibi_slopes(num_heads: int) -> tuple[float, ...]:

@@ -104,8 +104,8 @@ def unsupported_reason(case: Case) -> str | None:
     ``pa_oracle.oracle.case`` is supported but ALiBi added before the soft cap (FlashInfer's order:
     the torch engine computes it) and RoPE; head dims are padded to a power of two >= 16, up to 256."""
     heads = case.heads
-    if case.options.rope is not None:
-        return "RoPE (the torch engine rotates q and k first)"
+    if case.options.rope is not None or case.positions is not None:  # explicit positions are RoPE positions
+        return "RoPE (the torch engine rotates q and k first, at the case's positions)"
     if case.options.q_is_fp8:
         return "an fp8 q (the torch engine scales it by q_scale)"
     if case.options.alibi_before_soft_cap:

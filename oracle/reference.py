@@ -329,7 +329,7 @@ def rope_control(case: Case, tensors: Tensors, *, lse_base: str = "e", plan: Pla
     kept in float32 (``angle_out``, ``angle_lse``: the float32 angles' part alone), V as stored. Their error is
     what those operands alone cost: the attention itself is exact (no rounding of its own). Always this
     module's code (the fused kernel would compile a variant for the rotated operands' dtypes)."""
-    unrotated = case.replace(options=dataclasses.replace(case.options, rope=None))
+    unrotated = case.replace(options=dataclasses.replace(case.options, rope=None), positions=None)  # rotated already
 
     def attend(store: bool) -> Reference:
         return _reference(unrotated, kernel_rotated(case, tensors, store), lse_base=lse_base, engine="torch", plan=plan)

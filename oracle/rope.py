@@ -3,7 +3,9 @@
 Query ``i`` of a request with ``qo_len`` queries and ``kv_len`` keys sits at ``kv_len - qo_len + i``
 and key ``j`` at ``j``: the positions FlashInfer's in-kernel RoPE uses (``vec_apply_llama_rope`` in
 ``include/flashinfer/attention/decode.cuh`` rotates q at ``kv_len - 1`` and key ``j`` at ``j``;
-``q_smem_inplace_apply_rotary`` in ``prefill.cuh`` rotates q at ``i + kv_len - qo_len``).
+``q_smem_inplace_apply_rotary`` in ``prefill.cuh`` rotates q at ``i + kv_len - qo_len``). A case with
+explicit ``positions`` (``Case.positions``: EAGLE's ``prefix + depth`` of a draft tree) rotates query ``i``
+at its position, and the request's last ``qo_len`` keys, its queries' own, at their queries' positions.
 
 ``kernel_rotated`` rotates as a correct float32 RoPE kernel does, for the tolerance model's RoPE controls
 (``pa_oracle.oracle.tolerance``): float32 angles, float32 rotation, the result stored in the input dtype
@@ -74,17 +76,28 @@ def operand_dtype(stored: torch.dtype, store: bool = True) -> torch.dtype:
 
 
 def query_positions(case: Case) -> np.ndarray:
-    """Absolute position of every query row (bottom-right aligned; negative where qo_len > kv_len)."""
+    """RoPE position of every query row: ``case.positions``, else bottom-right aligned (negative where
+    qo_len > kv_len)."""
     lay = case.layout
+    if case.positions is not None:
+        return np.fromiter((p for request in case.positions for p in request), dtype=np.int64, count=lay.total_q)
     qo, kv = np.asarray(lay.qo_lens, dtype=np.int64), np.asarray(lay.kv_lens, dtype=np.int64)
     starts = np.repeat(np.cumsum(qo) - qo, qo)
     return np.arange(lay.total_q, dtype=np.int64) - starts + np.repeat(kv - qo, qo)
 
 
 def key_positions(case: Case) -> np.ndarray:
-    """Position of every key token, in ``token_addresses`` order (request-major): 0..kv_len-1."""
+    """RoPE position of every key token, in ``token_addresses`` order (request-major): ``0..kv_len-1``, but
+    with ``case.positions`` the last ``qo_len`` keys of a request (its queries' own) at their queries' positions."""
     kv = np.asarray(case.layout.kv_lens, dtype=np.int64)
-    return np.arange(int(kv.sum()), dtype=np.int64) - np.repeat(np.cumsum(kv) - kv, kv)
+    positions = np.arange(int(kv.sum()), dtype=np.int64) - np.repeat(np.cumsum(kv) - kv, kv)
+    if case.positions is not None:
+        start = 0
+        for request, kv_len in zip(case.positions, case.layout.kv_lens):
+            own = request[max(len(request) - kv_len, 0):]  # a query before the first key has no key of its own
+            positions[start + kv_len - len(own) : start + kv_len] = own
+            start += kv_len
+    return positions
 
 
 def rotated(case: Case, tensors: Tensors) -> Tensors:

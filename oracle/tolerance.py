@@ -36,7 +36,8 @@ It never holds (b). So a RoPE case has RoPE controls (``pa_oracle.oracle.referen
 ``Reference.rope_control``): the float64 attention of q and k rotated as FlashInfer rotates them
 (``pa_oracle.oracle.rope.kernel_rotated``: float32 angles and arithmetic), stored in the input dtype (``R``;
 an fp8 input stays in float32: no kernel stores a rotation in fp8) or kept in float32 (``A``, the angles'
-part alone). Their attention is exact, so their errors are what those operands alone cost, not a draw of
+part alone), at the case's own positions (``Case.positions``: a draft tree's ``prefix + depth``) as the
+reference and the plain control are. Their attention is exact, so their errors are what those operands alone cost, not a draw of
 two roundings that may cancel. A correct kernel's result is, to first order, the exact one moved by its
 operands' rounding and by its own arithmetic's (what the plain control measures). Its operands' rounding:
 

@@ -9,7 +9,10 @@ so masks meet windows and fp8, and MLA meets sinks and q_len > 1.
 - MLA: one latent KV head, (head_dim_qk, head_dim_vo) from ``MLA_DIMS`` (DeepSeek's absorbed
   decode 576/512, its prefill 192/128, and small pairs for CPU), within ``caps.mla_dims``.
 - Trees: per request a draft tree of depth 1-8 and width 1-4 (at most ``MAX_TREE_NODES``
-  nodes, q_len_per_req up to 16) behind a prefix of keys; the queries are the tree's nodes.
+  nodes, q_len_per_req up to 16) behind a prefix of keys; the queries are the tree's nodes. A RoPE
+  tree case of a kernel that takes positions (``Capabilities.rope_positions``) rotates node ``n`` at
+  ``prefix + depth(n)`` as EAGLE's verify does (``Case.positions``; no draw of its own, so the seeds
+  draw the same trees); any other kernel's trees keep the index positions.
 - Arbitrary masks: per request a random boolean ``[qo_len, kv_len]`` matrix (density drawn,
   rows without any key included), packed as ``CustomMask.bits``.
 
@@ -26,7 +29,7 @@ import numpy as np
 from hypothesis import strategies as st
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.fuzz.draw import built
-from pa_oracle.oracle.case import Case, CustomMask, Heads, Layout, Options
+from pa_oracle.oracle.case import Case, CustomMask, Heads, Layout, Options, tree_positions
 
 MLA_DIMS = ((12, 8), (576, 512), (192, 128), (24, 16), (80, 64))  # (head_dim_qk, head_dim_vo): shrinks to small
 MAX_TREE_DEPTH, MAX_TREE_WIDTH, MAX_TREE_NODES = 8, 4, 16
@@ -81,7 +84,8 @@ def _tree_case(draw: st.DrawFn, case: Case, caps: Capabilities, max_prefix: int)
     needed = sum(-(-n // lay.page_size) for n in kv_lens)
     order = draw(built.permutations(range(needed)), label="page_order")
     layout = Layout.from_lengths([len(t) for t in trees], kv_lens, lay.page_size, page_order=order)
-    return case.replace(layout=layout, custom_mask=CustomMask(tree_parents=tuple(trees)))
+    positions = tree_positions(layout, tuple(trees)) if caps.rope_positions and case.options.rope is not None else None
+    return case.replace(layout=layout, custom_mask=CustomMask(tree_parents=tuple(trees)), positions=positions)
 
 
 def _arbitrary_mask(draw: st.DrawFn, case: Case) -> CustomMask:
