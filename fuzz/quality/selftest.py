@@ -20,6 +20,7 @@ from pa_oracle.fuzz.quality import (
     planted_composed,
     planted_families,
     planted_layouts,
+    planted_positions,
     planted_user,
     planted_writes,
 )
@@ -52,7 +53,7 @@ WRITES = types.SimpleNamespace(
     CORRECT=tuple(k.__name__ for k in planted_writes.CORRECT),
     **{k.__name__: k for k in (*_WRITE_BUGS, *planted_writes.CORRECT)})
 # each: BUGS, PLANTED, CORRECT (user-kernel functions, or Backend classes), optional CHECKS (kernel -> check name)
-MODULES = (planted, planted_families, planted_layouts, planted_composed, planted_user, WRITES)
+MODULES = (planted, planted_families, planted_layouts, planted_composed, planted_user, planted_positions, WRITES)
 
 
 def selftest_kernels() -> list[tuple[object, str]]:
