@@ -45,10 +45,15 @@ class _Backend:
         if phase != self.phase:
             self.phase, self.phase_started = phase, time.monotonic()
 
+    def found(self) -> str:
+        """The findings so far; while one is shrunk it is not recorded yet, and is said so ("0 finding(s)" beside
+        "shrinking a finding" read as a contradiction)."""
+        return f"{self.findings} finding(s)" + (" + 1 being shrunk" if self.phase == SHRINKING else "")
+
     def summary(self, now: float) -> str:
         phase = self.phase if self.phase in (JUDGING, SHRINKING) else f"{self.phase} {now - self.phase_started:.0f}s"
         return (f"{self.name}: {phase}, {self.examples}/{self.target} cases judged, {self.rate(now):.1f}/s, "
-                f"{self.findings} finding(s), {now - self.started:.0f}s")
+                f"{self.found()}, {now - self.started:.0f}s")
 
 
 class CampaignProgress:
@@ -117,7 +122,7 @@ class CampaignProgress:
             return
         row, now = self.current, time.monotonic()
         fields = {"backend": row.name, "phase": row.phase, "rate": f"{row.rate(now):.1f}/s",
-                  "findings": f"{row.findings} finding(s)"}
+                  "findings": row.found()}
         if self._task is None or self._rich.tasks[self._task].fields.get("backend") != row.name:
             if self._task is not None:
                 self._rich.stop_task(self._task)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -75,6 +76,35 @@ def repro_command(case_path: str, backend: str, kernel: str | None = None, check
         args = ["pa-oracle", "metamorphic", "--case", str(case_path), "--check", check]
     args += ["--kernel", kernel] if kernel else ["--backend", backend]
     return shlex.join(args)
+
+
+# "out max error 0.244 > 0.000977 allowed", "lse mean error ... > ... allowed": what ``tolerance.compare`` writes
+_ERROR_OVER_ALLOWED = re.compile(r"\b(?:out|lse) (?:max|mean) error (\S+) > (\S+) allowed")
+
+
+def finding_ratio(message: str) -> float | None:
+    """The largest error over its allowed error that a finding's verdict message states (1.0 is the limit, the
+    floor included, as a pass's ``worst_allowed``), or None when it states none (a crash, a hang, NaN only, a
+    violated relation). Read from the message, so a result resumed or merged from a state file shows it too.
+
+    >>> round(finding_ratio("FAIL: out max error 0.244 > 0.000977 allowed (3 x control 0 + floor 0.000977); 16 / 16 mismatch"), 1)
+    249.7
+    >>> finding_ratio("IndexError: index 1 is out of bounds") is None
+    True
+    """
+    ratios = []
+    for error, allowed in _ERROR_OVER_ALLOWED.findall(message):
+        try:
+            err, lim = float(error), float(allowed)
+        except ValueError:
+            continue
+        ratios.append(err / lim if lim > 0 else math.inf if err > 0 else 0.0)
+    return max(ratios) if ratios else None
+
+
+def ratio_words(ratio: float) -> str:
+    """A ratio to the allowed error as a result line prints it: ``'0.04'``, ``'1.31'``, ``'250'``, ``'12,345'``."""
+    return f"{ratio:,.0f}" if math.isfinite(ratio) and ratio >= 100 else f"{ratio:.2f}"
 
 
 FIRST_FAILING = "original.json"  # beside case.json: the first failing case, before shrinking

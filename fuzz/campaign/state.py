@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from pa_oracle.fuzz.campaign.coverage import Coverage
+from pa_oracle.fuzz.campaign.findings import finding_ratio, ratio_words
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.oracle.case import read_json
@@ -140,7 +141,7 @@ class BackendResult:
         rate = self.examples / self.seconds if self.seconds else 0.0
         if self.not_built is not None and not self.examples:
             return f"{self.backend}: NOT BUILT ({self.not_built[:300]}); 0 examples, {self.seconds:.1f}s ({self.time_split()})"
-        state = f"{len(self.findings)} FINDING(S)" if self.findings else "ok"
+        state = f"{len(self.findings)} FINDING(S){self._findings_at()}" if self.findings else "ok"
         if not self.is_complete:
             state = f"INCOMPLETE ({self._why_incomplete()[:160]})" + (f", {state}" if self.findings else "")
         skipped = f", {self.skipped_known} skipped as known" if self.skipped_known else ""
@@ -151,6 +152,13 @@ class BackendResult:
             f"{skipped}) in {self.seconds:.1f}s ({rate:.1f}/s; {self.time_split()}), coverage {self.coverage_fraction:.0%}, "
             f"worst pass at {self.worst_allowed:.2f} of the allowed error ({self.worst_ratio:.2f}x the control's)"
         )
+
+    def _findings_at(self) -> str:
+        """Where the findings' errors stand against the allowed error, on the scale of ``worst_allowed`` (so that
+        ``1 FINDING(S)`` is never read beside only the passes' 0.00): ``' (at 250x the allowed error)'``, the worst
+        finding's; '' when no finding's message states an error over its allowed one (a crash, a hang)."""
+        ratios = [r for f in self.findings if (r := finding_ratio(f.message)) is not None]
+        return f" (at {ratio_words(max(ratios))}x the allowed error)" if ratios else ""
 
     def _why_incomplete(self) -> str:
         if self.status in ("done", "finding", "running") and (nothing := self.judged_nothing()) is not None:

@@ -113,6 +113,7 @@ def _build_variants(case, backends: list, say) -> None:  # type: ignore[no-untyp
 def _write_upstream(result, backends, upstream_dir: Path) -> dict[str, Path]:  # type: ignore[no-untyped-def]
     """The upstream repro of the focus backend on the case triage ends with (the minimized one if any)."""
     import torch
+    from pa_oracle.fuzz.triage.pipeline import issue_clues
     from pa_oracle.fuzz.triage.upstream import NoUpstreamRepro, Seen, write_upstream
     from pa_oracle.oracle.tensors import load_case
 
@@ -125,8 +126,7 @@ def _write_upstream(result, backends, upstream_dir: Path) -> dict[str, Path]:  #
     status, message = row.status, row.message
     if result.minimized is not None and result.minimized.reduced:
         status, message = result.minimized.outcome.status, result.minimized.outcome.message
-    label, loc = result.localized[0] if result.localized else (None, None)
-    findings = [f"{c.name}: {c.finding}" for c in loc.patterns] if loc is not None else []
+    findings = issue_clues(result.localized)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and backend.device == "cuda" else "cpu"
     if case.storage is not None:  # the standalone script hands contiguous tensors: use the default storage if it still fails
         from pa_oracle.fuzz.run.runner import check_case

@@ -168,6 +168,27 @@ def _minimize_and_localize(
             result.localized.append((f"first failing case, {FIRST_FAILING}", localize(capture(backend, larger, tolerance, check))))
 
 
+def issue_clues(localized: list[tuple[str, Localization]]) -> list[str]:
+    """The localization lines ISSUE.md lists: the first case's (the minimized one if any) patterns, each as
+    ``NAME: FINDING``; a clue it leaves ambiguous that a later, larger case (the original, the finding's first
+    failing case) resolves into a pattern of the same check is given as that pattern, naming the case it was read
+    on. Without this the report of a window off by one said only that a one-key case cannot tell it from the
+    first key, while triage had located it on the first failing case."""
+    if not localized:
+        return []
+    lines = []
+    for clue in localized[0][1].patterns:
+        resolved = next(((label, loc, c) for label, loc in localized[1:] for c in loc.checks
+                         if c.name == clue.name and c.result == "pattern"), None)
+        if clue.result != "ambiguous" or resolved is None:
+            lines.append(f"{clue.name}: {clue.finding}")
+            continue
+        _, loc, found = resolved
+        lines.append(f"{found.name}: {found.finding} (read on a larger failing case, {loc.case.summary()}; the minimal "
+                     f"case cannot tell it apart: {clue.finding.split(': ', 1)[0]})")
+    return lines
+
+
 def first_failing(source: Path, say: Callable[[str], None] = lambda _: None) -> Case | None:
     """The finding's first failing case before the campaign shrank it (``FIRST_FAILING`` beside its
     ``case.json``), or None when the folder has none or it cannot be read (said)."""

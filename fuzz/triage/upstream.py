@@ -242,7 +242,7 @@ def main():
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001
-        traceback.print_exc()
+        traceback.print_exc(){import_check}
         if SEEN_STATUS == "crash":
             print(f"REPRODUCED: the call raises {{type(exc).__name__}}: {{exc}}")
             return 1
@@ -278,6 +278,13 @@ import os
 if os.getcwd() not in sys.path:  # {module} is imported from the current folder
     sys.path.insert(0, os.getcwd())
 """
+# ... and its module not importing (run elsewhere) is no reproduction of a crash: exit 2, saying where to run it
+# (a registry adapter's repro, whose library is installed, has neither: golden reports regenerate identically)
+_IMPORT_CHECK = """
+        if isinstance(exc, ImportError) and not SEEN.startswith(type(exc).__name__):
+            print(f"COULD NOT RUN the kernel: {{type(exc).__name__}}: {{exc}}")
+            print({hint!r})
+            return 2"""
 
 
 def kernel_library(backend: Backend, call: str) -> str:
@@ -316,6 +323,7 @@ def repro_script(case: Case, backend: Backend, seen: Seen, tensors: Tensors | No
         tensors=repr(base64.b64encode(packed).decode()) if embedded else "None",
         backend=backend.name, call=textwrap.indent(call.strip("\n"), "    "),
         path_setup=_PATH_SETUP.format(module=module) if (module := _runs_from_cwd(backend)) else "",
+        import_check=_IMPORT_CHECK.format(hint=import_hint(module, seen)) if module else "",
     )
     return source, None if embedded else npz
 
@@ -345,6 +353,26 @@ def _runs_from_cwd(backend: Backend) -> str | None:
     if not isinstance(backend, UserKernel):
         return None
     return backend.import_spec()[0] if backend.import_spec() else None
+
+
+def import_root(module: str, module_file: str) -> str | None:
+    """The folder to run a user kernel's repro from (or to put on ``PYTHONPATH``) so that ``import module`` finds
+    ``module_file``: ``/p`` for ``mykern`` in ``/p/mykern.py``, ``my_pkg.my_mod`` in ``/p/my_pkg/my_mod.py`` and
+    ``my_pkg`` in ``/p/my_pkg/__init__.py``; None when the file is unknown or does not fit the name."""
+    path = Path(module_file)
+    if not path.is_absolute() or path.suffix != ".py":
+        return None
+    up = module.count(".") + (path.name == "__init__.py")
+    return str(path.parents[up]) if up < len(path.parents) else None
+
+
+def import_hint(module: str, seen: Seen) -> str:
+    """What a user kernel's repro.py says when ``module`` does not import where it is run: the folder to run it
+    from (where it was found) or to put on ``PYTHONPATH``."""
+    root = import_root(module, seen.versions.get("module_file", ""))
+    where = f" (where it was found: {root})" if root else ""
+    return (f"Run this script from the folder that {module} is imported from{where}, or put that folder on "
+            f"PYTHONPATH: PYTHONPATH=FOLDER python repro.py")
 
 
 def issue_markdown(case: Case, backend: Backend, seen: Seen, findings: list[str] | None = None,
