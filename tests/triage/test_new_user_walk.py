@@ -209,6 +209,17 @@ def test_a_result_line_with_a_finding_says_the_findings_error_over_the_allowed(m
     assert "1 FINDING(S), 1 examples" in crash.line()  # no ratio to state
 
 
+def test_a_passing_kernels_line_states_its_worst_pass_against_the_allowed_error_never_above_1(my_folder: Path) -> None:
+    """The walk saw 'worst error ratio 3.31' on a passing backend beside the README's 'limit 3' (the ratio to the
+    control alone; the floor made it pass): the line now leads with the error over the allowed one, at most 1."""
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
+
+    result = fuzz_backend(UserKernel.from_spec("my_kernels:fixed"), CampaignConfig(examples=12, isolate=False))
+    assert result.findings == [] and result.passed > 0, result.line()
+    assert 0.0 < result.worst_allowed <= 1.0, result.worst_allowed
+    assert f"worst pass at {result.worst_allowed:.2f} of the allowed error ({result.worst_ratio:.2f}x the control's)" in result.line()
+
+
 def test_the_live_line_while_shrinking_counts_the_finding_being_shrunk() -> None:
     lines: list[str] = []
     with CampaignProgress(10, write=lines.append, live=False, heartbeat=0.02) as display:
