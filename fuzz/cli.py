@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,104 +148,223 @@ DEFAULT_MAX_BATCH, DEFAULT_MAX_KV_LEN = 6, 300
 @click.option("--workers", type=click.IntRange(1, 4096), default=1, show_default=True, help="Worker processes, one shard each, pinned to the GPUs round-robin.")
 @click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign (a job-array task); state in OUT/shards/.")
 @click.option("--merge", "merge_only", is_flag=True, help="Fuzz nothing: merge the shard states in --out and print the summary.")
+@click.option("--check", "-c", "check_names", multiple=True,
+              help="The check to run (repeatable): oracle (the comparison with the float64 oracle) or one of "
+                   "`pa-oracle metamorphic --help`'s. Default: oracle.")
+@click.option("--case", "case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Run the checks on this saved case instead of drawing cases.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 @click.pass_context
-def fuzz(
-    ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], examples: int, seed: int,
-    time_budget: float | None, compile_budget: float | None, out_dir: Path, max_batch: int, max_kv_len: int, isolate: bool | None, case_timeout: float,
-    only: tuple[str, ...], resume: bool, overwrite: bool, rerun_findings: bool, skip_known: bool, ledger_file: Path | None,
-    workers: int, shard_text: str | None, merge_only: bool, as_json: bool,
-) -> None:
+def fuzz(ctx: click.Context, **options: Any) -> None:
     """Fuzz kernels against the oracle; exit 1 on any finding.
 
     The campaign's state is kept in --out (campaign.json, rewritten after a chunk of 25 examples
     about every second), so --resume continues it after a kill. One campaign at a time per --out (a lock
     file); a campaign never replaces or deletes a finding folder. --workers N runs N shards side
     by side and merges them; --shard I/N runs one shard (a job-array task), --merge merges their
-    states."""
-    from pa_oracle.fuzz.campaign.coverage import coverage_table
-    from pa_oracle.fuzz.campaign.engine import run_campaign
-    from pa_oracle.fuzz.campaign.variants import compile_budget as campaign_compile_budget
-    from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
-    from pa_oracle.fuzz.campaign.outdir import campaign_lock
-    from pa_oracle.fuzz.campaign.state import (
-        load_shards,
-        merge_results,
-        missing_shards,
-        state_path,
-        write_atomically,
-    )
-    from pa_oracle.fuzz.draw.strategies import Limits
-    from pa_oracle.fuzz.progress import CampaignProgress
+    states. --check runs other checks in the same engine (their state: checks.json)."""
+    run_fuzz(ctx, FuzzOptions(**options))
 
-    if resume and overwrite:
-        raise click.UsageError("--resume continues the campaign in --out and --overwrite starts a new one: give one of them")
-    if workers > 1 and shard_text:
-        raise click.UsageError("--workers runs every shard itself; give --shard only without --workers")
-    shard = _parse_shard(shard_text)
-    if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
-        chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
-    fresh = not (resume or overwrite or merge_only or shard_text)
-    out_dir = _default_out_for_a_new_run(ctx, out_dir, workers) if fresh else out_dir
+
+@dataclass(frozen=True)
+class FuzzOptions:
+    """What ``fuzz`` (and ``metamorphic``, its other defaults) was asked, as the command line gave it."""
+
+    backend_names: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    check_names: tuple[str, ...] = ()
+    case_file: Path | None = None
+    examples: int = 200
+    seed: int = 0
+    time_budget: float | None = None
+    compile_budget: float | None = None
+    out_dir: Path = Path("pa-findings")
+    max_batch: int = DEFAULT_MAX_BATCH
+    max_kv_len: int = DEFAULT_MAX_KV_LEN
+    isolate: bool | None = None
+    case_timeout: float = 300.0
+    only: tuple[str, ...] = ()
+    resume: bool = False
+    overwrite: bool = False
+    rerun_findings: bool = False
+    skip_known: bool = True
+    ledger_file: Path | None = None
+    workers: int = 1
+    shard_text: str | None = None
+    merge_only: bool = False
+    as_json: bool = False
+    command: str = "fuzz"  # the command that was run (its name in the line that says how to continue)
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        return self.check_names or ("oracle",)
+
+    @property
+    def kind(self) -> str:
+        """The campaign's state file: campaign.json for the oracle comparison alone, checks.json otherwise."""
+        from pa_oracle.fuzz.campaign.state import CAMPAIGN, CHECKS_CAMPAIGN
+
+        return CAMPAIGN if self.checks == ("oracle",) and self.command == "fuzz" else CHECKS_CAMPAIGN
+
+    def refuse_conflicts(self) -> None:
+        """Options that cannot go together: a usage error (exit 2) before anything runs."""
+        from pa_oracle.fuzz.checks.registry import ALL_CHECKS
+        from pa_oracle.fuzz.campaign.state import CAMPAIGN
+
+        if unknown := [name for name in self.checks if name not in ALL_CHECKS]:
+            close = difflib.get_close_matches(unknown[0], ALL_CHECKS, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(ALL_CHECKS)})")
+        if self.resume and self.overwrite:
+            raise click.UsageError("--resume continues the campaign in --out and --overwrite starts a new one: give one of them")
+        if self.workers > 1 and self.shard_text:
+            raise click.UsageError("--workers runs every shard itself; give --shard only without --workers")
+        if self.workers > 1 and self.kind != CAMPAIGN:
+            raise click.UsageError("--workers runs the oracle comparison only; run other checks with --shard I/N")
+        if self.case_file and (self.resume or self.merge_only or self.shard_text or self.workers > 1):
+            raise click.UsageError("--case runs one saved case: it takes no --resume, --shard, --merge or --workers")
+
+
+def run_fuzz(ctx: click.Context, opts: FuzzOptions) -> None:
+    """Run the campaign (or the one case) ``opts`` asks for, print its results and exit with their code."""
+    from pa_oracle.fuzz.campaign.outdir import campaign_lock
+
+    opts.refuse_conflicts()
+    shard = _parse_shard(opts.shard_text)
+    chosen: list[Backend] = []
+    if not opts.resume and not opts.merge_only:  # refuse bad backends and --only before anything is written under --out
+        chosen = [narrow(b, opts.only) for b in _select(opts.backend_names, opts.kernels)]
+    fresh = not (opts.resume or opts.overwrite or opts.merge_only or opts.shard_text or opts.case_file)
+    out_dir = _default_out_for_a_new_run(ctx, opts.out_dir, opts.workers, opts.kind) if fresh else opts.out_dir
     remember_out_dir(ctx, out_dir)
     started, worker_codes, left_out = time.monotonic(), [], {}
     with campaign_lock(out_dir, shard):  # the --workers parent holds --out, each worker its shard
-        if merge_only:
-            states = load_shards(out_dir)
-            if missing_shards(states):
-                click.echo(f"no state yet for shards {', '.join(missing_shards(states))}: merging the others", err=True)
-            results = merge_results([list(s.results.values()) for s in states])
-        elif workers > 1:
-            results, worker_codes = _fuzz_with_workers(ctx, out_dir, workers, resume, overwrite)
+        if opts.case_file is not None:
+            results = _judge_the_case(opts, chosen, out_dir)
+        elif opts.merge_only:
+            results = _merged(out_dir, opts.kind)
+        elif opts.workers > 1:
+            results, worker_codes = _fuzz_with_workers(ctx, out_dir, opts.workers, opts.resume, opts.overwrite)
         else:
-            path = state_path(out_dir, shard)
-            ledger = load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known else None
-            budget, plan = campaign_compile_budget(time_budget, compile_budget), None
-            if not resume:  # a named backend the budget cannot build is refused before anything is written
-                plan = _compile_plan(chosen, Limits(max_batch=max_batch, max_kv_len=max_kv_len), ledger, budget,
-                                     seed + shard.index, explicit=bool(backend_names or kernels))
-            asked = {"seed": seed, "max_batch": max_batch, "max_kv_len": max_kv_len, "only": list(only),
-                     "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard)}
-            state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not resume else [], resume=resume,
-                                             overwrite=overwrite, workers=workers)
-            config = state.config
-            limits = Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"])
-            if resume:
-                plan = _compile_plan(chosen, limits, ledger, budget, int(config.get("seed", 0)) + shard.index, explicit=False)
-            if plan is not None and plan.left_out:
-                chosen = [b for b in chosen if b.name not in plan.left_out]
-            display = CampaignProgress(shard.share(examples), write=lambda line: click.echo(line, err=True))
-            ctx.call_on_close(display.close)  # a live display on a terminal, else a heartbeat: stopped on any exit
-            results = run_campaign(
-                chosen, state, path, examples=examples, time_budget=time_budget, shard=shard, limits=limits, ledger=ledger,
-                rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
-                progress=display.line, on_case=display.case, compile_plan=plan,
-            )
-            display.close()
-            left_out = plan.left_out if plan is not None else {}
-        summary = [_result_json(r) for r in results]
-        write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
-    if as_json:
-        click.echo(json.dumps(summary, indent=1))
-    else:
-        for r in results:
-            for f in r.findings:
-                click.echo(f"\nFINDING in {r.backend}: {f.message}\n  minimal case: {f.case}")
-                click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}\n")
-        click.echo("\n".join(r.line() for r in results))
-        for name, why in (left_out if not merge_only and workers == 1 else {}).items():
-            click.echo(f"{name}: LEFT OUT ({why})")
-        if not merge_only and workers == 1:
-            click.echo(time_line(results, time.monotonic() - started))
-        click.echo("\n".join(coverage_table([(r.backend, r.coverage, r.declared) for r in results])))
-    out_of_time = time_budget is not None and time.monotonic() - started >= time_budget
-    may_be_empty = merge_only or out_of_time or (workers == 1 and shard.share(examples) == 0)
+            results, left_out = _fuzz_one_shard(ctx, opts, chosen, out_dir, shard)
+        if opts.kind == "campaign" and opts.case_file is None:
+            write_summary(out_dir, results)
+    _print_results(opts, results, left_out, time.monotonic() - started)
+    out_of_time = opts.time_budget is not None and time.monotonic() - started >= opts.time_budget
+    may_be_empty = opts.merge_only or out_of_time or (opts.workers == 1 and shard.share(opts.examples) == 0)
     code, problems = campaign_exit_code(results, may_be_empty=may_be_empty, worker_codes=worker_codes)
     kept = "; the states are kept (--resume continues them)" if worker_codes and code == TOOL_FAILED else ""
     for line in problems:
         click.echo(f"pa-oracle: {line}{kept}", err=True)
-    _name_the_folder(out_dir, to_stderr=as_json)
+    if opts.case_file is None:
+        _name_the_folder(out_dir, to_stderr=opts.as_json, command=_continue_command(opts))
     ctx.exit(code)
+
+
+def _continue_command(opts: FuzzOptions) -> str:
+    """The command that continues this campaign with --resume: ``fuzz`` with its checks, or ``metamorphic``."""
+    if opts.command != "fuzz" or opts.checks == ("oracle",):
+        return opts.command
+    return "fuzz " + " ".join(f"-c {name}" for name in opts.checks)
+
+
+def _merged(out_dir: Path, kind: str) -> list[BackendResult]:
+    from pa_oracle.fuzz.campaign.state import load_shards, merge_results, missing_shards
+
+    states = load_shards(out_dir, kind)
+    if missing_shards(states):
+        click.echo(f"no state yet for shards {', '.join(missing_shards(states))}: merging the others", err=True)
+    return merge_results([list(s.results.values()) for s in states])
+
+
+def _judge_the_case(opts: FuzzOptions, chosen: list[Backend], out_dir: Path) -> list[BackendResult]:
+    """``--case``: every check on the one saved case, isolated as a campaign runs it; a finding saved as one."""
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, judge_one
+    from pa_oracle.fuzz.checks.registry import ALL_CHECKS
+    from pa_oracle.oracle.tensors import load_case
+
+    case = load_case(opts.case_file)  # a CaseError exits 2 (pa_oracle.fuzz.exits)
+    config = CampaignConfig(out_dir=out_dir, isolate=opts.isolate, case_timeout=opts.case_timeout)
+    return [judge_one(backend, ALL_CHECKS[name], case, config) for backend in chosen for name in opts.checks]
+
+
+def _fuzz_one_shard(ctx: click.Context, opts: FuzzOptions, chosen: list[Backend], out_dir: Path,
+                    shard: Shard) -> tuple[list[BackendResult], dict[str, str]]:
+    """This process's shard of the campaign (new or resumed): (its results, the backends its compile plan left out)."""
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, run_campaign
+    from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
+    from pa_oracle.fuzz.campaign.state import CAMPAIGN, state_path
+    from pa_oracle.fuzz.campaign.variants import compile_budget as campaign_compile_budget
+    from pa_oracle.fuzz.checks.registry import ALL_CHECKS
+    from pa_oracle.fuzz.draw.strategies import Limits
+    from pa_oracle.fuzz.progress import CampaignProgress
+
+    oracle_only = opts.kind == CAMPAIGN
+    path = state_path(out_dir, shard, opts.kind)
+    ledger = load_ledger(opts.ledger_file or GOLDEN / "ledger.json") if opts.skip_known else None
+    budget = campaign_compile_budget(opts.time_budget, opts.compile_budget) if oracle_only else None
+    plan, explicit = None, bool(opts.backend_names or opts.kernels)
+    limits = Limits(max_batch=opts.max_batch, max_kv_len=opts.max_kv_len)
+    if not opts.resume:  # a named backend the budget cannot build is refused before anything is written
+        plan = _compile_plan(chosen, limits, ledger, budget, opts.seed + shard.index, explicit=explicit)
+    asked: dict[str, Any] = {"seed": opts.seed, "max_batch": opts.max_batch, "max_kv_len": opts.max_kv_len,
+                             "only": list(opts.only), "backends": list(opts.backend_names), "kernels": list(opts.kernels),
+                             "shard": str(shard)}
+    if not oracle_only:
+        asked["checks"] = list(opts.checks)
+    state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not opts.resume else [], resume=opts.resume,
+                                     overwrite=opts.overwrite, workers=opts.workers, kind=opts.kind)
+    saved = state.config
+    limits = Limits(max_batch=saved["max_batch"], max_kv_len=saved["max_kv_len"])
+    if opts.resume:
+        plan = _compile_plan(chosen, limits, ledger, budget, int(saved.get("seed", 0)) + shard.index, explicit=False)
+    if plan is not None and plan.left_out:
+        chosen = [b for b in chosen if b.name not in plan.left_out]
+    config = CampaignConfig(
+        examples=opts.examples, time_budget=opts.time_budget, shard=shard, limits=limits, ledger=ledger,
+        rerun_findings=opts.rerun_findings, isolate=opts.isolate, case_timeout=opts.case_timeout, out_dir=out_dir,
+        checks=tuple(ALL_CHECKS[n] for n in saved.get("checks", opts.checks)),
+    )
+    if not oracle_only:
+        return run_campaign(chosen, state, path, config, progress=lambda line: click.echo(line, err=True)), {}
+    display = CampaignProgress(shard.share(opts.examples), write=lambda line: click.echo(line, err=True))
+    ctx.call_on_close(display.close)  # a live display on a terminal, else a heartbeat: stopped on any exit
+    results = run_campaign(chosen, state, path, config, progress=display.line, on_case=display.case, compile_plan=plan)
+    display.close()
+    return results, plan.left_out if plan is not None else {}
+
+
+def write_summary(out_dir: Path, results: list[BackendResult]) -> None:
+    """``summary.json`` in ``out_dir``: the results as ``--json`` prints them."""
+    from pa_oracle.fuzz.campaign.state import write_atomically
+
+    summary = [_result_json(r) for r in results]
+    write_atomically(Path(out_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
+
+
+def _print_results(opts: FuzzOptions, results: list[BackendResult], left_out: dict[str, str], wall: float) -> None:
+    """The run's results on stdout: JSON, or each finding, each pair's line, the time line and the coverage table."""
+    from pa_oracle.fuzz.campaign.coverage import coverage_table
+    from pa_oracle.fuzz.campaign.findings import finding_ratio, ratio_words
+
+    if opts.as_json:
+        rows = [_result_json(r) if opts.kind == "campaign" else _check_result_json(r) for r in results]
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for r in results:
+        for f in r.findings:
+            ratio = finding_ratio(f.message)
+            at = f" (at {ratio_words(ratio)}x the allowed error)" if ratio is not None else ""
+            click.echo(f"\nFINDING in {r.key}{at}: {f.message}\n  minimal case: {f.case}")
+            click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}\n")
+    click.echo("\n".join(r.line() for r in results))
+    for name, why in left_out.items():
+        click.echo(f"{name}: LEFT OUT ({why})")
+    if not opts.merge_only and opts.workers == 1 and opts.case_file is None:
+        click.echo(time_line(results, wall))
+    oracle = [(r.backend, r.coverage, r.declared) for r in results if r.check == "oracle"]
+    if oracle and opts.case_file is None:
+        click.echo("\n".join(coverage_table(oracle)))
 
 
 def time_line(results: list[BackendResult], wall: float) -> str:
@@ -652,81 +773,16 @@ def properties(backend_names: tuple[str, ...], kernels: tuple[str, ...], example
 @click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="Known-failure ledger (default: golden/ledger.json).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def metamorphic(
-    ctx: click.Context, backend_names: tuple[str, ...], kernels: tuple[str, ...], check_names: tuple[str, ...], examples: int, seed: int,
-    only: tuple[str, ...], case_file: Path | None, out_dir: Path, time_budget: float | None, isolate: bool | None,
-    case_timeout: float, resume: bool, overwrite: bool, rerun_findings: bool, shard_text: str | None, merge_only: bool,
-    skip_known: bool, ledger_file: Path | None, as_json: bool,
-) -> None:
+def metamorphic(ctx: click.Context, **options: Any) -> None:
     """Checks beyond output values: metamorphic relations (kernel vs kernel), plan reuse and stale
-    plans, CUDA-graph replay. Exit 1 on any violation. They run in fuzz's campaign engine: crash
-    isolation, --time-budget, --resume (state in OUT/checks.json), --shard/--merge. One campaign at
-    a time per --out (a lock file); a violation found again never replaces its saved folder."""
-    import difflib
+    plans, CUDA-graph replay. Exit 1 on any violation. The same as ``fuzz --check NAME`` (every check but
+    oracle by default, 30 examples): crash isolation, --time-budget, --resume (state in OUT/checks.json),
+    --shard/--merge. One campaign at a time per --out (a lock file); a violation found again never
+    replaces its saved folder."""
+    from pa_oracle.fuzz.checks.registry import CHECKS
 
-    from pa_oracle.backends.user import UserKernel
-    from pa_oracle.fuzz.campaign.engine import judge_one, run_campaign
-    from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
-    from pa_oracle.fuzz.campaign.outdir import campaign_lock
-    from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, load_shards, merge_results, state_path
-    from pa_oracle.fuzz.checks.registry import ALL_CHECKS, CHECKS
-    from pa_oracle.fuzz.draw.strategies import Limits
-    from pa_oracle.oracle.tensors import load_case
-
-    unknown = [name for name in check_names if name not in ALL_CHECKS]
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], ALL_CHECKS, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(ALL_CHECKS)})")
-    if resume and overwrite:
-        raise click.UsageError("--resume continues the campaign in --out and --overwrite starts a new one: give one of them")
-    shard = _parse_shard(shard_text)
-    if case_file and (resume or merge_only or shard_text):
-        raise click.UsageError("--case runs one saved case: it takes no --resume, --shard or --merge")
-    fresh = not (resume or overwrite or merge_only or shard_text or case_file)
-    out_dir = _default_out_for_a_new_run(ctx, out_dir, 1, CHECKS_CAMPAIGN) if fresh else out_dir  # as fuzz does
-    remember_out_dir(ctx, out_dir)
-    case = load_case(case_file) if case_file else None  # a CaseError exits 2 (pa_oracle.fuzz.exits)
-    if not resume and not merge_only:  # refuse bad backends and --only before anything is written under --out
-        chosen = [narrow(b, only) for b in _select(backend_names, kernels)]
-    names = list(check_names or CHECKS)
-    known = load_ledger(ledger_file or GOLDEN / "ledger.json") if skip_known and case is None and not merge_only else None
-    with campaign_lock(out_dir, shard):
-        if case is not None:
-            results = [
-                judge_one(backend, ALL_CHECKS[name], case, out_dir=out_dir, isolate=isolate, case_timeout=case_timeout,
-                          kernel_spec=backend.name if isinstance(backend, UserKernel) else None)
-                for backend in chosen for name in names
-            ]
-        elif merge_only:
-            results = merge_results([list(s.results.values()) for s in load_shards(out_dir, CHECKS_CAMPAIGN)])
-        else:
-            path = state_path(out_dir, shard, CHECKS_CAMPAIGN)
-            asked = {"seed": seed, "max_batch": Limits.max_batch, "max_kv_len": Limits.max_kv_len, "only": list(only),
-                     "backends": list(backend_names), "kernels": list(kernels), "shard": str(shard), "checks": names}
-            state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not resume else [], resume=resume,
-                                             overwrite=overwrite, kind=CHECKS_CAMPAIGN)
-            config = state.config
-            results = run_campaign(
-                chosen, state, path, examples=examples, time_budget=time_budget, shard=shard,
-                limits=Limits(max_batch=config["max_batch"], max_kv_len=config["max_kv_len"]),
-                rerun_findings=rerun_findings, isolate=isolate, case_timeout=case_timeout, out_dir=out_dir,
-                progress=lambda line: click.echo(line, err=True), checks=tuple(ALL_CHECKS[n] for n in config.get("checks", names)),
-                ledger=known,
-            )
-    if as_json:
-        click.echo(json.dumps([_check_result_json(r) for r in results], indent=1))
-    else:
-        for r in results:
-            click.echo(r.line())
-            for f in r.findings:
-                click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}")
-    if case is None:
-        _name_the_folder(out_dir, to_stderr=as_json, command="metamorphic")
-    if any(r.findings for r in results):
-        sys.exit(1)
-    if not results or any(r.status == "incomplete" or (case is None and not r.is_complete) for r in results):
-        sys.exit(3)  # a check judged nothing, stopped early or could not judge the case: never "ok"
+    options["check_names"] = options["check_names"] or tuple(CHECKS)
+    run_fuzz(ctx, FuzzOptions(**options, command="metamorphic"))
 
 
 def _check_result_json(r: BackendResult) -> dict[str, Any]:

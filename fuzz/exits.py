@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pa_oracle.fuzz.campaign.verdict import why_incomplete
 
 NO_FINDING, FINDING, BAD_INPUT, TOOL_FAILED, INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -134,27 +135,6 @@ class ExitCodeGroup(click.Group):
             if isinstance(exc, _bad_input_errors()):
                 raise BadInputExit(str(exc)) from None
             raise tool_failure(exc, ctx.meta.get(OUT_DIR_KEY)) from None
-
-
-COMPLETE_STATUSES = ("pending", "running", "done", "finding")
-
-
-def why_incomplete(result: Any, *, may_be_empty: bool) -> str | None:
-    """Why a ``BackendResult`` is no verdict (exit 3), or None: it stopped for another reason than
-    its example count, time budget or a finding (a status outside ``COMPLETE_STATUSES``), it
-    ran no example although it should have (``may_be_empty``: the time budget ran out, or its
-    share of the examples is 0), or its examples judged nothing (``BackendResult.judged_nothing``)."""
-    if getattr(result, "not_built", None) is not None and not result.findings:
-        return None  # the compile plan built none of its variants: said by name, no failure of the tool
-    nothing = result.judged_nothing() if result.examples and hasattr(result, "judged_nothing") else None
-    if nothing is not None and (result.status in COMPLETE_STATUSES or nothing in result.notes):
-        return f"{result.backend} judged nothing: {nothing}"
-    if result.status not in COMPLETE_STATUSES:
-        notes = f": {result.notes[-1]}" if result.notes else ""
-        return f"{result.backend} stopped early ({result.status}) after {result.examples} examples{notes}"
-    if result.examples == 0 and not result.findings and not may_be_empty:
-        return f"{result.backend} ran no example"
-    return None
 
 
 def campaign_exit_code(results: Iterable[Any], *, may_be_empty: bool = False,

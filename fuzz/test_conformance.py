@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.plugin import selected_backends, shard_count
@@ -35,15 +35,7 @@ def test_kernel_agrees_with_oracle(pa_backend: str, pa_shard: Shard, request: py
         pytest.skip(f"{backend.name}: {reason}")
     out = Path(request.config.getoption("--pa-out") or "pa-findings")
     skip_known = not request.config.getoption("--pa-no-skip-known")
-    result = fuzz_backend(
-        backend,
-        examples=pa_shard.share(request.config.getoption("--pa-examples") or 100),
-        base_seed=request.config.getoption("--pa-seed") or 0,
-        out_dir=out,
-        kernel_spec=pa_backend if ":" in pa_backend else None,
-        shard=pa_shard,
-        ledger=load_ledger(Path(request.config.getoption("--pa-ledger") or GOLDEN / "ledger.json")) if skip_known else None,
-    )
+    result = fuzz_backend(backend, CampaignConfig(examples=pa_shard.share(request.config.getoption("--pa-examples") or 100), seed=request.config.getoption("--pa-seed") or 0, out_dir=out, shard=pa_shard, ledger=load_ledger(Path(request.config.getoption("--pa-ledger") or GOLDEN / "ledger.json")) if skip_known else None))
     assert (why := result.judged_nothing()) is None, f"{backend.name}: judged nothing: {why} ({result.line()})"
     if result.finding:
         pytest.fail(

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import run_campaign
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, run_campaign
 from pa_oracle.fuzz.campaign.ledger import load_ledger
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import CampaignState, CampaignStateError, state_path
@@ -45,7 +45,7 @@ def interrupted_at_call_12(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indi
 def campaign(tmp_path: Path, backend, examples: int, *, resume: bool = False, **kwargs) -> CampaignState:  # type: ignore[no-untyped-def]
     path = state_path(tmp_path, Shard())
     state = CampaignState.load(path) if resume else CampaignState({"seed": 3})
-    run_campaign([backend], state, path, examples=examples, limits=TINY, out_dir=tmp_path, **kwargs)
+    run_campaign([backend], state, path, CampaignConfig(examples=examples, limits=TINY, out_dir=tmp_path, **kwargs))
     return CampaignState.load(path)
 
 
@@ -168,7 +168,7 @@ def test_sigkill_mid_campaign_then_resume_adds_up(tmp_path) -> None:
 def test_the_worst_ratio_counts_only_passes_whose_control_had_an_error() -> None:
     """A pass whose control was exact (one key: the output is V) has kernel/control ratio inf: within
     the floor, it says nothing of the kernel's headroom, and inf is not JSON."""
-    from pa_oracle.fuzz.campaign.engine import _count
+    from pa_oracle.fuzz.campaign.tally import count as _count
     from pa_oracle.fuzz.campaign.state import BackendResult
     from pa_oracle.fuzz.run.runner import Outcome
     from pa_oracle.oracle.case import Case, Heads, Layout

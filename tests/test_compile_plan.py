@@ -19,7 +19,7 @@ from pa_oracle.backends.sdpa import SdpaMath
 from pa_oracle.cli import main
 from pa_oracle.fuzz.campaign.builds import Build, Builds, BuildTask
 from pa_oracle.fuzz.campaign.compile_plan import MAX_KEYS, CompilePlan, estimated_wall
-from pa_oracle.fuzz.campaign.engine import run_campaign
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, run_campaign
 from pa_oracle.fuzz.campaign.state import CampaignState
 from pa_oracle.fuzz.draw.strategies import Limits
 from pa_oracle.fuzz.exits import BAD_INPUT, NO_FINDING, campaign_exit_code
@@ -131,8 +131,7 @@ def test_a_campaign_judges_ready_backends_while_a_variant_builds(tmp_path: Path)
     assert plan.plan_for(sdpa) is None and plan.plans["flex"].chosen and not plan.plans["flex"].ready()
     lines: list[str] = []
     state = CampaignState({"seed": 0})
-    results = run_campaign([flex, sdpa], state, tmp_path / "campaign.json", examples=50, time_budget=200.0, limits=LIMITS,
-                           progress=lines.append, compile_plan=plan)
+    results = run_campaign([flex, sdpa], state, tmp_path / "campaign.json", CampaignConfig(examples=50, time_budget=200.0, limits=LIMITS), progress=lines.append, compile_plan=plan)
     by = {r.backend: r for r in results}
     starts = [line for line in lines if line.startswith("fuzzing ")]
     assert starts[0].startswith("fuzzing sdpa-math"), f"the ready backend judges first: {starts}"
@@ -148,16 +147,14 @@ def test_a_backend_still_building_at_the_end_is_not_built_and_judges_nothing(tmp
     flex, sdpa = get_backend("flex"), get_backend("sdpa-math")
     plan = CompilePlan.make([flex, sdpa], LIMITS, budget=30.0, seed=0)
     lines: list[str] = []
-    results = run_campaign([flex, sdpa], CampaignState({"seed": 0}), tmp_path / "c.json", examples=10_000, time_budget=3.0,
-                           limits=LIMITS, progress=lines.append, compile_plan=plan)
+    results = run_campaign([flex, sdpa], CampaignState({"seed": 0}), tmp_path / "c.json", CampaignConfig(examples=10_000, time_budget=3.0, limits=LIMITS), progress=lines.append, compile_plan=plan)
     by = {r.backend: r for r in results}
     assert by["sdpa-math"].examples > 0 and by["flex"].examples == 0
     assert by["flex"].not_built is not None and "still building" in by["flex"].not_built
     assert by["flex"].line().startswith("flex: NOT BUILT (") and by["flex"].compile_seconds > 0, "its wait is compile time"
     assert any(line.startswith("flex: waiting for its variants to build") for line in lines)
     assert campaign_exit_code(results)[0] == NO_FINDING, "the other backend's verdict stands"
-    alone = run_campaign([flex], CampaignState({"seed": 0}), tmp_path / "d.json", examples=10, time_budget=1.0, limits=LIMITS,
-                         compile_plan=CompilePlan.make([flex], LIMITS, budget=30.0, seed=1))
+    alone = run_campaign([flex], CampaignState({"seed": 0}), tmp_path / "d.json", CampaignConfig(examples=10, time_budget=1.0, limits=LIMITS), compile_plan=CompilePlan.make([flex], LIMITS, budget=30.0, seed=1))
     code, why = campaign_exit_code(alone)
     assert code == 3 and "no backend judged a case" in why[-1], "a run that judged nothing at all is no verdict"
 
@@ -166,8 +163,7 @@ def test_a_backend_whose_builds_all_failed_is_no_verdict(tmp_path: Path, monkeyp
     flex = get_backend("flex")
     plan = CompilePlan.make([flex], LIMITS, budget=30.0, seed=0)
     monkeypatch.setattr("pa_oracle.fuzz.campaign.engine.isolatable", lambda backend: "no-such-backend")  # its build cannot load it
-    results = run_campaign([flex], CampaignState({"seed": 0}), tmp_path / "c.json", examples=10, time_budget=100.0, limits=LIMITS,
-                           compile_plan=plan)
+    results = run_campaign([flex], CampaignState({"seed": 0}), tmp_path / "c.json", CampaignConfig(examples=10, time_budget=100.0, limits=LIMITS), compile_plan=plan)
     assert results[0].status == "incomplete" and results[0].examples == 0
     assert "could be built" in results[0].notes[-1] and "no-such-backend" in results[0].notes[-1]
     assert campaign_exit_code(results)[0] == 3

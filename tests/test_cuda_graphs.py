@@ -4,7 +4,7 @@ import pytest
 import torch
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.base import Unsupported, capture_cuda_graph
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.checks.cuda_graphs import GRAPH_CHECK, PADDING_REQUESTS, SENTINEL, padded, padding_problems
 from pa_oracle.fuzz.draw.strategies import Limits
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
@@ -65,8 +65,8 @@ def test_real_requests_are_drawn_with_keys_and_the_padding_needs_empty_requests(
 
 
 def test_drawn_cases_hold_on_a_correct_graph_kernel() -> None:
-    result = fuzz_backend(FakeGraphKernel(), check=GRAPH_CHECK, isolate=False, examples=5, limits=Limits(max_batch=3, max_kv_len=30, max_qo_len=4,
-                                                                                   max_kv_heads=2, max_qo_heads=4, head_dims=(8,)))
+    result = fuzz_backend(FakeGraphKernel(), CampaignConfig(isolate=False, examples=5, limits=Limits(max_batch=3, max_kv_len=30, max_qo_len=4,
+                                                                                   max_kv_heads=2, max_qo_heads=4, head_dims=(8,))), check=GRAPH_CHECK)
     assert result.finding is None and result.passed == 5, result.line()
 
 

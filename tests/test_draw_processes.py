@@ -11,7 +11,7 @@ import pytest
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.drawers import BadDrawProcesses, DrawSpec, Drawers, KnownFindings, draw_in_helper, draw_processes
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, Shared, fuzz_backend
 from pa_oracle.fuzz.campaign.ledger import Entry, load_ledger
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.variants import Steering
@@ -20,8 +20,9 @@ from tests.test_overlap import PLANTED, TINY, _same
 
 def _run(name: str, drawers: Drawers | None, examples: int, **kwargs):  # type: ignore[no-untyped-def]
     try:
-        return fuzz_backend(UserKernel.from_spec(f"{PLANTED}:{name}"), examples=examples, limits=TINY, isolate=True,
-                            case_timeout=120, base_seed=3, drawers=drawers, **kwargs)
+        return fuzz_backend(UserKernel.from_spec(f"{PLANTED}:{name}"),
+                            CampaignConfig(examples=examples, limits=TINY, isolate=True, case_timeout=120, seed=3, **kwargs),
+                            shared=Shared(drawers=drawers))
     finally:
         if drawers is not None:
             drawers.close()
@@ -145,7 +146,7 @@ def test_started_draw_processes_are_up_before_their_first_chunk() -> None:
 
 
 def test_a_campaign_starts_its_draw_processes_only_for_isolated_backends(tmp_path, monkeypatch) -> None:
-    from pa_oracle.fuzz.campaign.engine import run_campaign
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, run_campaign
     from pa_oracle.fuzz.campaign.state import CampaignState
 
     started: list[int] = []
@@ -153,6 +154,5 @@ def test_a_campaign_starts_its_draw_processes_only_for_isolated_backends(tmp_pat
     monkeypatch.setenv("PA_ORACLE_DRAW_PROCESSES", "2")
     backend = UserKernel.from_spec(f"{PLANTED}:correct_attention")
     for isolate, examples in ((False, 30), (True, 5), (True, 30)):
-        run_campaign([backend], CampaignState({"seed": 0}), tmp_path / f"{isolate}{examples}.json", examples=examples,
-                     limits=TINY, isolate=isolate, case_timeout=120)
+        run_campaign([backend], CampaignState({"seed": 0}), tmp_path / f"{isolate}{examples}.json", CampaignConfig(examples=examples, limits=TINY, isolate=isolate, case_timeout=120))
     assert started == [2], "started once: for the isolated run past one chunk, not the in-process one or one chunk"

@@ -111,7 +111,7 @@ def test_a_case_timeout_must_be_finite_and_positive(seconds: float) -> None:
 
 
 def test_a_user_kernel_a_worker_cannot_import_runs_in_process_with_a_note(tmp_path) -> None:
-    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
     from pa_oracle.fuzz.draw.strategies import Limits
     from pa_oracle.fuzz.quality.planted import correct_attention
 
@@ -122,7 +122,7 @@ def test_a_user_kernel_a_worker_cannot_import_runs_in_process_with_a_note(tmp_pa
                                  window_left=window_left, logits_soft_cap=logits_soft_cap)
 
     kernel = UserKernel(local)
-    result = fuzz_backend(kernel, examples=3, limits=Limits(max_batch=2, max_kv_len=12), kernel_spec=kernel.name)
+    result = fuzz_backend(kernel, CampaignConfig(examples=3, limits=Limits(max_batch=2, max_kv_len=12)))
     assert result.status == "done" and result.passed == 3, result.line()
     assert result.notes == [f"{kernel.name} is not importable by its name: its cases ran in this process"]
 

@@ -89,14 +89,13 @@ def test_the_thread_count_comes_from_the_environment_or_the_device(monkeypatch: 
 def test_a_campaign_notes_verdicts_that_changed_when_judged_again_alone() -> None:
     """The kernel passes in the worker's main thread only: whatever the campaign's verdicts, every case
     judged again alone passed there, and the backend's notes say how many changed."""
-    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, Shared, fuzz_backend
     from pa_oracle.fuzz.draw.strategies import Limits
 
     spec = "tests.quality.crashers:wrong_in_a_judge_thread"
     worker = Worker(timeout=60, threads=2)
     try:
-        result = fuzz_backend(UserKernel.from_spec(spec), examples=12, limits=Limits(max_batch=2, max_kv_len=40),
-                              kernel_spec=spec, workers={"cpu": worker})
+        result = fuzz_backend(UserKernel.from_spec(spec), CampaignConfig(examples=12, limits=Limits(max_batch=2, max_kv_len=40)), shared=Shared(workers={"cpu": worker}))
     finally:
         worker.close()
     assert worker.rejudged_changed >= 1

@@ -11,7 +11,7 @@ from pa_oracle.backends._dense import to_dense
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.backends.sdpa import SdpaMath
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.draw.features import case_features
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.quality import planted, planted_layouts
@@ -179,7 +179,7 @@ def test_the_dense_gather_reads_through_the_views() -> None:
 def test_a_planted_layout_bug_is_caught_within_300_cpu_examples(bug: str) -> None:
     kernel = UserKernel(getattr(planted_layouts, bug), name=f"pa_oracle.fuzz.quality.planted_layouts:{bug}")
     small = Limits(max_batch=3, max_kv_len=48, max_qo_len=8, max_kv_heads=2, max_qo_heads=8)  # quick to shrink
-    result = fuzz_backend(kernel, examples=300, base_seed=0, isolate=False, limits=small)
+    result = fuzz_backend(kernel, CampaignConfig(examples=300, seed=0, isolate=False, limits=small))
     assert result.finding is not None and result.examples <= 300, f"{bug} not caught in 300 examples"
     case = result.finding.case
     assert case.storage is not None, case.summary()  # the storage is what it fails on...

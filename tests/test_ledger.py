@@ -300,7 +300,7 @@ def test_the_stale_mask_entry_follows_the_source_and_skips_only_in_mask_replan_c
 
 def test_a_campaign_of_the_check_skips_its_known_finding_and_the_oracle_campaign_does_not(tmp_path) -> None:
     from pa_oracle.backends.user import UserKernel
-    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
     from pa_oracle.fuzz.checks.registry import CHECKS
     from pa_oracle.fuzz.draw.strategies import Limits
     from pa_oracle.fuzz.quality import planted_families
@@ -309,13 +309,13 @@ def test_a_campaign_of_the_check_skips_its_known_finding_and_the_oracle_campaign
     entries = load_ledger(write(tmp_path, [{**CHECKED, "backends": [stale.name], "versions": {}}], version=2))
     small = Limits(max_batch=2, max_kv_len=12, max_qo_len=4, max_kv_heads=2, max_qo_heads=4, head_dims=(8,))
     planted_families._last_mask.clear()
-    found = fuzz_backend(stale, check=CHECKS["mask-replan"], isolate=False, examples=10, limits=small)
+    found = fuzz_backend(stale, CampaignConfig(isolate=False, examples=10, limits=small), check=CHECKS["mask-replan"])
     assert found.status == "finding" and found.finding.check == "mask-replan", found.line()  # (shrinking reuses shapes: any step)
     planted_families._last_mask.clear()
-    skipped = fuzz_backend(stale, check=CHECKS["mask-replan"], isolate=False, examples=10, limits=small, ledger=entries)
+    skipped = fuzz_backend(stale, CampaignConfig(isolate=False, examples=10, limits=small, ledger=entries), check=CHECKS["mask-replan"])
     assert not skipped.findings and skipped.skipped_known > 0 and skipped.examples == 0, skipped.line()  # every drawn case is unmasked
     planted_families._last_mask.clear()
-    oracle = fuzz_backend(stale, isolate=False, examples=10, limits=small, ledger=entries)
+    oracle = fuzz_backend(stale, CampaignConfig(isolate=False, examples=10, limits=small, ledger=entries))
     assert oracle.skipped_known == 0 and oracle.examples == 10, oracle.line()
 
 

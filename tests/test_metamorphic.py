@@ -5,7 +5,7 @@ import torch
 from click.testing import CliRunner
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.checks.registry import CHECKS
 from pa_oracle.fuzz.checks.metamorphic import RELATIONS, Piece, relabel_pages, window_pieces
 from pa_oracle.fuzz.draw.strategies import Limits
@@ -105,7 +105,7 @@ def test_window_pieces_follow_bottom_right_alignment() -> None:
 def test_drawn_cases_hold_on_a_correct_kernel() -> None:
     backend = UserKernel(planted.correct_attention)
     for relation in RELATIONS:
-        result = fuzz_backend(backend, check=relation, isolate=False, examples=6, limits=SMALL)
+        result = fuzz_backend(backend, CampaignConfig(isolate=False, examples=6, limits=SMALL), check=relation)
         assert result.finding is None, f"{relation.name}: {result.finding.message}"
         assert result.passed >= 3, result.line()
 
@@ -113,7 +113,7 @@ def test_drawn_cases_hold_on_a_correct_kernel() -> None:
 def test_a_violation_is_shrunk_saved_and_replayed(tmp_path) -> None:
     spec = "tests.quality.contract_breakers:ignores_page_table"
     backend = UserKernel.from_spec(spec)
-    result = fuzz_backend(backend, check=CHECKS["relabel"], isolate=False, examples=30, limits=SMALL, out_dir=tmp_path, kernel_spec=spec)
+    result = fuzz_backend(backend, CampaignConfig(isolate=False, examples=30, limits=SMALL, out_dir=tmp_path), check=CHECKS["relabel"])
     assert result.finding is not None and result.finding_dir is not None
     original = load_case(result.finding_dir / "original" / "case.json")
     relabeled = load_case(result.finding_dir / "relabeled" / "case.json")

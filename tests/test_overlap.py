@@ -5,7 +5,7 @@ same counts and the same shrunk finding with the pipeline on and off."""
 from __future__ import annotations
 
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.campaign.ledger import load_ledger
 from pa_oracle.fuzz.draw.strategies import Limits
 
@@ -14,8 +14,9 @@ PLANTED = "pa_oracle.fuzz.quality.planted"
 
 
 def _run(name: str, pipeline: bool, examples: int, **kwargs):  # type: ignore[no-untyped-def]
-    return fuzz_backend(UserKernel.from_spec(f"{PLANTED}:{name}"), examples=examples, limits=TINY, isolate=True,
-                        case_timeout=120, pipeline=pipeline, base_seed=3, **kwargs)
+    return fuzz_backend(UserKernel.from_spec(f"{PLANTED}:{name}"),
+                        CampaignConfig(examples=examples, limits=TINY, isolate=True, case_timeout=120, pipeline=pipeline,
+                                       seed=3, **kwargs))
 
 
 def _same(a, b) -> None:  # type: ignore[no-untyped-def]

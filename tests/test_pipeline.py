@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend, run_campaign
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend, run_campaign
 from pa_oracle.fuzz.campaign.findings import load_output
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import CHECKS_CAMPAIGN, CampaignState, state_path
@@ -61,16 +61,14 @@ def test_the_isolated_campaign_judges_with_the_campaigns_tolerance(tmp_path: Pat
     results = {}
     for name, tolerance in (("strict", Tolerance()), ("loose", LOOSE)):
         path = state_path(tmp_path / name, Shard())
-        (result,) = run_campaign([kernel], CampaignState({"seed": 0}), path, examples=3, limits=TINY, isolate=True,
-                                 tolerance=tolerance, case_timeout=120)
+        (result,) = run_campaign([kernel], CampaignState({"seed": 0}), path, CampaignConfig(examples=3, limits=TINY, isolate=True, tolerance=tolerance, case_timeout=120))
         results[name] = result
     assert results["strict"].findings and not results["loose"].findings, results["loose"].line()
     assert results["loose"].passed == 3
 
 
 def test_one_case_id_for_the_folder_the_file_the_record_replay_and_a_copy(tmp_path: Path) -> None:
-    result = fuzz_backend(UserKernel.from_spec(SLIGHTLY_OFF), examples=5, limits=TINY, isolate=False,
-                          out_dir=tmp_path / "out", kernel_spec=SLIGHTLY_OFF)
+    result = fuzz_backend(UserKernel.from_spec(SLIGHTLY_OFF), CampaignConfig(examples=5, limits=TINY, isolate=False, out_dir=tmp_path / "out"))
     (record,) = result.findings
     folder = Path(record.dir)
     written = json.loads((folder / "case.json").read_text())["case_id"]
@@ -119,7 +117,7 @@ def test_metamorphic_shards_merge_into_one_summary(tmp_path: Path) -> None:
 
 def test_the_oracle_is_one_check_among_the_others() -> None:
     assert ALL_CHECKS["oracle"] is ORACLE and set(CHECKS) < set(ALL_CHECKS)
-    result = fuzz_backend(get_backend("sdpa-math"), check=ALL_CHECKS["reorder"], examples=4, limits=TINY, isolate=False)
+    result = fuzz_backend(get_backend("sdpa-math"), CampaignConfig(examples=4, limits=TINY, isolate=False), check=ALL_CHECKS["reorder"])
     assert result.check == "reorder" and result.key == "sdpa-math:reorder" and result.is_complete, result.line()
     assert "sdpa-math reorder: ok" in result.line()
 
@@ -141,8 +139,7 @@ def test_every_backend_and_check_of_a_campaign_shares_one_worker_per_device(tmp_
     starts = _count_worker_starts(monkeypatch)
     backends = [UserKernel.from_spec(CORRECT), get_backend("sdpa-math")]
     backends[0].capabilities = backends[0].capabilities.replace(storages=("contiguous",))  # its 3 cases as before views by default
-    results = run_campaign(backends, CampaignState({"seed": 0}), tmp_path / "checks.json",
-                           examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"]))
+    results = run_campaign(backends, CampaignState({"seed": 0}), tmp_path / "checks.json", CampaignConfig(examples=3, limits=TINY, isolate=True, case_timeout=120, checks=(ORACLE, CHECKS["reorder"])))
     assert [(r.backend, r.check) for r in results] == [(b.name, c) for b in backends for c in ("oracle", "reorder")]
     assert all(r.is_complete and r.examples == 3 for r in results), [r.line() for r in results]
     assert len(starts) == 1, "one process served both backends and both checks"
@@ -170,8 +167,8 @@ def test_a_pair_that_overruns_its_share_shortens_the_others_evenly_never_to_noth
 
     turns: list[tuple[str, float]] = []
 
-    def fake(backend, *, deadline, resume, **_):  # type: ignore[no-untyped-def]
-        now = clock.monotonic()
+    def fake(backend, config, *, resume, shared, **_):  # type: ignore[no-untyped-def]
+        now, deadline = clock.monotonic(), shared.deadline
         turns.append((backend.name, deadline - now))
         clock.sleep(max(deadline - now, 0) + (1.0 if backend.name == "sdpa-math" else 0.0))  # the first overruns by 1 s
         resume.examples, resume.passed, resume.status = resume.examples + 1, resume.passed + 1, "running"
@@ -179,7 +176,7 @@ def test_a_pair_that_overruns_its_share_shortens_the_others_evenly_never_to_noth
 
     monkeypatch.setattr(engine, "fuzz_backend", fake)
     backends = [get_backend(n) for n in ("sdpa-math", "sdpa-efficient", "flex")]
-    run_campaign(backends, CampaignState({"seed": 0}), tmp_path / "c.json", examples=100, limits=TINY, time_budget=3.0)
+    run_campaign(backends, CampaignState({"seed": 0}), tmp_path / "c.json", CampaignConfig(examples=100, limits=TINY, time_budget=3.0))
     first_turn = turns[:3]
     assert [name for name, _ in first_turn] == ["sdpa-math", "sdpa-efficient", "flex"], turns
     shares = [share for _, share in first_turn]
@@ -209,8 +206,7 @@ def test_turns_that_end_at_their_deadline_keep_the_shared_worker_running(tmp_pat
     budget = 2 * (1.5 * start + 4 * case + 2 * (2.0 + case))
     starts = _count_worker_starts(monkeypatch)
     slow = [UserKernel.from_spec(f"tests.reliability.bad_kernels:{n}") for n in ("slow_correct", "sleeps_two_seconds")]
-    results = run_campaign(slow, CampaignState({"seed": 0}), tmp_path / "c.json", examples=10_000, limits=TINY,
-                           isolate=True, case_timeout=60, time_budget=budget)
+    results = run_campaign(slow, CampaignState({"seed": 0}), tmp_path / "c.json", CampaignConfig(examples=10_000, limits=TINY, isolate=True, case_timeout=60, time_budget=budget))
     assert all(r.passed > 0 and r.status == "running" for r in results), (budget, [r.line() for r in results])
     assert len(starts) == 1, f"the worker started {len(starts)} times"
     assert results[0].notes == [], "the first turn's last case finished (only the campaign's end cuts a case)"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from pa_oracle.backends import get_backend
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.checks.plans import PLAN_CHECKS, other_lengths, other_pages, reuse_variants
 from pa_oracle.fuzz.draw.strategies import Limits
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
@@ -63,13 +63,12 @@ def test_a_plan_that_is_the_case_has_nothing_to_go_stale() -> None:
 
 @pytest.mark.parametrize("name", ["plan-reuse", "stale-plan-pages", "stale-plan-lengths"])
 def test_drawn_cases_hold_on_a_run_time_layout_kernel(name: str) -> None:
-    result = fuzz_backend(LayoutBuffersKernel(planned_lengths=False), check=CHECK[name], isolate=False, examples=6, limits=SMALL)
+    result = fuzz_backend(LayoutBuffersKernel(planned_lengths=False), CampaignConfig(isolate=False, examples=6, limits=SMALL), check=CHECK[name])
     assert result.finding is None and result.passed >= 3, result.line()
 
 
 def test_drawn_cases_find_and_shrink_the_stale_plan(tmp_path) -> None:
-    result = fuzz_backend(LayoutBuffersKernel(planned_lengths=True), check=CHECK["stale-plan-lengths"], isolate=False, examples=20,
-                       limits=SMALL, out_dir=tmp_path)
+    result = fuzz_backend(LayoutBuffersKernel(planned_lengths=True), CampaignConfig(isolate=False, examples=20, limits=SMALL, out_dir=tmp_path), check=CHECK["stale-plan-lengths"])
     assert result.finding is not None and result.finding.message.startswith("stale plan")
     assert (result.finding_dir / "layout-b" / "case.json").exists() and (result.finding_dir / "report.md").exists()
     assert result.finding.cases[0][1].layout.batch_size == 1

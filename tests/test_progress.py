@@ -69,8 +69,8 @@ def test_on_a_terminal_a_rich_display_runs_and_the_engines_lines_still_print(cap
 
 def test_the_engine_reports_each_judged_case() -> None:
     from pa_oracle.backends import get_backend
-    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, Hooks, fuzz_backend
 
     calls: list[tuple[int, bool]] = []
-    result = fuzz_backend(get_backend("sdpa-math"), examples=3, on_case=lambda r, searching: calls.append((r.examples, searching)))
+    result = fuzz_backend(get_backend("sdpa-math"), CampaignConfig(examples=3), hooks=Hooks(on_case=lambda r, searching: calls.append((r.examples, searching))))
     assert result.examples == 3 and calls == [(1, True), (2, True), (3, True)]

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.checks.metamorphic import RELATIONS, windowed
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases, variant_keys
@@ -93,9 +93,9 @@ def test_user_kernel_gets_the_rope_and_rope_cases_skip_kernels_without_it() -> N
 
 
 def test_campaign_catches_swapped_rope_pairing_and_passes_a_correct_rope_kernel() -> None:
-    swapped = fuzz_backend(UserKernel(planted.rope_pairing_swapped), examples=60, base_seed=0, isolate=False)
+    swapped = fuzz_backend(UserKernel(planted.rope_pairing_swapped), CampaignConfig(examples=60, seed=0, isolate=False))
     assert swapped.finding is not None and swapped.finding.case.options.rope is not None
-    correct = fuzz_backend(UserKernel(planted.correct_rope), examples=25, base_seed=0, isolate=False)
+    correct = fuzz_backend(UserKernel(planted.correct_rope), CampaignConfig(examples=25, seed=0, isolate=False))
     assert correct.finding is None, correct.finding and correct.finding.message
 
 

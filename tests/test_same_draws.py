@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from pa_oracle.backends import get_backend
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.oracle.case import Case
@@ -58,7 +58,7 @@ def test_kernels_without_the_newer_dimensions_draw_the_cases_they_drew_before() 
 
 
 def test_a_campaign_draws_the_same_cases_whatever_else_the_process_imported(tmp_path, monkeypatch) -> None:
-    assert fuzz_backend(get_backend("sdpa-math"), examples=12, base_seed=0, isolate=False).seen == ENGINE
+    assert fuzz_backend(get_backend("sdpa-math"), CampaignConfig(examples=12, seed=0, isolate=False)).seen == ENGINE
     # a local module full of integer literals (as a user's kernel module would be): Hypothesis would draw near them
     (tmp_path / "literals_of_a_user.py").write_text(textwrap.dedent(f"""
         SIZES = {list(range(3, 300, 7))}
@@ -68,7 +68,7 @@ def test_a_campaign_draws_the_same_cases_whatever_else_the_process_imported(tmp_
     import literals_of_a_user  # noqa: F401
 
     assert "literals_of_a_user" in sys.modules
-    assert fuzz_backend(get_backend("sdpa-math"), examples=12, base_seed=0, isolate=False).seen == ENGINE
+    assert fuzz_backend(get_backend("sdpa-math"), CampaignConfig(examples=12, seed=0, isolate=False)).seen == ENGINE
     assert _drawn("flashinfer-decode") == PINNED["flashinfer-decode"]
 
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from pa_oracle.backends import BackendSpecError, resolve
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.backends.user import BadDeclaration, UserKernel, capabilities_of, declare
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.draw import families
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.quality import planted, planted_user
@@ -49,7 +49,7 @@ class _Recorded:
 def _outcomes(kernel: UserKernel, examples: int) -> tuple[object, list[Outcome]]:
     """The campaign's result and the outcomes of the cases it judged (a finding's shrinking included)."""
     check = _Recorded()
-    result = fuzz_backend(kernel, check=check, examples=examples, base_seed=0, isolate=False, limits=SMALL)
+    result = fuzz_backend(kernel, CampaignConfig(examples=examples, seed=0, isolate=False, limits=SMALL), check=check)
     return result, check.seen
 
 

@@ -8,7 +8,7 @@ from pa_oracle.backends import get_backend
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.flashinfer import module_uri
 from pa_oracle.backends.sdpa import SdpaMath
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, Shared, fuzz_backend
 from pa_oracle.fuzz.campaign.variants import VariantPlan, compile_budget, key_label, plan_variants
 from pa_oracle.fuzz.draw.strategies import Limits, cases, variant_keys
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
@@ -99,7 +99,7 @@ def test_a_campaign_draws_inside_the_planned_variants() -> None:
     backend: Backend = _DtypeKeyed()
     plan = plan_variants(backend, Limits(max_batch=2, max_kv_len=20), budget=1.0, seed=3)
     assert plan is not None and len(plan.chosen) == 1
-    result = fuzz_backend(backend, examples=12, limits=Limits(max_batch=2, max_kv_len=20), isolate=False, variants=plan)
+    result = fuzz_backend(backend, CampaignConfig(examples=12, limits=Limits(max_batch=2, max_kv_len=20), isolate=False), shared=Shared(variants=plan))
     assert result.examples == 12
     assert set(plan.ran) == set(plan.chosen) and sum(plan.ran.values()) == 12
     assert key_label(plan.chosen[0]) in plan.lines()[0]

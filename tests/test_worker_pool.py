@@ -8,7 +8,7 @@ import time
 
 import pytest
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, Shared, fuzz_backend
 from pa_oracle.fuzz.run.isolation import OutOfTime, Worker
 from pa_oracle.fuzz.run.pool import BadWorkerProcesses, WorkerPool, worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE
@@ -111,8 +111,7 @@ def test_the_budget_running_out_drops_every_pending_case() -> None:
 def _campaign(name: str, processes: int, examples: int):  # type: ignore[no-untyped-def]
     pool = WorkerPool(processes, timeout=120)
     try:
-        return fuzz_backend(UserKernel.from_spec(f"{PLANTED}:{name}"), examples=examples, limits=TINY, isolate=True,
-                            case_timeout=120, base_seed=3, workers={"cpu": pool})
+        return fuzz_backend(UserKernel.from_spec(f"{PLANTED}:{name}"), CampaignConfig(examples=examples, limits=TINY, isolate=True, case_timeout=120, seed=3), shared=Shared(workers={"cpu": pool}))
     finally:
         pool.close()
 
@@ -130,8 +129,7 @@ def test_a_campaign_finds_a_crash_the_same_with_two_processes() -> None:
     for processes in (1, 2):
         pool = WorkerPool(processes, timeout=60)
         try:
-            results.append(fuzz_backend(UserKernel.from_spec(spec), examples=60, limits=TINY, isolate=True, case_timeout=60,
-                                        base_seed=3, workers={"cpu": pool}, kernel_spec=spec))
+            results.append(fuzz_backend(UserKernel.from_spec(spec), CampaignConfig(examples=60, limits=TINY, isolate=True, case_timeout=60, seed=3), shared=Shared(workers={"cpu": pool})))
         finally:
             pool.close()
     one, two = results

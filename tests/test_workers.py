@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from pa_oracle.backends import get_backend
 from pa_oracle.fuzz.campaign.coverage import Coverage
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import BackendResult, FindingRecord, load_shards, merge_results
 from pa_oracle.fuzz.draw.strategies import Limits
@@ -78,7 +78,7 @@ def test_a_shard_runs_its_own_case_seeds(monkeypatch) -> None:
         return real(backend, case, tolerance, *rest)
 
     monkeypatch.setattr(pa_oracle.fuzz.run.runner, "check_case", recording)
-    result = fuzz_backend(get_backend("sdpa-math"), examples=6, shard=Shard(1, 3), limits=Limits(max_batch=2, max_kv_len=12))
+    result = fuzz_backend(get_backend("sdpa-math"), CampaignConfig(examples=6, shard=Shard(1, 3), limits=Limits(max_batch=2, max_kv_len=12)))
     assert result.examples == 6 and len(seeds) == 6 and all(s % 3 == 1 for s in seeds), seeds
 
 

@@ -14,39 +14,38 @@ the next chunk saved after a kill, drawing the same cases.
 
 from __future__ import annotations
 
-import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hypothesis import reject
 from hypothesis.errors import Flaky, Unsatisfiable
 from pa_oracle.backends.base import Backend
-from pa_oracle.backends.user import REFUSES_VIEWS, UserKernel
+from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.compile_plan import CompilePlan
+from pa_oracle.fuzz.campaign.config import CampaignConfig, Hooks, Shared
 from pa_oracle.fuzz.campaign.coverage import declared
-from pa_oracle.fuzz.campaign.ledger import Entry
-from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding, save_unjudged
 from pa_oracle.fuzz.campaign.drawers import SENT_IDS, Drawers, DrawSpec, KnownFindings, campaign_settings, draw_processes, run_chunk
+from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding, save_unjudged
+from pa_oracle.fuzz.campaign.ledger import Entry
 from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk, queue_drawn
 from pa_oracle.fuzz.campaign.requests import fewer_requests
-from pa_oracle.fuzz.campaign.shard import Shard
-from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
-from pa_oracle.fuzz.campaign.compile_plan import CompilePlan
 from pa_oracle.fuzz.campaign.schedule import Schedule
+from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
+from pa_oracle.fuzz.campaign.tally import count, settle_judged_nothing
 from pa_oracle.fuzz.campaign.variants import VariantPlan
-from pa_oracle.fuzz.draw.strategies import Limits, cases
-from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, OUT_OF_TIME, OutOfTime, isolatable, isolated_by_default
+from pa_oracle.fuzz.draw.strategies import cases
+from pa_oracle.fuzz.run.isolation import OUT_OF_TIME, OutOfTime, WorkerStartError, isolatable, isolated_by_default
 from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
-from pa_oracle.oracle.report import limit_ratio
-from pa_oracle.oracle.tolerance import Tolerance
-from pa_oracle.oracle.visibility import attended
 
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
 
-__all__ = ["CHUNK", "BackendResult", "campaign_settings", "fuzz_backend", "run_campaign", "save_finding"]
+__all__ = ["CHUNK", "BackendResult", "BackendRun", "Campaign", "CampaignConfig", "Hooks", "Shared", "campaign_settings",
+           "fuzz_backend", "judge_one", "run_campaign", "save_finding"]
 
 
 class _Finding(Exception):
@@ -64,300 +63,325 @@ class _Stop(BaseException):
 
 def fuzz_backend(
     backend: Backend,
+    config: CampaignConfig = CampaignConfig(),
     *,
     check: Check = ORACLE,
-    examples: int = 200,
-    base_seed: int = 0,
-    deadline: float | None = None,
-    cutoff: float | None = None,
-    limits: Limits = Limits(),
-    tolerance: Tolerance = Tolerance(),
-    out_dir: Path | None = None,
-    kernel_spec: str | None = None,
-    progress: Callable[[BackendResult], None] | None = None,
-    isolate: bool | None = None,
-    case_timeout: float = CASE_TIMEOUT,
-    isolate_timeout: float | None = None,
-    shard: Shard = Shard(),
-    ledger: list[Entry] | None = None,
     resume: BackendResult | None = None,
-    checkpoint: Callable[[BackendResult], None] | None = None,
-    workers: dict[str, Any] | None = None,
-    on_case: Callable[[BackendResult, bool], None] | None = None,  # after each judged case (False: shrinking)
-    variants: VariantPlan | None = None,
-    pipeline: bool = True,
-    drawers: Drawers | None = None,
+    shared: Shared | None = None,
+    hooks: Hooks = Hooks(),
 ) -> BackendResult:
     """Run ``check`` (default: the comparison with the oracle) on one backend until it ran
-    ``examples`` cases (counting those of ``resume``), the monotonic ``deadline`` passed (no case
-    starts after it; an isolated case still running at ``cutoff``, default ``deadline``, is cut
-    off as out of time), or a finding. A check that cannot apply to the backend runs nothing (``result.not_applicable``).
+    ``config.examples`` cases (counting those of ``resume``), ``shared.deadline`` passed (no case starts
+    after it; an isolated case still running at ``shared.cutoff`` is cut off as out of time), or a
+    finding. A check that cannot apply to the backend runs nothing (``result.not_applicable``).
 
-    ``resume`` continues an earlier result at its next chunk; ``checkpoint`` is called with the
-    result after every chunk. With ``ledger``, drawn cases that an entry covers are skipped. With
-    ``isolate`` (default: ``pa_oracle.fuzz.run.isolation.isolated_by_default``) every case runs in a worker
-    process: a crash of the process or a case running longer than ``case_timeout`` seconds is a
-    finding, and the worker restarts; a case still running at ``deadline`` (but within its
-    timeout) is out of time, not a finding. ``isolate_timeout`` is the older spelling of
-    ``isolate=True, case_timeout=...``. ``workers`` (device -> ``Worker``) shares one worker
-    process per device with the caller's other backends and checks (the caller closes them);
-    without it the backend's own worker is closed at the end. ``drawers`` draws the chunks after the
-    next one in helper processes while the worker judges (``pa_oracle.fuzz.campaign.drawers``: the same
-    cases as without). ``result.start_seconds`` and
-    ``result.compile_seconds`` say how much of ``result.seconds`` went to starting workers
-    (process, CUDA context, imports) and to compiling (the first case of each variant not built).
+    ``resume`` continues an earlier result at its next chunk; ``hooks.checkpoint`` is called with the result
+    after every chunk. With ``config.ledger``, drawn cases that an entry covers are skipped. Isolated
+    (``config.isolate``), every case runs in a worker process: a crash of the process or a case running
+    longer than ``config.case_timeout`` seconds is a finding, and the worker restarts; a case still running
+    at the deadline (but within its timeout) is out of time, not a finding. ``shared`` (``Shared``) holds
+    what a campaign's pairs share: one worker process per device (the caller closes them; without them the
+    backend's own worker is closed at the end), the draw processes (``pa_oracle.fuzz.campaign.drawers``: the
+    same cases as without) and the pair's built variants. ``result.start_seconds`` and
+    ``result.compile_seconds`` say how much of ``result.seconds`` went to starting workers (process, CUDA
+    context, imports) and to compiling (the first case of each variant not built).
 
-    The result's status is "done", "finding", "running" (the deadline came first), "exhausted"
-    (the strategy drew nothing new) or "incomplete" with the reason in ``notes``: no example
-    judged, a flaky failure that left no finding, a worker that did not start, or an internal
-    error. ``result.is_complete`` says whether the run can be trusted as it is.
+    The result's status is "done", "finding", "running" (the deadline came first), "exhausted" (the
+    strategy drew nothing new) or "incomplete" with the reason in ``notes``: no example judged, a flaky
+    failure that left no finding, a worker that did not start, or an internal error.
+    ``result.is_complete`` says whether the run can be trusted as it is.
     """
-    from pa_oracle.fuzz.run.isolation import (
-        IsolatedBackend,
-        OutOfTime,
-        WorkerStartError,
-        check_timeout,
-        isolatable,
-    )
+    return BackendRun(backend, config, check=check, resume=resume, shared=shared or Shared(), hooks=hooks).run()
 
-    if isolate_timeout is not None:
-        isolate, case_timeout = True, isolate_timeout
-    check_timeout(case_timeout)
-    result = resume if resume is not None else BackendResult(backend.name, check=check.name)
-    result.finding = result.finding_dir = result.repro = None  # this run's finding only
-    capabilities = check.capabilities(backend)
-    if isinstance(capabilities, str):
-        result.not_applicable, result.status = capabilities, "done"
-        if checkpoint:
-            checkpoint(result)
+
+class BackendRun:
+    """One (backend, check) pair's run, as ``fuzz_backend`` describes it. Its state is explicit: the
+    result so far, the case ids drawn, the failures of the search (``failing``), why a Hypothesis run was
+    ended (``stopped``) and the tool's own errors (``internal``)."""
+
+    def __init__(self, backend: Backend, config: CampaignConfig, *, check: Check, resume: BackendResult | None,
+                 shared: Shared, hooks: Hooks) -> None:
+        self.backend, self.config, self.check, self.shared, self.hooks = backend, config, check, shared, hooks
+        self.kernel_spec = backend.name if isinstance(backend, UserKernel) else None  # what a repro command imports
+        self.result = resume if resume is not None else BackendResult(backend.name, check=check.name)
+        self.result.finding = self.result.finding_dir = self.result.repro = None  # this run's finding only
+        self.seen = set(self.result.seen)
+        self.failing: list[Outcome] = []
+        self.stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
+        self.internal: list[Exception] = []  # errors of the tool itself while judging a case
+        self.isolated: Any = None  # pa_oracle.fuzz.run.isolation.IsolatedBackend
+        self.prefetch: Prefetch | None = None
+        self.ahead: DrawnChunk | None = None  # the next chunk, drawn (and queued) while the worker judged this one
+
+    def run(self) -> BackendResult:
+        result, config = self.result, self.config
+        capabilities = self.check.capabilities(self.backend)
+        if isinstance(capabilities, str):
+            result.not_applicable, result.status = capabilities, "done"
+            if self.hooks.checkpoint:
+                self.hooks.checkpoint(result)
+            return result
+        self.capabilities = capabilities
+        result.declared = declared(capabilities, config.limits)
+        versions = self.backend.versions() if config.ledger else {}
+        self.is_known = _known_test(config.ledger, self.backend, self.check, versions)
+        self.isolated = self._isolated()
+        variants = self.shared.variants
+        self.strategy = variants.strategy(config.limits) if variants is not None else cases(capabilities, config.limits)
+        if config.pipeline and self.isolated is not None:
+            self.prefetch = Prefetch(self.isolated, self.check)
+        changed_before = self.isolated.worker.rejudged_changed if self.isolated is not None else 0
+        try:
+            # (a chunk drawn ahead is judged even past the deadline: it was drawn only when expected to finish by it)
+            while result.examples < config.examples and (self.shared.deadline is None or self.ahead is not None
+                                                          or time.monotonic() < self.shared.deadline):
+                if self._one_chunk():
+                    break
+            if settle_judged_nothing(result) and self.hooks.checkpoint:
+                self.hooks.checkpoint(result)
+        except BaseException:
+            if self.prefetch is not None:
+                self.prefetch.abandon()  # e.g. a Ctrl-C in the middle of an exchange with the worker
+            raise
+        finally:
+            self._close(changed_before)
         return result
-    result.declared = declared(capabilities, limits)
-    seen = set(result.seen)
-    versions = backend.versions() if ledger else {}
-    isolated = None
-    if isolated_by_default(backend) if isolate is None else isolate:
+
+    def _isolated(self) -> Any:
+        """The backend as its worker process runs it, or None to judge in this process."""
+        from pa_oracle.fuzz.run.isolation import IsolatedBackend
+
+        backend, config = self.backend, self.config
+        if not (isolated_by_default(backend) if config.isolate is None else config.isolate):
+            return None
         spec = isolatable(backend)  # what a worker can load it from (kernel_spec is for repro commands)
         if spec is None:
-            result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
-        else:
-            shared = None
-            if workers is not None:  # one worker per device, shared by every backend and check of the campaign
-                device = backend.device or "cpu"
-                shared = workers.get(device) or workers.setdefault(
-                    device, WorkerPool(worker_processes(device), timeout=case_timeout, tolerance=tolerance))
-            isolated = IsolatedBackend(backend, spec, timeout=case_timeout, tolerance=tolerance, worker=shared)
-    strategy = variants.strategy(limits) if variants is not None else cases(capabilities, limits)
-    failing: list[Outcome] = []
-    stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
-    internal: list[Exception] = []  # errors of the tool itself while judging a case
+            self.result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
+            return None
+        worker = None
+        if (workers := self.shared.workers) is not None:  # one worker per device, shared by every backend and check
+            device = backend.device or "cpu"
+            worker = workers.get(device) or workers.setdefault(
+                device, WorkerPool(worker_processes(device), timeout=config.case_timeout, tolerance=config.tolerance))
+        return IsolatedBackend(backend, spec, timeout=config.case_timeout, tolerance=config.tolerance, worker=worker)
 
-    prefetch = Prefetch(isolated, check) if pipeline and isolated is not None else None
-    changed_before = isolated.worker.rejudged_changed if isolated is not None else 0
+    def _close(self, changed_before: int) -> None:
+        if self.prefetch is not None:  # cases judged ahead and not counted: the worker must be idle for the next backend
+            self.prefetch.discard(self.shared.stop_at)
+        if self.shared.drawers is not None:
+            self.shared.drawers.forget()  # chunks drawn ahead and not taken: the next turn must not wait behind them
+        if self.isolated is not None and (changed := self.isolated.worker.rejudged_changed - changed_before):
+            self.result.notes.append(
+                f"{changed} case(s) judged beside another gave a verdict other than a pass and another verdict "
+                "judged again alone (the second is kept): a kernel whose result depends on what runs beside it, or flaky")
+        if self.isolated is not None and self.shared.workers is None:
+            self.isolated.close()
 
-    def judge_timed(case: Case) -> tuple[Outcome, float | None]:
+    # -- judging one case
+
+    def _judge_timed(self, case: Case) -> tuple[Outcome, float | None]:
         """(outcome, seconds the worker spent on it if it was judged ahead in the pipeline, else None)."""
-        if prefetch is not None:
-            got = prefetch.outcome(case, cutoff or deadline)
+        stop_at = self.shared.stop_at
+        if self.prefetch is not None:
+            got = self.prefetch.outcome(case, stop_at)
             if got is not None:
                 return got
-            if (cutoff or deadline) is not None and time.monotonic() > (cutoff or deadline):  # type: ignore[operator]
+            if stop_at is not None and time.monotonic() > stop_at:
                 raise OutOfTime(f"{OUT_OF_TIME} before case {case.case_id}")  # (its queued outcome was dropped)
-        if isolated is not None:
-            return isolated.check(case, cutoff or deadline, check), None
-        return check.judge(case, backend, tolerance), None
+        if self.isolated is not None:
+            return self.isolated.check(case, stop_at, self.check), None
+        return self.check.judge(case, self.backend, self.config.tolerance), None
 
-    def judge(case: Case) -> Outcome:
-        return judge_timed(case)[0]
+    def _judge(self, case: Case) -> Outcome:
+        return self._judge_timed(case)[0]
 
-    def start_clock() -> float:
+    def _start_clock(self) -> float:
         """Seconds this backend's worker spent starting and loading so far (0 in-process)."""
-        return isolated.start_seconds if isolated is not None else 0.0
+        return self.isolated.start_seconds if self.isolated is not None else 0.0
 
-    is_known = _known_test(ledger, backend, check, versions)
-
-    def prop(case: Case) -> None:
-        searching = not failing  # False while Hypothesis shrinks a failure: nothing is counted then
-        case = case.replace(seed=shard.case_seed(case.seed))
+    def _prop(self, case: Case) -> None:
+        """The Hypothesis test function of a chunk: judge ``case``; raise ``_Finding`` on a failure."""
+        result, prefetch, variants, deadline = self.result, self.prefetch, self.shared.variants, self.shared.deadline
+        searching = not self.failing  # False while Hypothesis shrinks a failure: nothing is counted then
+        case = case.replace(seed=self.config.shard.case_seed(case.seed))
         judged_ahead = prefetch is not None and searching and (case.case_id in prefetch.done or case.case_id in prefetch.queue)
-        out_of_time = deadline is not None and time.monotonic() > deadline and not judged_ahead
-        if out_of_time and not searching:
-            stopped.append("out of time while shrinking")
-            raise _Stop  # the finding so far is kept: a budget bounds shrinking too
-        if out_of_time:
-            stopped.append(_TURN_OVER)
-            raise _Stop  # at once: rejecting the rest of the chunk would still draw each of them (seconds of draws)
+        if deadline is not None and time.monotonic() > deadline and not judged_ahead:
+            self.stopped.append(_TURN_OVER if searching else "out of time while shrinking")
+            raise _Stop  # at once (the finding so far is kept: a budget bounds shrinking too)
         if searching:
-            if case.case_id in seen:
+            if case.case_id in self.seen:
                 reject()  # drawn before in this campaign (Hypothesis starts every run at the simplest case)
-            seen.add(case.case_id)
+            self.seen.add(case.case_id)
             result.seen.append(case.case_id)
-        if is_known(case):
+        if self.is_known(case):
             if searching:
                 result.skipped_known += 1
             reject()  # also while shrinking, so that a new failure does not shrink into a known one
-        starting = start_clock()
-        if variants is not None and searching and not judged_ahead:
-            variants.before(case)
-        try:
-            judging = time.monotonic()
-            outcome, ahead_seconds = judge_timed(case)
-            started = start_clock() - starting
-            result.start_seconds += started
-            if variants is not None and searching:
-                took = ahead_seconds if ahead_seconds is not None else time.monotonic() - judging - started
-                result.compile_seconds += variants.observe(case, took)
-        except (OutOfTime, WorkerStartError) as exc:
-            result.start_seconds += start_clock() - starting
-            stopped.append(str(exc))
-            if searching:
-                result.seen.pop()  # not judged: a resume draws it again
-            raise _Stop from None
-        except Exception as exc:  # noqa: BLE001 - the tool failed (not the kernel): Hypothesis must not shrink it
-            internal.append(exc)
-            stopped.append(f"internal error: {type(exc).__name__}: {exc}")
-            raise _Stop from None
+        outcome = self._judge_counted(case, searching, announce=variants is not None and searching and not judged_ahead)
         if outcome.status == "error":
             if not searching:
                 reject()  # a shrink candidate the oracle cannot judge is no smaller failure
-            stopped.append(f"the oracle could not judge case {case.case_id} ({case.summary()}){_saved_at(outcome, backend, out_dir, kernel_spec)}: "
-                           f"{outcome.message}")
+            self.stopped.append(f"the oracle could not judge case {case.case_id} ({case.summary()})"
+                                f"{_saved_at(outcome, self.backend, self.config.out_dir, self.kernel_spec)}: {outcome.message}")
             raise _Stop
         if searching:
-            _count(result, outcome)
-        if on_case:
-            on_case(result, searching)
+            count(result, outcome)
+        if self.hooks.on_case:
+            self.hooks.on_case(result, searching)
         if outcome.is_finding:
-            failing.append(outcome)
+            self.failing.append(outcome)
             if outcome.message.startswith("hang:"):
                 raise _Stop  # shrinking a hang costs a whole timeout per step
             raise _Finding(outcome.message)
 
-    def chunk_run(index: int, n: int) -> Callable[[Callable[[Case], None]], None]:
+    def _judge_counted(self, case: Case, searching: bool, *, announce: bool) -> Outcome:
+        """Judge ``case`` (``announce``: tell the variant plan first), counting the worker's start and the
+        variant's compile; ``_Stop`` when it could not be judged."""
+        result, variants = self.result, self.shared.variants
+        starting = self._start_clock()
+        if announce and variants is not None:
+            variants.before(case)
+        try:
+            judging = time.monotonic()
+            outcome, ahead_seconds = self._judge_timed(case)
+            started = self._start_clock() - starting
+            result.start_seconds += started
+            if variants is not None and searching:
+                took = ahead_seconds if ahead_seconds is not None else time.monotonic() - judging - started
+                result.compile_seconds += variants.observe(case, took)
+            return outcome
+        except (OutOfTime, WorkerStartError) as exc:
+            result.start_seconds += self._start_clock() - starting
+            self.stopped.append(str(exc))
+            if searching:
+                result.seen.pop()  # not judged: a resume draws it again
+            raise _Stop from None
+        except Exception as exc:  # noqa: BLE001 - the tool failed (not the kernel): Hypothesis must not shrink it
+            self.internal.append(exc)
+            self.stopped.append(f"internal error: {type(exc).__name__}: {exc}")
+            raise _Stop from None
+
+    # -- one chunk
+
+    def _chunk_run(self, index: int, n: int) -> Callable[[Callable[[Case], None]], None]:
         """Chunk ``index``'s Hypothesis run (``n`` examples), given its test function."""
         def run(fn: Callable[[Case], None]) -> None:
-            run_chunk(strategy, shard, base_seed, index, n, fn)
+            run_chunk(self.strategy, self.config.shard, self.config.seed, index, n, fn)
 
         return run
 
-    def draw_spec() -> DrawSpec:
-        """How a helper process draws this backend's chunks now (the plan's allowed keys as they are)."""
-        steering = variants.steering() if variants is not None else None
-        return DrawSpec(backend.capabilities if variants is not None else capabilities, limits, steering, is_known, shard,
-                        base_seed)
+    def _one_chunk(self) -> bool:
+        """Run the next chunk and settle the result's status; True when the pair stops here."""
+        result, config = self.result, self.config
+        n = min(CHUNK, config.examples - result.examples)
+        before, chunk_start = result.examples, time.monotonic()
+        run_it, broke = self._pipelined(n) if self.prefetch is not None else (True, None)
+        try:
+            if run_it:
+                self._chunk_run(result.chunks_done, n)(self._prop)
+        except Unsatisfiable:
+            pass  # every example of the chunk was rejected (out of time, or all drawn before)
+        except _Finding:
+            pass
+        except _Stop:
+            if self.internal and isinstance(self.internal[-1], OracleDisagreement):
+                raise self.internal[-1] from None  # a bug of the oracle itself: the run fails (exit 3)
+            broke = self.stopped[-1] if self.stopped and not self.failing else None
+            if broke == _TURN_OVER:
+                broke = None  # the deadline came between two cases: nothing was cut
+        except Flaky as exc:
+            result.notes.append("the failure did not reproduce on replay (flaky kernel): " + str(exc)[:200])
+            broke = None if self.failing else "Hypothesis reported a flaky test without a finding"
+        except Exception as exc:  # noqa: BLE001 - an internal error: the backend stops, the campaign goes on
+            broke = f"internal error: {type(exc).__name__}: {exc}"
+        return self._settle(before, chunk_start, broke)
 
-    def draw_ahead(index: int, n: int, also_seen: set[str], after: int) -> DrawnChunk:
+    def _pipelined(self, n: int) -> tuple[bool, str | None]:
+        """Take (or draw) this chunk drawn ahead and queued in the worker, draw the next one while the worker
+        judges it, and count it if every case passed: (whether the engine's own run must judge the chunk,
+        why the chunk broke off)."""
+        result, prefetch = self.result, self.prefetch
+        assert prefetch is not None
+        index, rest = result.chunks_done, self.config.examples - result.examples - n
+        ahead, self.ahead = self.ahead, None
+        chunk = ahead if ahead is not None and ahead.index == index else self._draw_ahead(index, n, set(), rest)
+        if chunk.complete and rest > 0 and prefetch.will_finish_by(min(CHUNK, rest), self.shared.deadline):
+            self.ahead = self._draw_ahead(index + 1, min(CHUNK, rest), chunk.ids, rest - min(CHUNK, rest))  # while the worker judges `chunk`
+        # every case passed (or was unsupported): counted as drawn; else the engine's own run
+        # judges the chunk (shrinking included), taking the outcomes judged so far
+        counted, broke = _count_clean_chunk(result, chunk, prefetch, self.seen, self.shared.variants, self.hooks.on_case,
+                                            self.shared.stop_at) if chunk.complete else (False, None)
+        if chunk.error is not None and not chunk.queued:
+            counted, broke = True, chunk.error  # the worker did not start (or the budget ran out first), as in _prop
+        return not counted, broke
+
+    def _draw_spec(self) -> DrawSpec:
+        """How a helper process draws this backend's chunks now (the plan's allowed keys as they are)."""
+        variants = self.shared.variants
+        steering = variants.steering() if variants is not None else None
+        return DrawSpec(self.backend.capabilities if variants is not None else self.capabilities, self.config.limits,
+                        steering, self.is_known, self.config.shard, self.config.seed)
+
+    def _draw_ahead(self, index: int, n: int, also_seen: set[str], after: int) -> DrawnChunk:
         """Draw chunk ``index`` (a helper's draw if one drew it and it is the engine's, else here) and queue
         its cases in the worker (``pa_oracle.fuzz.campaign.overlap``); then send the next chunks to the
         helpers (``after``: the examples left after this chunk)."""
-        assert prefetch is not None
-        starting = start_clock()
-        announce = variants.before if variants is not None else None
+        assert self.prefetch is not None
+        shard, deadline, stop_at = self.config.shard, self.shared.deadline, self.shared.stop_at
+        starting = self._start_clock()
+        announce = self.shared.variants.before if self.shared.variants is not None else None
+        drawers = self.shared.drawers
         helpers = drawers if drawers is not None and drawers.active else None
-        spec = draw_spec() if helpers is not None else None
+        spec = self._draw_spec() if helpers is not None else None
         helped = None
         if helpers is not None and spec is not None:
-            helped = helpers.take(spec, index, n, lambda case_id: case_id in seen or case_id in also_seen)
+            helped = helpers.take(spec, index, n, lambda case_id: case_id in self.seen or case_id in also_seen)
         if helped is not None:
-            chunk = queue_drawn(index, helped.events, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
+            chunk = queue_drawn(index, helped.events, prefetch=self.prefetch, deadline=deadline, cutoff=stop_at,
                                 announce=announce)
         else:
             chunk = draw_chunk(
-                index, lambda fn: chunk_run(index, n)(lambda c: fn(c.replace(seed=shard.case_seed(c.seed)))),
-                seen=seen | also_seen, known=is_known, prefetch=prefetch, deadline=deadline, cutoff=cutoff or deadline,
+                index, lambda fn: self._chunk_run(index, n)(lambda c: fn(c.replace(seed=shard.case_seed(c.seed)))),
+                seen=self.seen | also_seen, known=self.is_known, prefetch=self.prefetch, deadline=deadline, cutoff=stop_at,
                 announce=announce,
             )
         if helpers is not None and spec is not None and chunk.complete:
-            drawn = set(result.seen[-SENT_IDS:]) | also_seen | chunk.ids
+            drawn = set(self.result.seen[-SENT_IDS:]) | also_seen | chunk.ids
             for j in range(1, helpers.count + 1):
                 if (size := min(CHUNK, after - CHUNK * (j - 1))) > 0:
                     helpers.send(spec, index + j, size, drawn)
-        result.start_seconds += start_clock() - starting
+        self.result.start_seconds += self._start_clock() - starting
         return chunk
 
-    ahead: DrawnChunk | None = None  # the next chunk, drawn (and queued) while the worker judged this one
-    try:
-        # (a chunk drawn ahead is judged even past the deadline: it was drawn only when expected to finish by it)
-        while result.examples < examples and (deadline is None or time.monotonic() < deadline or ahead is not None):
-            n = min(CHUNK, examples - result.examples)
-            before, chunk_start = result.examples, time.monotonic()
-            broke: str | None = None
-            if prefetch is not None:
-                index, rest = result.chunks_done, examples - result.examples - n
-                chunk = ahead if ahead is not None and ahead.index == index else draw_ahead(index, n, set(), rest)
-                ahead = None
-                if chunk.complete and rest > 0 and prefetch.will_finish_by(min(CHUNK, rest), deadline):
-                    # while the worker judges `chunk`
-                    ahead = draw_ahead(index + 1, min(CHUNK, rest), chunk.ids, rest - min(CHUNK, rest))
-                # every case passed (or was unsupported): counted as drawn; else the engine's own run
-                # judges the chunk (shrinking included), taking the outcomes judged so far
-                counted, broke = _count_clean_chunk(result, chunk, prefetch, seen, variants, on_case, cutoff or deadline) \
-                    if chunk.complete else (False, None)
-                if chunk.error is not None and not chunk.queued:
-                    counted, broke = True, chunk.error  # the worker did not start (or the budget ran out first), as in prop
-                run_it = not counted
-            else:
-                run_it = True
-            try:
-                if run_it:
-                    chunk_run(result.chunks_done, n)(prop)
-            except Unsatisfiable:
-                pass  # every example of the chunk was rejected (out of time, or all drawn before)
-            except _Finding:
-                pass
-            except _Stop:
-                if internal and isinstance(internal[-1], OracleDisagreement):
-                    raise internal[-1] from None  # a bug of the oracle itself: the run fails (exit 3)
-                broke = stopped[-1] if stopped and not failing else None
-                if broke == _TURN_OVER:
-                    broke = None  # the deadline came between two cases: nothing was cut
-            except Flaky as exc:
-                result.notes.append("the failure did not reproduce on replay (flaky kernel): " + str(exc)[:200])
-                broke = None if failing else "Hypothesis reported a flaky test without a finding"
-            except Exception as exc:  # noqa: BLE001 - an internal error: the backend stops, the campaign goes on
-                broke = f"internal error: {type(exc).__name__}: {exc}"
-            result.chunks_done += 1
-            result.seconds += time.monotonic() - chunk_start
-            # cases judged side by side can each count one compile: the split never gives judging less than nothing
-            result.compile_seconds = min(result.compile_seconds, max(result.seconds - result.start_seconds, 0.0))
-            out_of_time = deadline is not None and time.monotonic() > deadline
-            if broke is not None:
-                result.notes.append(broke)
-            if failing:
-                result.status = "finding"
-                first = failing[0]  # the first failing case of the search, kept beside the minimal one
-                failing[-1] = fewer_requests(failing[-1], judge, is_known)
-                result.coverage.add(failing[-1].case)  # the minimal case was judged too (while shrinking): its features ran
-                _record_finding(result, failing[-1], backend, out_dir, kernel_spec, first=first)
-            elif broke is not None and not broke.startswith(OUT_OF_TIME):
-                result.status = "incomplete"
-            elif result.examples == before and not out_of_time and broke is None:
-                result.status = "exhausted"  # the strategy drew nothing new: not complete either
-                result.notes.append(f"the strategy drew no new case in chunk {result.chunks_done}")
-            else:
-                result.status = "done" if result.examples >= examples else "running"
-            if checkpoint:
-                checkpoint(result)
-            if progress:
-                progress(result)
-            if result.status in ("finding", "incomplete", "exhausted"):
-                break
-        if _judged_nothing(result) and checkpoint:
-            checkpoint(result)
-    except BaseException:
-        if prefetch is not None:
-            prefetch.abandon()  # e.g. a Ctrl-C in the middle of an exchange with the worker
-        raise
-    finally:
-        if prefetch is not None:  # cases judged ahead and not counted: the worker must be idle for the next backend
-            prefetch.discard(cutoff or deadline)
-        if drawers is not None:
-            drawers.forget()  # chunks drawn ahead and not taken: the next backend's turn must not wait behind them
-        if isolated is not None and (changed := isolated.worker.rejudged_changed - changed_before):
-            result.notes.append(f"{changed} case(s) judged beside another gave a verdict other than a pass and another verdict "
-                                "judged again alone (the second is kept): a kernel whose result depends on what runs beside it, or flaky")
-        if isolated is not None and workers is None:
-            isolated.close()
-    return result
+    def _settle(self, before: int, chunk_start: float, broke: str | None) -> bool:
+        """After a chunk: its time, its note, the result's status, the finding saved, the hooks told;
+        True when the pair stops here."""
+        result, deadline = self.result, self.shared.deadline
+        result.chunks_done += 1
+        result.seconds += time.monotonic() - chunk_start
+        # cases judged side by side can each count one compile: the split never gives judging less than nothing
+        result.compile_seconds = min(result.compile_seconds, max(result.seconds - result.start_seconds, 0.0))
+        out_of_time = deadline is not None and time.monotonic() > deadline
+        if broke is not None:
+            result.notes.append(broke)
+        if self.failing:
+            result.status = "finding"
+            first = self.failing[0]  # the first failing case of the search, kept beside the minimal one
+            self.failing[-1] = fewer_requests(self.failing[-1], self._judge, self.is_known)
+            result.coverage.add(self.failing[-1].case)  # the minimal case was judged too (while shrinking): its features ran
+            _record_finding(result, self.failing[-1], self.backend, self.config.out_dir, self.kernel_spec, first=first)
+        elif broke is not None and not broke.startswith(OUT_OF_TIME):
+            result.status = "incomplete"
+        elif result.examples == before and not out_of_time and broke is None:
+            result.status = "exhausted"  # the strategy drew nothing new: not complete either
+            result.notes.append(f"the strategy drew no new case in chunk {result.chunks_done}")
+        else:
+            result.status = "done" if result.examples >= self.config.examples else "running"
+        if self.hooks.checkpoint:
+            self.hooks.checkpoint(result)
+        if self.hooks.progress:
+            self.hooks.progress(result)
+        return result.status in ("finding", "incomplete", "exhausted")
 
 
 def _count_clean_chunk(
@@ -390,57 +414,10 @@ def _count_clean_chunk(
         outcome, seconds = prefetch.done.pop(case.case_id)  # type: ignore[misc]
         if variants is not None:
             result.compile_seconds += variants.observe(case, seconds)
-        _count(result, outcome)
+        count(result, outcome)
         if on_case:
             on_case(result, True)
     return True, cut
-
-
-def _judged_nothing(result: BackendResult) -> bool:
-    """Mark a backend that judged nothing incomplete, never ok; True if it did. At a turn's end: none
-    ran, or each was unsupported. At its end (its count reached): any reason ``BackendResult.judged_nothing``
-    gives (every judged case attended no key, nearly every case unsupported): a share is judged on the
-    whole run, not on a first turn's few cases."""
-    if result.status in ("finding", "incomplete", "exhausted") or result.findings:
-        return False
-    why = result.judged_nothing()
-    if why is None or (result.status != "done" and result.examples > result.unsupported):
-        return False
-    result.status = "incomplete"
-    if why not in result.notes:
-        result.notes.append(why)
-    return True
-
-
-def _count(result: BackendResult, outcome: Outcome) -> None:
-    result.examples += 1
-    result.passed += outcome.status == "pass"
-    result.unsupported += outcome.status == "unsupported"
-    result.exact += outcome.status == "pass" and bool(outcome.exact)
-    if outcome.status == "unsupported":
-        reason = outcome.message.splitlines()[0] if outcome.message else ""
-        if outcome.check == ORACLE.name:  # one kind counted by name (an oracle case's reasons are many and long)
-            reason = REFUSES_VIEWS if reason.removeprefix("Unsupported: ").startswith(REFUSES_VIEWS) else ""
-        if reason:
-            result.skip_reasons[reason] = result.skip_reasons.get(reason, 0) + 1
-    if outcome.status != "unsupported":
-        result.coverage.add(outcome.case)
-        result.no_keys += not attends_a_key(outcome.case)
-    if outcome.status == "pass" and outcome.verdict is not None and outcome.verdict.out is not None:
-        if math.isfinite(ratio := outcome.verdict.out.ratio):  # inf: the control was exact, the kernel within the floor
-            result.worst_ratio = max(result.worst_ratio, ratio)
-        if math.isfinite(allowed := limit_ratio(outcome.verdict.out)):
-            result.worst_allowed = max(result.worst_allowed, allowed)
-
-
-def attends_a_key(case: Case) -> bool:
-    """Whether some query row of ``case`` attends some key (``pa_oracle.oracle.case``): a case where none
-    does has output 0 and LSE -inf everywhere, and a kernel that declines every other case passes only such.
-    Without a custom mask a request with a query and a key has one (its last query sees its last key: the
-    causal and window tests both allow the key at the query's own position)."""
-    if case.custom_mask is None:
-        return any(qo > 0 and kv > 0 for qo, kv in zip(case.layout.qo_lens, case.layout.kv_lens))
-    return any(bool(rows.any()) for rows in attended(case))
 
 
 def _saved_at(outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_spec: str | None) -> str:
@@ -476,127 +453,133 @@ def run_campaign(
     backends: list[Backend],
     state: CampaignState,
     state_file: Path,
+    config: CampaignConfig = CampaignConfig(),
     *,
-    examples: int,
-    time_budget: float | None = None,
-    limits: Limits = Limits(),
-    shard: Shard = Shard(),
-    ledger: list[Entry] | None = None,
-    rerun_findings: bool = False,
-    isolate: bool | None = None,
-    case_timeout: float = CASE_TIMEOUT,
-    out_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
-    checks: tuple[Check, ...] = (ORACLE,),
-    tolerance: Tolerance = Tolerance(),
     on_case: Callable[[BackendResult, bool], None] | None = None,
-    compile_budget: float | None = None,
     compile_plan: CompilePlan | None = None,
 ) -> list[BackendResult]:
-    """Run every check of ``checks`` on ``backends``, one (backend, check) after another, on
-    ``shard``, continuing ``state`` and saving it to ``state_file`` (``Checkpoints``). ``examples``
-    is the campaign's total per backend and check (this shard runs its share); the time budget is
-    shared by the pairs that still have work (each turn gets an equal share of what is left, so
-    time one pair did not use goes to the others; a pair the deadline stopped gets another turn
-    while time is left) and bounds a hanging case too. A pair whose variants are still building
-    (``compile_plan``) gives its place to the next and waits only when no other pair is left; that wait
-    counts as its compile time. One worker process per device serves
-    every isolated pair. A pair that stopped
-    at a finding runs again only with ``rerun_findings``. ``isolate`` None:
-    ``pa_oracle.fuzz.run.isolation.isolated_by_default`` per backend. ValueError for a
-    ``case_timeout`` that is not a finite number > 0. ``compile_plan`` (``pa_oracle.fuzz.campaign.compile_plan``,
-    made from ``compile_budget`` seconds when not given): each backend draws inside its built variants, the
-    planned ones built together in the background while ready pairs judge; None (no budget) draws without
-    that restriction."""
-    from pa_oracle.fuzz.run.isolation import check_timeout
+    """Run every check of ``config.checks`` on ``backends``, one (backend, check) pair after another, on
+    ``config.shard``, continuing ``state`` (whose seed wins over ``config.seed``: a resumed campaign draws
+    its own cases) and saving it to ``state_file`` (``Checkpoints``). ``config.examples`` is the campaign's
+    total per pair (this shard runs its share); the time budget is shared by the pairs that still have
+    work (each turn gets an equal share of what is left, so time one pair did not use goes to the others;
+    a pair the deadline stopped gets another turn while time is left) and bounds a hanging case too. A
+    pair whose variants are still building (``compile_plan``) gives its place to the next and waits only
+    when no other pair is left; that wait counts as its compile time. One worker process per device serves
+    every isolated pair. A pair that stopped at a finding runs again only with ``config.rerun_findings``.
+    ``compile_plan`` (``pa_oracle.fuzz.campaign.compile_plan``, made from ``config.compile_budget`` seconds
+    when not given): each backend draws inside its built variants, the planned ones built together in the
+    background while ready pairs judge; None (no budget) draws without that restriction. ``progress`` is
+    told each line of the run, ``on_case`` each judged case."""
+    config = config.replace(seed=int(state.config.get("seed", config.seed)))
+    return Campaign(backends, state, state_file, config, progress=progress, on_case=on_case,
+                    compile_plan=compile_plan).run()
 
-    check_timeout(case_timeout)
-    target = shard.share(examples)
-    pairs = [(backend, check) for backend in backends for check in checks]
-    for backend, check in pairs:
-        fresh = BackendResult(backend.name, check=check.name, declared=declared(backend.capabilities, limits))
-        state.results.setdefault(fresh.key, fresh)
-    state.save(state_file)
 
-    def wants_more(result: BackendResult) -> bool:
+class Campaign:
+    """One run of ``run_campaign``: the pairs, their turns, and what they share (a worker per device, the
+    draw processes, the compile plan)."""
+
+    def __init__(self, backends: list[Backend], state: CampaignState, state_file: Path, config: CampaignConfig, *,
+                 progress: Callable[[str], None] | None, on_case: Callable[[BackendResult, bool], None] | None,
+                 compile_plan: CompilePlan | None) -> None:
+        self.state, self.config, self.progress, self.compile_plan = state, config, progress, compile_plan
+        self.target = config.shard.share(config.examples)
+        self.pairs = [(backend, check) for backend in backends for check in config.checks]
+        self.keys = [BackendResult(b.name, check=c.name).key for b, c in self.pairs]
+        self.label = f"[shard {config.shard}] " if config.shard.count > 1 else ""
+        self.checkpoint = Checkpoints(state, state_file)
+        self.hooks = Hooks(progress=self._report, checkpoint=self.checkpoint, on_case=on_case)
+        for backend, check in self.pairs:
+            fresh = BackendResult(backend.name, check=check.name, declared=declared(backend.capabilities, config.limits))
+            state.results.setdefault(fresh.key, fresh)
+        state.save(state_file)
+
+    def _say(self, line: str) -> None:
+        if self.progress:
+            self.progress(f"{self.label}{line}")
+
+    def _report(self, result: BackendResult) -> None:
+        total = sum(len(r.findings) for r in self.state.results.values())
+        self._say(f"  {result.line()}; findings so far {total}")
+
+    def _wants_more(self, result: BackendResult, first: bool) -> bool:
+        """Whether a pair takes a turn: in the first round, any with work left (one at a finding only with
+        ``rerun_findings``); later, only one the deadline stopped."""
+        if not first:
+            return result.status == "running" and result.examples < self.target
         if result.status == "finding":
-            return rerun_findings
-        return result.not_applicable is None and result.status != "exhausted" and result.examples < target
+            return self.config.rerun_findings
+        return result.not_applicable is None and result.status != "exhausted" and result.examples < self.target
 
-    keys = [BackendResult(b.name, check=c.name).key for b, c in pairs]
-    todo = [(pair, key) for pair, key in zip(pairs, keys) if wants_more(state.results[key])]
-    start = time.monotonic()
-    seed = int(state.config.get("seed", 0)) + shard.index
-    if compile_plan is None and compile_budget is not None:
-        known = (lambda b: known_findings(ledger, b)) if ledger else None
-        compile_plan = CompilePlan.make([b for (b, c), _key in todo if c is ORACLE], limits, budget=compile_budget, seed=seed,
-                                        known=known)
-    end = None if time_budget is None else start + time_budget
-    label = f"[shard {shard}] " if shard.count > 1 else ""
+    def run(self) -> list[BackendResult]:
+        config, results = self.config, self.state.results
+        todo = [(pair, key) for pair, key in zip(self.pairs, self.keys) if self._wants_more(results[key], True)]
+        start, seed = time.monotonic(), config.seed + config.shard.index
+        if self.compile_plan is None and config.compile_budget is not None:
+            known = (lambda b: known_findings(config.ledger, b)) if config.ledger else None
+            self.compile_plan = CompilePlan.make([b for (b, c), _key in todo if c is ORACLE], config.limits,
+                                                 budget=config.compile_budget, seed=seed, known=known)
+        end = None if config.time_budget is None else start + config.time_budget
+        workers: dict[str, Any] = {}  # one worker pool per device, shared by every pair (started on its first case)
+        worker_processes("cpu")  # a bad PA_ORACLE_WORKER_PROCESSES is bad input before anything runs
+        drawers = Drawers(draw_processes())  # helper processes drawing ahead, shared likewise
+        schedule = Schedule(results, end, self.compile_plan, say=self._say if self.progress else lambda line: None)
+        todo = schedule.order(todo)  # those whose variants are building go after the ready ones
+        try:
+            if self.compile_plan is not None:
+                self.compile_plan.start(self.compile_plan.tasks(config.limits, seed, isolatable), self.progress)
+            if self.target > CHUNK and any(isolated_by_default(b) if config.isolate is None else config.isolate
+                                           for (b, _c), _key in todo):
+                drawers.start()  # only a pipelined (isolated) backend sends them chunks, and only those after its first
+            self._rounds(todo, schedule, Shared(cutoff=end, workers=workers, drawers=drawers), end)
+            if drawers.taken or drawers.redrawn:
+                self._say(f"{drawers.taken} chunks drawn ahead by {drawers.count} draw processes "
+                          f"({drawers.redrawn} more drawn again here: a case an earlier chunk drew since)")
+        except BaseException:
+            try:
+                self.checkpoint.flush(broken=True)  # each pair as of its last whole chunk (a Ctrl-C, an error of the tool)
+            except Exception:  # noqa: BLE001 - a save that fails (a full disk) must not hide what stopped the run
+                pass  # (the file keeps its last save)
+            raise
+        finally:
+            self._close(drawers, workers)
+        return [results[key] for key in self.keys]
 
-    checkpoint = Checkpoints(state, state_file)
-
-    def report(result: BackendResult) -> None:
-        if progress:
-            total = sum(len(r.findings) for r in state.results.values())
-            progress(f"  {label}{result.line()}; findings so far {total}")
-
-    workers: dict[str, Any] = {}  # one worker pool per device, shared by every backend and check (started on its first case)
-    worker_processes("cpu")  # a bad PA_ORACLE_WORKER_PROCESSES is bad input before anything runs
-    drawers = Drawers(draw_processes())  # helper processes drawing ahead, shared likewise
-    schedule = Schedule(state.results, end, compile_plan, say=lambda line: progress(f"{label}{line}") if progress else None)
-    todo = schedule.order(todo)  # those whose variants are building go after the ready ones
-    try:
-        if compile_plan is not None:
-            compile_plan.start(compile_plan.tasks(limits, seed, isolatable), progress)
-        if target > CHUNK and any(isolated_by_default(b) if isolate is None else isolate for (b, _c), _key in todo):
-            drawers.start()  # only a pipelined (isolated) backend sends them chunks, and only those after its first
-        turns = 0
-        while True:  # turns: a pair runs again only when the deadline (not a finding, an end or a failure) stopped it
-            active = [(pair, key) for pair, key in todo if (wants_more(state.results[key]) if turns == 0 else
-                      state.results[key].status == "running" and state.results[key].examples < target)]
+    def _rounds(self, todo: list[tuple[Any, str]], schedule: Schedule, shared: Shared, end: float | None) -> None:
+        """Rounds of turns: a pair runs again only when the deadline (not a finding, an end or a failure) stopped it."""
+        results, turns = self.state.results, 0
+        pair_config = self.config.replace(examples=self.target)
+        while True:
+            active = [(pair, key) for pair, key in todo if self._wants_more(results[key], turns == 0)]
             turns += 1
             if not active or (turns > 1 and end is not None and time.monotonic() >= end):
                 break
             for turn in schedule.turns(active, first=turns == 1):
                 (backend, check), key, plan = turn.pair, turn.key, turn.plan
-                if progress:
-                    progress(f"{label}{_doing(backend, check)} ..." + (f" (turn {turns})" if turn.again else ""))
+                self._say(f"{_doing(backend, check)} ..." + (f" (turn {turns})" if turn.again else ""))
                 if plan is not None:
-                    plan.announce = progress
-                fuzz_backend(
-                    backend, check=check, examples=target, base_seed=int(state.config.get("seed", 0)), deadline=turn.deadline,
-                    cutoff=end, limits=limits, tolerance=tolerance, out_dir=out_dir,
-                    kernel_spec=backend.name if isinstance(backend, UserKernel) else None,
-                    progress=report, isolate=isolate, case_timeout=case_timeout, shard=shard, ledger=ledger,
-                    resume=state.results[key], checkpoint=checkpoint, workers=workers, on_case=on_case, variants=plan,
-                    drawers=drawers,
-                )
+                    plan.announce = self.progress
+                turn_shared = Shared(deadline=turn.deadline, cutoff=shared.cutoff, workers=shared.workers,
+                                     drawers=shared.drawers, variants=plan)
+                fuzz_backend(backend, pair_config, check=check, resume=results[key], shared=turn_shared, hooks=self.hooks)
                 if plan is not None:
-                    state.results[key].coverage.variants = plan.lines()
-                checkpoint.flush()
-            checkpoint.flush()  # (a pair settled without a turn: not built)
+                    results[key].coverage.variants = plan.lines()
+                self.checkpoint.flush()
+            self.checkpoint.flush()  # (a pair settled without a turn: not built)
             if end is None:
                 break  # without a budget each pair ran to its count, its finding or its end
-        if progress and (drawers.taken or drawers.redrawn):
-            progress(f"{label}{drawers.taken} chunks drawn ahead by {drawers.count} draw processes "
-                     f"({drawers.redrawn} more drawn again here: a case an earlier chunk drew since)")
-    except BaseException:
-        try:
-            checkpoint.flush(broken=True)  # each pair as of its last whole chunk (a Ctrl-C, an error of the tool)
-        except Exception:  # noqa: BLE001 - a save that fails (a full disk) must not hide what stopped the run
-            pass  # (the file keeps its last save)
-        raise
-    finally:
+
+    def _close(self, drawers: Drawers, workers: dict[str, Any]) -> None:
         drawers.close()
         for worker in workers.values():
             worker.close()
-        if compile_plan is not None:
-            compile_plan.close()
-            for (backend, check), key in zip(pairs, keys):
-                if (plan := compile_plan.plan_for(backend)) is not None and check is ORACLE:
-                    state.results[key].coverage.variants = plan.lines()
-    return [state.results[key] for key in keys]
+        if self.compile_plan is not None:
+            self.compile_plan.close()
+            for (backend, check), key in zip(self.pairs, self.keys):
+                if (plan := self.compile_plan.plan_for(backend)) is not None and check is ORACLE:
+                    self.state.results[key].coverage.variants = plan.lines()
 
 
 def _doing(backend: Backend, check: Check) -> str:
@@ -607,46 +590,39 @@ def _doing(backend: Backend, check: Check) -> str:
     return f"{what} on {where}"
 
 
-def known_findings(ledger: list[Entry] | None, backend: Backend) -> KnownFindings:
+def known_findings(ledger: Sequence[Entry] | None, backend: Backend) -> KnownFindings:
     """Whether a drawn case is a known finding of ``backend`` (the oracle comparison) at its installed versions."""
     return _known_test(ledger, backend, ORACLE, backend.versions())
 
 
-def _known_test(ledger: list[Entry] | None, backend: Backend, check: Check, versions: dict[str, str]) -> KnownFindings:
+def _known_test(ledger: Sequence[Entry] | None, backend: Backend, check: Check, versions: dict[str, str]) -> KnownFindings:
     """Whether a drawn case is a known finding of ``backend`` at ``versions`` (a ledger class), for ``check``."""
     return KnownFindings(tuple(ledger or ()), backend.name, tuple(sorted(versions.items())), backend.kernel_family, check.name)
 
 
-def judge_one(
-    backend: Backend,
-    check: Check,
-    case: Case,
-    *,
-    tolerance: Tolerance = Tolerance(),
-    out_dir: Path | None = None,
-    kernel_spec: str | None = None,
-    isolate: bool | None = None,
-    case_timeout: float = CASE_TIMEOUT,
-) -> BackendResult:
+def judge_one(backend: Backend, check: Check, case: Case, config: CampaignConfig = CampaignConfig()) -> BackendResult:
     """Run ``check`` on one given case (``metamorphic --case``), isolated as a campaign runs it (a
     crash replays as a crash), and save a finding as a campaign does."""
-    from pa_oracle.fuzz.run.isolation import case_judge, check_timeout
+    from pa_oracle.fuzz.run.isolation import case_judge
 
     result = BackendResult(backend.name, check=check.name, status="done")
     capabilities = check.capabilities(backend)
     if isinstance(capabilities, str):
         result.not_applicable = capabilities
         return result
+    kernel_spec = backend.name if isinstance(backend, UserKernel) else None
     start = time.monotonic()
-    with case_judge(backend, isolate=isolate, timeout=check_timeout(case_timeout), tolerance=tolerance, judge=check) as judge:
+    with case_judge(backend, isolate=config.isolate, timeout=config.case_timeout, tolerance=config.tolerance,
+                    judge=check) as judge:
         outcome = judge(case)
     result.seconds = time.monotonic() - start
     if outcome.status == "error":
         result.status = "incomplete"
-        result.notes.append(f"the oracle could not judge case {case.case_id}{_saved_at(outcome, backend, out_dir, kernel_spec)}: {outcome.message}")
+        saved = _saved_at(outcome, backend, config.out_dir, kernel_spec)
+        result.notes.append(f"the oracle could not judge case {case.case_id}{saved}: {outcome.message}")
         return result
-    _count(result, outcome)
+    count(result, outcome)
     if outcome.is_finding:
         result.status = "finding"
-        _record_finding(result, outcome, backend, out_dir, kernel_spec)
+        _record_finding(result, outcome, backend, config.out_dir, kernel_spec)
     return result

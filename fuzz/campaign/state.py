@@ -91,13 +91,13 @@ class BackendResult:
 
     @property
     def is_complete(self) -> bool:
-        """It ran to its example count, its time budget or a finding; "incomplete" (reason in
-        ``notes``) and "exhausted" are not, nor is a run that judged no example. A check that
-        cannot apply to the backend is complete."""
-        if self.not_applicable is not None or self.not_built is not None:
-            return True
-        judged = self.judged_nothing() is None or bool(self.findings)
-        return self.status in ("done", "finding", "running") and judged
+        """It ran to its example count, its time budget or a finding, and judged something
+        (``pa_oracle.fuzz.campaign.verdict.why_incomplete``, the one definition): "incomplete" (reason in ``notes``)
+        and "exhausted" are not, nor is a run that judged no example. A check that cannot apply to the
+        backend is complete."""
+        from pa_oracle.fuzz.campaign.verdict import why_incomplete
+
+        return why_incomplete(self) is None
 
     def judged_nothing(self) -> str | None:
         """Why its examples are no verdict although it ran, or None: no example ran, every one was

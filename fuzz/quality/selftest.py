@@ -12,7 +12,7 @@ from typing import Callable
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign import engine
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, Hooks, Shared, fuzz_backend
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.campaign.writes import WriteCampaign, WriteResult, fuzz_write_kernel
 from pa_oracle.fuzz.quality import (
@@ -77,8 +77,8 @@ def _fuzz_one(module: object, name: str, examples: int, seed: int, deadline: flo
     kernel = target() if isinstance(target, type) and issubclass(target, Backend) else UserKernel(target, name=f"{module.__name__}:{name}")  # type: ignore[attr-defined]
     check = ALL_CHECKS[getattr(module, "CHECKS", {}).get(name, "oracle")]
     # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
-    outcome = fuzz_backend(kernel, check=check, examples=examples, base_seed=seed, isolate=False, deadline=deadline,
-                           on_case=_ShrinkBound(shrink_seconds))
+    outcome = fuzz_backend(kernel, CampaignConfig(examples=examples, seed=seed, isolate=False), check=check,
+                           shared=Shared(deadline=deadline), hooks=Hooks(on_case=_ShrinkBound(shrink_seconds)))
     return outcome.finding is not None, outcome.examples, outcome.finding.message.splitlines()[0] if outcome.finding else ""
 
 

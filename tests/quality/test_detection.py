@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.quality.selftest import run_selftest
 
 from pa_oracle.cli import main
@@ -12,7 +12,7 @@ from pa_oracle.cli import main
 @pytest.mark.parametrize("bug", ["wrong_gqa_map", "top_left_causal", "last_page_off_by_one"])
 def test_planted_bug_is_found_shrunk_and_reproduced(bug: str, tmp_path) -> None:
     spec = f"pa_oracle.fuzz.quality.planted:{bug}"
-    result = fuzz_backend(UserKernel.from_spec(spec), examples=200, out_dir=tmp_path, kernel_spec=spec)
+    result = fuzz_backend(UserKernel.from_spec(spec), CampaignConfig(examples=200, out_dir=tmp_path))
     assert result.finding is not None, f"{bug} not found in 200 examples"
     case = result.finding.case
     assert case.layout.batch_size <= 2 and max(case.layout.kv_lens) <= 17, case.summary()

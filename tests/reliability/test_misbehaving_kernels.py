@@ -21,7 +21,7 @@ import torch
 from click.testing import CliRunner, Result
 from pa_oracle.backends.base import Backend, Capabilities, KernelOutput
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.engine import fuzz_backend, run_campaign
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend, run_campaign
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import CampaignState, state_path
 from pa_oracle.fuzz.draw.strategies import Limits
@@ -280,7 +280,7 @@ def test_an_output_the_oracle_cannot_judge_stops_the_backend_as_incomplete(monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pa_oracle.fuzz.run.runner, "judge", breaks_on_the_third)
-    result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), examples=10, limits=TINY, isolate=False)
+    result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), CampaignConfig(examples=10, limits=TINY, isolate=False))
     assert result.status == "incomplete" and not result.is_complete and result.examples == 2 and not result.findings
     assert "the oracle could not judge the output: RuntimeError: an oracle bug" in result.notes[-1]
     assert "INCOMPLETE (the oracle could not judge case" in result.line()
@@ -297,19 +297,17 @@ def test_an_internal_error_stops_the_backend_as_incomplete_and_the_campaign_goes
     monkeypatch.setattr(pa_oracle.fuzz.run.runner, "check_case", fails_for_one)
     backends = [UserKernel.from_spec(f"{MODULE}:slightly_off"), UserKernel.from_spec(f"{MODULE}:correct")]
     path = state_path(tmp_path, Shard())
-    broken, fine = run_campaign(backends, CampaignState({"seed": 0}), path, examples=5, limits=TINY, isolate=False)
+    broken, fine = run_campaign(backends, CampaignState({"seed": 0}), path, CampaignConfig(examples=5, limits=TINY, isolate=False))
     assert broken.status == "incomplete" and broken.notes[-1] == "internal error: RuntimeError: boom"
     assert fine.status == "done" and fine.is_complete and fine.passed == 5
 
 
 def test_a_campaign_whose_budget_ends_before_any_example_is_incomplete(tmp_path: Path) -> None:
     path = state_path(tmp_path, Shard())
-    [result] = run_campaign([UserKernel.from_spec(f"{MODULE}:correct")], CampaignState({"seed": 0}), path, examples=5,
-                            limits=TINY, time_budget=1e-9, isolate=False)
+    [result] = run_campaign([UserKernel.from_spec(f"{MODULE}:correct")], CampaignState({"seed": 0}), path, CampaignConfig(examples=5, limits=TINY, time_budget=1e-9, isolate=False))
     assert result.status == "incomplete" and result.notes == ["no example ran"] and not result.is_complete
 
 
 def test_the_run_campaign_refuses_a_zero_case_timeout(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="finite number of seconds > 0"):
-        run_campaign([UserKernel.from_spec(f"{MODULE}:correct")], CampaignState({}), tmp_path / "c.json", examples=1,
-                     case_timeout=0)
+        run_campaign([UserKernel.from_spec(f"{MODULE}:correct")], CampaignState({}), tmp_path / "c.json", CampaignConfig(examples=1, case_timeout=0))

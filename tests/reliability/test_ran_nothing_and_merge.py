@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from hypothesis import given, settings
 from pa_oracle.backends import get_backend
 from pa_oracle.fuzz.campaign.coverage import declared
-from pa_oracle.fuzz.campaign.engine import attends_a_key
+from pa_oracle.fuzz.campaign.tally import attends_a_key
 from pa_oracle.fuzz.campaign.shard import MAX_SHARDS, Shard
 from pa_oracle.fuzz.campaign.state import (
     UNSUPPORTED_BOUND,

@@ -74,7 +74,7 @@ def test_nonsense_time_budgets_are_usage_errors(budget: str) -> None:
 
 def test_shrinking_is_bounded_and_the_finding_kept() -> None:
     from pa_oracle.backends.user import UserKernel
-    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, Hooks, fuzz_backend
 
     def shrink_steps(seconds: float) -> tuple[int, object]:
         bound, steps = selftest._ShrinkBound(seconds), [0]
@@ -84,7 +84,7 @@ def test_shrinking_is_bounded_and_the_finding_kept() -> None:
             bound(result, searching)
 
         kernel = UserKernel(planted.window_off_by_one, name=f"{planted.__name__}:window_off_by_one")
-        outcome = fuzz_backend(kernel, examples=100, isolate=False, on_case=on_case)
+        outcome = fuzz_backend(kernel, CampaignConfig(examples=100, isolate=False), hooks=Hooks(on_case=on_case))
         return steps[0], outcome.finding
 
     bounded, finding = shrink_steps(0.0)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.cli import main
-from pa_oracle.fuzz.campaign.engine import fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 from pa_oracle.fuzz.campaign.findings import save_unjudged
 from pa_oracle.fuzz.campaign.ledger import golden_check
 from pa_oracle.fuzz.draw.strategies import Limits
@@ -45,7 +45,7 @@ def test_the_unjudged_case_is_the_one_the_oracle_broke_on_and_nothing_else_is_to
     # a tool error is never a finding, but its case must come back (a GPU run's log may cut the message)
     seen = _oracle_breaks_on_the_second_case(monkeypatch)
     (tmp_path / "mine.txt").write_text("the user's")
-    result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), examples=10, limits=TINY, isolate=False, out_dir=tmp_path)
+    result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), CampaignConfig(examples=10, limits=TINY, isolate=False, out_dir=tmp_path))
     assert result.status == "incomplete" and not result.findings
     (folder,) = tmp_path.glob("*/unjudged-*")
     saved = load_case(folder / "case.json")
@@ -56,7 +56,7 @@ def test_the_unjudged_case_is_the_one_the_oracle_broke_on_and_nothing_else_is_to
 
 def test_a_user_kernels_unjudged_case_replays_on_that_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _oracle_breaks_on_the_second_case(monkeypatch)
-    result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), examples=10, limits=TINY, isolate=False, out_dir=tmp_path)
+    result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), CampaignConfig(examples=10, limits=TINY, isolate=False, out_dir=tmp_path))
     (folder,) = tmp_path.glob("*/unjudged-*")
     assert result.status == "incomplete" and f"(saved in {folder})" in result.notes[-1]
     assert load_case(folder / "case.json").meta["kernel"] == f"{MODULE}:correct"
@@ -85,7 +85,7 @@ def test_an_unwritable_out_keeps_the_tool_error_as_the_note(monkeypatch: pytest.
     _oracle_breaks_on_the_second_case(monkeypatch)
     out = tmp_path / "a-file"
     out.write_text("the user's")
-    result = fuzz_backend(get_backend("sdpa-math"), examples=10, limits=TINY, isolate=False, out_dir=out)
+    result = fuzz_backend(get_backend("sdpa-math"), CampaignConfig(examples=10, limits=TINY, isolate=False, out_dir=out))
     assert result.status == "incomplete" and not result.findings
     assert f"(not saved under {out}: " in result.notes[-1] and "RuntimeError: an oracle bug" in result.notes[-1]
     assert out.read_text() == "the user's"

@@ -69,9 +69,9 @@ def test_without_original_json_triage_stays_on_the_minimal_case(tmp_path: Path) 
 
 def test_a_campaigns_finding_keeps_its_first_failing_case(tmp_path: Path) -> None:
     """The engine passes the search's first failing outcome to the finding writer: a shrunk finding keeps it."""
-    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 
-    result = fuzz_backend(kernel("window_off_by_one"), examples=200, out_dir=tmp_path, isolate=False)
+    result = fuzz_backend(kernel("window_off_by_one"), CampaignConfig(examples=200, out_dir=tmp_path, isolate=False))
     assert result.finding is not None and result.finding_dir is not None
     minimal = load_case(result.finding_dir / "case.json")
     if (result.finding_dir / FIRST_FAILING).exists():
@@ -88,9 +88,9 @@ def test_the_coverage_of_a_run_with_a_finding_counts_the_minimal_case() -> None:
     shrinking was never counted (here the first failure has group 5 and the minimal one group 2)."""
     from pa_oracle.backends.user import UserKernel
     from pa_oracle.fuzz.campaign.coverage import exercised
-    from pa_oracle.fuzz.campaign.engine import fuzz_backend
+    from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
 
-    result = fuzz_backend(UserKernel.from_spec("pa_oracle.fuzz.quality.planted:wrong_gqa_map"), examples=200, isolate=True)
+    result = fuzz_backend(UserKernel.from_spec("pa_oracle.fuzz.quality.planted:wrong_gqa_map"), CampaignConfig(examples=200, isolate=True))
     assert result.finding is not None
     for name, value in exercised(result.finding.case).items():
         assert result.coverage.counts.get(name, {}).get(value, 0) >= 1, (name, value, result.coverage.counts.get(name))
