@@ -53,7 +53,8 @@ WRITES = types.SimpleNamespace(
     CORRECT=tuple(k.__name__ for k in planted_writes.CORRECT),
     **{k.__name__: k for k in (*_WRITE_BUGS, *planted_writes.CORRECT)})
 # each: BUGS, PLANTED, CORRECT (user-kernel functions, or Backend classes), optional CHECKS (kernel -> check name)
-MODULES = (planted, planted_families, planted_layouts, planted_composed, planted_user, planted_positions, WRITES)
+MODULES = (planted, planted_families, planted_layouts, planted_layouts.STRIDED, planted_composed, planted_user, planted_positions,
+           WRITES)
 
 
 def selftest_kernels() -> list[tuple[object, str]]:
