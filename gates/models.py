@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+if TYPE_CHECKING:  # transformers is imported where a model is built (``pa_oracle.gates`` imports without it)
+    from transformers import PreTrainedModel
+
+_Module = TypeVar("_Module", bound=torch.nn.Module)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -61,7 +65,7 @@ def load_model(
     if tokenizer.pad_token is None:  # only masked positions ever hold it
         tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
     source = f"{folder}/{extra['gguf_file']}" if extra else folder
-    return LoadedModel(model.to(device).eval(), tokenizer, source)
+    return LoadedModel(_moved(model, device).eval(), tokenizer, source)
 
 
 TINY_ARCHITECTURES = ("llama", "qwen2")
@@ -83,50 +87,71 @@ def tiny_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad, bos_token=bos, eos_token=eos)
 
 
-def save_tiny(folder: str | Path, architecture: str = "llama", **kwargs: Any) -> Path:
-    """A tiny model (``tiny_model``) and ``tiny_tokenizer`` saved to ``folder``, loadable by ``load_model``."""
+def save_tiny(folder: str | Path, spec: TinySpec | None = None) -> Path:
+    """A tiny model (``tiny_model(spec)``) and ``tiny_tokenizer`` saved to ``folder``, loadable by ``load_model``."""
     folder = Path(folder)
-    tiny_model(architecture, **kwargs).save_pretrained(folder)
+    tiny_model(spec or TinySpec()).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     return folder
 
 
-def tiny_model(
-    architecture: str = "llama",
-    *,
-    num_heads: int = 6,
-    num_kv_heads: int = 2,
-    head_dim: int = 16,
-    num_layers: int = 2,
-    vocab_size: int = TINY_VOCAB,
-    sliding_window: int | None = None,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-) -> Any:
-    """A randomly initialized causal LM small enough for CPU tests. The default GQA ratio is 3, so
-    a wrong head map (h % Hkv instead of h // group) sends most heads to the wrong KV head.
+@dataclass(frozen=True)
+class TinySpec:
+    """The shape of a tiny test model. The default GQA ratio is 3 (6 query heads, 2 KV heads), so a
+    wrong head map (h % Hkv instead of h // group) sends most heads to the wrong KV head. Only
+    ``qwen2`` has a ``sliding_window`` (in every layer)."""
+
+    architecture: str = "llama"
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    num_layers: int = 2
+    vocab_size: int = TINY_VOCAB
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.architecture == "llama" and self.sliding_window is not None:
+            raise ValueError("Llama has no sliding window; use architecture='qwen2'")
+        if self.architecture not in TINY_ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {TINY_ARCHITECTURES}, got {self.architecture!r}")
+
+    def build(self) -> PreTrainedModel:
+        """The randomly initialized model of this shape (float32, seeded by the caller)."""
+        from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+        width = self.num_heads * self.head_dim
+        common: dict[str, Any] = {
+            "vocab_size": self.vocab_size, "hidden_size": width, "intermediate_size": 2 * width,
+            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim, "max_position_embeddings": 4096,
+            "initializer_range": 0.2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+            "tie_word_embeddings": False,
+        }
+        if self.architecture == "llama":
+            llama = LlamaConfig(**common)
+            llama._attn_implementation = "sdpa"
+            return LlamaForCausalLM(llama)
+        window: dict[str, Any] = {"use_sliding_window": True, "sliding_window": self.sliding_window, "max_window_layers": 0}
+        qwen2 = Qwen2Config(**common, **(window if self.sliding_window else {}))
+        qwen2._attn_implementation = "sdpa"
+        return Qwen2ForCausalLM(qwen2)
+
+
+def tiny_model(spec: TinySpec | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A randomly initialized causal LM of ``spec``'s shape (default ``TinySpec()``: Llama, GQA ratio 3),
+    small enough for CPU tests, in eval mode.
 
     Weights are drawn with a larger std than the usual 0.02 so that attention is far from uniform
     (a nearly uniform softmax would hide attention bugs)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    common: dict[str, Any] = {
-        "vocab_size": vocab_size, "hidden_size": num_heads * head_dim, "intermediate_size": 2 * num_heads * head_dim,
-        "num_hidden_layers": num_layers, "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
-        "head_dim": head_dim, "max_position_embeddings": 4096, "initializer_range": 0.2, "pad_token_id": 0,
-        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
-    }
-    if architecture == "llama":
-        if sliding_window is not None:
-            raise ValueError("Llama has no sliding window; use architecture='qwen2'")
-        config = LlamaConfig(**common)
-        cls = LlamaForCausalLM
-    elif architecture == "qwen2":
-        window = {"use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": 0}
-        config = Qwen2Config(**common, **(window if sliding_window else {}))
-        cls = Qwen2ForCausalLM
-    else:
-        raise ValueError(f"architecture must be one of {TINY_ARCHITECTURES}, got {architecture!r}")
+    spec = spec or TinySpec()
     torch.manual_seed(seed)
-    config._attn_implementation = "sdpa"
-    return cls(config).to(dtype).eval()
+    return _moved(spec.build(), dtype).eval()
+
+
+def _moved(model: _Module, where: torch.dtype | str | torch.device) -> _Module:
+    """``model.to(where)`` (a module moves in place). Called through ``torch.nn.Module``'s signature:
+    transformers wraps ``PreTrainedModel.to`` in ``functools.wraps``, which typeshed types as an
+    unbound function; at run time transformers' own ``to`` runs all the same."""
+    module: torch.nn.Module = model
+    module.to(where)
+    return model

@@ -34,7 +34,7 @@ def gsm8k_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_llama():
     from pa_oracle.gates.models import tiny_model
 
-    return tiny_model("llama")  # 6 query heads / 2 KV heads: GQA ratio 3
+    return tiny_model()  # Llama, 6 query heads / 2 KV heads: GQA ratio 3
 
 
 @pytest.fixture(scope="session")

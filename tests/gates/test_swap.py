@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pa_oracle.backends.base import Backend, KernelOutput
-from pa_oracle.gates.models import tiny_model
+from pa_oracle.gates.models import TinySpec, tiny_model
 from pa_oracle.gates.swap import (
     PagedAttention,
     SwapError,
@@ -74,7 +74,7 @@ ARCHITECTURES = pytest.mark.parametrize(
 
 
 def _swap_and_stock(architecture: str, window: int | None, ids, mask, steps, backend: str = "sdpa-math"):
-    model = tiny_model(architecture, sliding_window=window)
+    model = tiny_model(TinySpec(architecture, sliding_window=window))
     name = register_paged_attention(backend, seed=7)
     stock = _prefill_and_decode(model, "sdpa", ids, mask, steps)
     swapped = _prefill_and_decode(model, name, ids, mask, steps)
@@ -259,7 +259,7 @@ class _Zeros(Backend):
 
 
 def _host_reads_per_forward(num_layers: int) -> tuple[int, PagedAttention]:
-    model = tiny_model("llama", num_layers=num_layers)
+    model = tiny_model(TinySpec("llama", num_layers=num_layers))
     name = register_paged_attention(_Zeros(), page_size=4, seed=5)
     model.set_attn_implementation(name)
     reads = []
