@@ -84,7 +84,7 @@ class Shard:
 
 # ---------------------------------------------------------------- the lm-eval task
 def stock_task_yaml() -> Path:
-    import lm_eval
+    import lm_eval  # type: ignore[import-untyped]  # lm-eval ships no py.typed
 
     return Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
 
@@ -111,7 +111,7 @@ def local_task_yaml(data_dir: Path) -> str:
 def task_manager(data_dir: Path | None, workdir: Path) -> Any:
     """lm-eval's TaskManager: the stock tasks, or (``data_dir``) only the local gsm8k config,
     written to ``workdir`` and found through ``include_path``."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # type: ignore[import-untyped]  # lm-eval ships no py.typed
 
     if data_dir is None:
         return TaskManager()
@@ -244,8 +244,8 @@ def run_gsm8k(
     """lm-eval's gsm8k on ``model`` switched to ``attn_implementation``; greedy, as the task says.
     With ``shard``, only that shard's questions are generated (the others get an empty answer and
     are dropped from the outcome), after lm-eval has built every prompt as in an unsharded run."""
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
+    import lm_eval  # type: ignore[import-untyped]  # lm-eval ships no py.typed
+    from lm_eval.models.huggingface import HFLM  # type: ignore[import-untyped]  # lm-eval ships no py.typed
     from pa_oracle.gates.swap import registered_swap
 
     try:
@@ -304,7 +304,7 @@ def _generate_only(lm: Any, shard: Shard) -> None:
 def _without_env_dump() -> Iterator[None]:
     """lm-eval ends every run with torch's collect_env (``pip list`` and friends in subprocesses:
     seconds per run) for a report field the gate never reads; skip it."""
-    import lm_eval.evaluator
+    import lm_eval.evaluator  # type: ignore[import-untyped]  # lm-eval ships no py.typed
 
     if not hasattr(lm_eval.evaluator, "add_env_info"):
         yield
@@ -483,11 +483,12 @@ def merge_saved(parts: list[SavedRuns]) -> SavedRuns:
         first.same_task(part, what=f"shard {part.shard}")
         if (part.backend, part.reference) != (first.backend, first.reference):
             raise GateInputError(f"shard {part.shard} ran {part.backend} vs {part.reference}, shard {first.shard} {first.backend} vs {first.reference}")
-    counts = {None if p.shard is None else p.shard.count for p in parts}
-    if None in counts or len(counts) != 1:
+    shards = [p.shard for p in parts if p.shard is not None]
+    counts = {shard.count for shard in shards}
+    if len(shards) != len(parts) or len(counts) != 1:
         raise GateInputError(f"merge takes the shards of one --shard I/N split, got {sorted(str(p.shard) for p in parts)}")
     count = counts.pop()
-    indices = sorted(p.shard.index for p in parts if p.shard is not None)
+    indices = sorted(shard.index for shard in shards)
     if indices != list(range(1, count + 1)):
         raise GateInputError(f"need each of the shards 1/{count} .. {count}/{count} once, got {', '.join(f'{i}/{count}' for i in indices)}")
     for part in parts:

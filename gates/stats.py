@@ -20,7 +20,7 @@ _NEGLIGIBLE = 1e-15  # a count this improbable is left out of a power sum
 
 
 def _binom() -> Any:
-    from scipy.stats import binom
+    from scipy.stats import binom  # type: ignore[import-untyped]  # scipy ships no type information (scipy-stubs is not a dependency)
 
     return binom
 
@@ -80,8 +80,8 @@ def mcnemar_exact(losses: int, wins: int) -> McNemar:
         raise ValueError(f"discordant counts must be >= 0, got losses={losses}, wins={wins}")
     if losses + wins == 0:
         return McNemar(losses, wins, 1.0, 1.0)
-    from scipy.stats import binomtest
-    from statsmodels.stats.contingency_tables import mcnemar
+    from scipy.stats import binomtest  # type: ignore[import-untyped]  # scipy ships no type information (scipy-stubs is not a dependency)
+    from statsmodels.stats.contingency_tables import mcnemar  # type: ignore[import-untyped]  # statsmodels ships no py.typed
 
     two_sided = float(mcnemar([[0, losses], [wins, 0]], exact=True).pvalue)
     worse = float(binomtest(losses, losses + wins, 0.5, alternative="greater").pvalue)
@@ -164,7 +164,7 @@ def mcnemar_detectable_drop(
 # ---------------------------------------------------------------- Wilson score bounds
 def _wilson(successes: Any, n: int, tail: float) -> tuple[Any, Any]:
     """The Wilson score interval with ``tail`` probability on each side (statsmodels), element-wise."""
-    from statsmodels.stats.proportion import proportion_confint
+    from statsmodels.stats.proportion import proportion_confint  # type: ignore[import-untyped]  # statsmodels ships no py.typed
 
     if not 0 < tail < 0.5:
         raise ValueError(f"tail probability must lie in (0, 0.5), got {tail}")

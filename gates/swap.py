@@ -106,7 +106,8 @@ class PagedMask(torch.Tensor):
     which the swap refuses: a mask that was sliced or combined is no longer this one.
     """
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # torch's documented switch-off for a subclass; torch's stubs type it as a plain function, the base's as a classmethod
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
     key_valid: torch.Tensor
     query_key_offset: int
     checked_windows: set[int]  # window_left values already checked against the canonical mask
@@ -144,8 +145,9 @@ def _mask_function(
     gives every mask function): SDPA's boolean mask, never skipped, plus the padding mask."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
+    q_start = int(q_offset)  # a tensor for static caches: read once here (sdpa_mask takes an int)
     allowed = sdpa_mask(
-        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_start, kv_offset=kv_offset,
         mask_function=mask_function or causal_mask_function, attention_mask=attention_mask,
         allow_is_causal_skip=False, use_vmap=kwargs.get("use_vmap", False), device=device,
     )
@@ -154,9 +156,11 @@ def _mask_function(
         key_valid = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device)
     else:
         key_valid = padding[:, kv_offset : kv_offset + kv_length].to(device=device, dtype=torch.bool)
-    offset = int(q_offset) - kv_offset
+    if allowed is None:  # sdpa_mask skips only when allowed to, and it was not
+        raise SwapError("transformers' sdpa_mask returned no mask although allow_is_causal_skip=False")
+    offset = q_start - kv_offset
     if not 0 <= offset <= kv_length - q_length:
-        raise SwapError(f"queries at cache positions {int(q_offset)}.. do not lie inside the {kv_length} keys")
+        raise SwapError(f"queries at cache positions {q_start}.. do not lie inside the {kv_length} keys")
     return PagedMask.wrap(allowed.expand(batch_size, 1, q_length, kv_length).contiguous(), key_valid, offset)
 
 
