@@ -11,11 +11,17 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from pa_oracle.gates.gsm8k import FILTERS as GSM8K_FILTERS
+
+if TYPE_CHECKING:  # the commands import what they use: `pa-oracle gate --help` imports no torch
+    from pa_oracle.gates import gsm8k as g
+    from pa_oracle.gates.logits import LogitGateConfig, Thresholds
+    from pa_oracle.gates.models import LoadedModel
 
 
 @click.group()
@@ -38,20 +44,38 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def load_for_gate(model_path: str, gguf_file: str | None, dtype: str, device: str | None) -> Any:
+@dataclass(frozen=True, kw_only=True)
+class ModelChoice:
+    """Which model a gate loads and how (``model_options``)."""
+
+    model_path: str
+    gguf_file: str | None = None
+    dtype: str = "auto"
+    device: str | None = None
+
+
+def load_for_gate(choice: ModelChoice) -> LoadedModel:
     """``pa_oracle.gates.models.load_model`` with the CLI's defaults; bad paths are usage errors."""
     import torch
     from pa_oracle.gates.models import load_model
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = choice.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = choice.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    if gguf_file is None and model_path.endswith(".gguf"):
-        gguf_file = model_path
+    gguf_file = choice.gguf_file
+    if gguf_file is None and choice.model_path.endswith(".gguf"):
+        gguf_file = choice.model_path
     try:
-        return load_model(model_path, gguf_file=gguf_file, dtype=dtype, attn_implementation="sdpa", device=device)
+        return load_model(choice.model_path, gguf_file=gguf_file, dtype=dtype, attn_implementation="sdpa", device=device)
     except (OSError, ValueError) as exc:
-        raise click.UsageError(f"cannot load model {model_path}: {exc}") from None
+        raise click.UsageError(f"cannot load model {choice.model_path}: {exc}") from None
+
+
+def _usage_error(exc: BaseException) -> click.UsageError:
+    """A refusal (a bad backend name, a setting the gate cannot run) as a usage error (exit 2); a
+    KeyError's message comes quoted, so quotes are stripped from its ends."""
+    return click.UsageError(str(exc).strip("'\""))
 
 
 @gate.command()
@@ -77,46 +101,87 @@ def load_for_gate(model_path: str, gguf_file: str | None, dtype: str, device: st
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write result.json and report.md here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def logits(
-    model_path: str, gguf_file: str | None, dtype: str, device: str | None, backend: str, reference: str, data_dir: Path,
-    split: str, limit: int, batch_size: int, padding: str, mode: str, prefill_backend: str | None, page_size: int | None,
-    seed: int, max_mean_kl: float | None, max_kl: float | None, min_top1: float | None, out_dir: Path | None,
-    as_json: bool,
-) -> None:
+def logits(**options: Any) -> None:
     """Teacher-forced logit gate on GSM8k answers: KL, top-1 agreement; exit 1 if it fails.
 
     Thresholds per model dtype: README "Accuracy gates"."""
+    run_logits(LogitsOptions(**options))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogitsOptions(ModelChoice):
+    """What ``gate logits`` was asked, as the command line gave it."""
+
+    backend: str
+    data_dir: Path
+    reference: str = "oracle"
+    split: str = "test"
+    limit: int = 64
+    batch_size: int = 8
+    padding: str = "left"
+    mode: str = "prefill"
+    prefill_backend: str | None = None
+    page_size: int | None = None
+    seed: int = 0
+    max_mean_kl: float | None = None
+    max_kl: float | None = None
+    min_top1: float | None = None
+    out_dir: Path | None = None
+    as_json: bool = False
+
+    def gate_config(self) -> LogitGateConfig:
+        """The gate's settings (thresholds: the model dtype's, set once it is loaded); a usage error if they cannot run."""
+        from pa_oracle.gates.logits import LogitGateConfig
+
+        try:
+            return LogitGateConfig(
+                backend=self.backend, reference=self.reference, batch_size=self.batch_size, padding_side=self.padding,
+                mode=self.mode, prefill=self.prefill_backend, page_size=self.page_size, seed=self.seed,
+            )
+        except ValueError as exc:
+            raise _usage_error(exc) from None
+
+    def thresholds_for(self, model_dtype: str) -> Thresholds:
+        """The model dtype's calibrated bounds with the ones given on the command line instead."""
+        import dataclasses
+
+        from pa_oracle.gates.logits import THRESHOLDS
+
+        bounds = (("mean_kl", self.max_mean_kl), ("max_kl", self.max_kl), ("min_top1", self.min_top1))
+        overrides = {name: value for name, value in bounds if value is not None}
+        return dataclasses.replace(THRESHOLDS[model_dtype], **overrides)
+
+
+def run_logits(opts: LogitsOptions) -> None:
+    """Run the logit gate ``opts`` asks for, print (and with ``--out`` write) its result; exit 1 if it fails."""
     import dataclasses
 
     from pa_oracle.gates.data import read_gsm8k
-    from pa_oracle.gates.logits import THRESHOLDS, gsm8k_texts, run_logit_gate, write_result
+    from pa_oracle.gates.logits import gsm8k_texts, run_logit_gate, write_result
     from pa_oracle.gates.swap import SwapError
 
     try:
-        texts = gsm8k_texts(read_gsm8k(data_dir, split=split, limit=limit))
+        texts = gsm8k_texts(read_gsm8k(opts.data_dir, split=opts.split, limit=opts.limit))
     except (OSError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
-    loaded = load_for_gate(model_path, gguf_file, dtype, device)
+    config = opts.gate_config()
+    loaded = load_for_gate(opts)
     model_dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
-    bounds = (("mean_kl", max_mean_kl), ("max_kl", max_kl), ("min_top1", min_top1))
-    overrides = {name: value for name, value in bounds if value is not None}
-    thresholds = dataclasses.replace(THRESHOLDS[model_dtype], **overrides)
+    config = dataclasses.replace(config, thresholds=opts.thresholds_for(model_dtype))
     click.echo(
-        f"logit gate: {backend} vs {reference} on {loaded.source} ({model_dtype}), {len(texts)} texts, {mode} mode",
+        f"logit gate: {opts.backend} vs {opts.reference} on {loaded.source} ({model_dtype}), {len(texts)} texts, "
+        f"{opts.mode} mode",
         err=True,
     )
     try:
         with forward_progress("scoring") as progress:
-            result = run_logit_gate(
-                loaded.model, loaded.tokenizer, texts, backend=backend, reference=reference, batch_size=batch_size,
-                padding_side=padding, mode=mode, prefill=prefill_backend, page_size=page_size, seed=seed,
-                thresholds=thresholds, model_name=loaded.source, progress=progress,
-            )
+            result = run_logit_gate(loaded.model, loaded.tokenizer, texts, config, model_name=loaded.source,
+                                    progress=progress)
     except (SwapError, KeyError, ValueError, ImportError) as exc:
-        raise click.UsageError(str(exc).strip("'\"")) from None
-    if out_dir is not None:
-        write_result(result, out_dir)
-    click.echo(json.dumps(result.to_json(), indent=1) if as_json else result.to_markdown())
+        raise _usage_error(exc) from None
+    if opts.out_dir is not None:
+        write_result(result, opts.out_dir)
+    click.echo(json.dumps(result.to_json(), indent=1) if opts.as_json else result.to_markdown())
     if not result.passed:
         sys.exit(1)
 
@@ -208,60 +273,89 @@ def _gguf_path(model_path: str, gguf_file: str | None) -> Path | None:
     return None
 
 
-def _expected_for(g: Any, key: str, settings: Any, expected_file: Path | None, model_sha256: str) -> tuple[Any, Path | None]:
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """How a GSM8k gate is judged and reported (``_gsm8k_report_options``: ``gsm8k`` and ``gsm8k-merge``)."""
+
+    expected_file: Path | None = None
+    margin: float | None = None
+    alpha: float = 0.05
+    gated: tuple[str, ...] = ("flexible-extract",)
+    save_expected: Path | None = None
+    out_dir: Path = Path("pa-gates")
+    as_json: bool = False
+
+    def criteria(self) -> g.Criteria:
+        from pa_oracle.gates import gsm8k as g
+
+        return g.Criteria(alpha=self.alpha, gated=self.gated, margin=self.margin)
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """The golden expected accuracy a gate is held to (None: none), and the file it came from."""
+
+    record: g.Expected | None
+    file: Path | None
+
+
+def _expected_for(key: str, settings: g.TaskSettings, expected_file: Path | None, model_sha256: str) -> _Expected:
+    """``expected_file``, else ``golden/gsm8k/<key>.json`` where it exists; checked against the run's task."""
+    from pa_oracle.gates import gsm8k as g
+
     default_expected = g.EXPECTED_DIR / f"{key}.json"
     expected_file = expected_file or (default_expected if default_expected.is_file() else None)
     expected = g.load_expected(expected_file) if expected_file else None
     if expected is not None:
         g.check_expected(expected, model=key, settings=settings, model_sha256=model_sha256)
-    return expected, expected_file
+    return _Expected(expected, expected_file)
 
 
-def _gate_folder(out_dir: Path, saved: Any) -> Path:
+def _gate_folder(out_dir: Path, saved: g.SavedRuns) -> Path:
     shard = "" if saved.shard is None else f"-shard-{saved.shard.index}-of-{saved.shard.count}"
     return out_dir / "gsm8k" / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{saved.backend}-vs-{saved.reference}{shard}")
 
 
-def _judge_and_report(
-    saved: Any, *, expected: Any, expected_file: Path | None, margin: float | None, alpha: float, gated: tuple[str, ...],
-    save_expected: Path | None, out_dir: Path, as_json: bool,
-) -> None:
-    """Judge ``saved`` (a ``pa_oracle.gates.gsm8k.SavedRuns``), write its reports and runs, print the verdict, exit 1 on FAIL."""
+def _judge_and_report(ctx: click.Context, saved: g.SavedRuns, expected: _Expected, report: ReportOptions) -> None:
+    """Judge ``saved``, write its reports and runs, print the verdict, exit 1 on FAIL."""
     from pa_oracle.gates import gsm8k as g
 
     backend, reference = saved.outcomes[saved.backend], saved.outcomes[saved.reference]
-    if save_expected is not None:
+    if report.save_expected is not None:
         record = g.expected_from_run(reference, model=saved.model, settings=saved.settings,
                                      model_sha256=saved.model_sha256, dtype=saved.dtype)
-        g.save_expected(save_expected, record)
-        click.echo(f"expected accuracy written to {save_expected}", err=True)
+        g.save_expected(report.save_expected, record)
+        click.echo(f"expected accuracy written to {report.save_expected}", err=True)
     try:
         result = g.judge(
-            backend, reference, model=saved.model, settings=saved.settings, alpha=alpha, gated=gated,
-            expected=expected, expected_source=str(expected_file) if expected_file else None, margin=margin,
+            backend, reference, model=saved.model, settings=saved.settings, criteria=report.criteria(),
+            expected=expected.record, expected_source=str(expected.file) if expected.file else None,
         )
     except g.GateInputError as exc:
         raise click.ClickException(str(exc)) from None
-    command = _command_line(click.get_current_context())
-    folder = _gate_folder(out_dir, saved)
-    json_path, md_path = g.write_reports(folder, result, backend, reference, command=command)
+    folder = _gate_folder(report.out_dir, saved)
+    json_path, md_path = g.write_reports(folder, result, backend, reference, command=_command_line(ctx))
     saved.save(folder)
-    if as_json:
+    if report.as_json:
         click.echo(json.dumps(g.result_json(result, backend, reference), indent=1))
     else:
-        click.echo(f"GSM8k gate {'PASS' if result.passed else 'FAIL'}: {saved.backend} vs {saved.reference}"
-                   f"{'' if saved.shard is None else f' (shard {saved.shard})'}")
-        for line in result.failures:
-            click.echo(f"  {line}")
-        for name, verdict in result.verdicts.items():
-            click.echo(
-                f"  {name}: backend {100 * verdict.backend_accuracy:.1f}%, reference {100 * verdict.reference_accuracy:.1f}% "
-                f"(n={verdict.n}), lost {verdict.mcnemar.losses} / won {verdict.mcnemar.wins}, "
-                f"McNemar p(worse) = {verdict.mcnemar.p_backend_worse:.3g}"
-            )
-        click.echo(f"  report: {md_path} (+ {json_path.name}, {g.RUNS_FILE})")
+        _print_verdict(saved, result, f"  report: {md_path} (+ {json_path.name}, {g.RUNS_FILE})")
     if not result.passed:
         sys.exit(1)
+
+
+def _print_verdict(saved: g.SavedRuns, result: g.GateResult, where: str) -> None:
+    click.echo(f"GSM8k gate {'PASS' if result.passed else 'FAIL'}: {saved.backend} vs {saved.reference}"
+               f"{'' if saved.shard is None else f' (shard {saved.shard})'}")
+    for line in result.failures:
+        click.echo(f"  {line}")
+    for name, verdict in result.verdicts.items():
+        click.echo(
+            f"  {name}: backend {100 * verdict.backend_accuracy:.1f}%, reference {100 * verdict.reference_accuracy:.1f}% "
+            f"(n={verdict.n}), lost {verdict.mcnemar.losses} / won {verdict.mcnemar.wins}, "
+            f"McNemar p(worse) = {verdict.mcnemar.p_backend_worse:.3g}"
+        )
+    click.echo(where)
 
 
 @gate.command()
@@ -284,64 +378,106 @@ def _judge_and_report(
 @click.option("--reference-run", type=click.Path(exists=True, path_type=Path), default=None,
               help="runs.json (or its folder) of an earlier gate on the same model, task, limit and shard: reuse its reference run instead of running the reference again.")
 @_gsm8k_report_options
-def gsm8k(
-    model_path: str, gguf_file: str | None, dtype: str, device: str | None, backend: str, reference: str,
-    limit: int | None, shard_text: str | None, num_fewshot: int, max_gen_toks: int, gsm8k_data: Path | None,
-    batch_text: str, page_size: int | None, seed: int, reference_run: Path | None, expected_file: Path | None,
-    margin: float | None, alpha: float, gated: tuple[str, ...], save_expected: Path | None, out_dir: Path, as_json: bool,
-) -> None:
+@click.pass_context
+def gsm8k(ctx: click.Context, **options: Any) -> None:
     """lm-eval GSM8k with the backend and with the reference; exit 1 if McNemar finds the backend
     worse or its accuracy falls below the golden expected one."""
+    run_gsm8k_gate(ctx, Gsm8kOptions(**options))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gsm8kOptions(ReportOptions, ModelChoice):
+    """What ``gate gsm8k`` was asked, as the command line gave it."""
+
+    backend: str
+    reference: str = "hf:sdpa"
+    limit: int | None = None
+    shard_text: str | None = None
+    num_fewshot: int = 5
+    max_gen_toks: int = 256
+    gsm8k_data: Path | None = None
+    batch_text: str = "auto"
+    page_size: int | None = None
+    seed: int = 0
+    reference_run: Path | None = None
+
+    def refuse_conflicts(self) -> None:
+        """Options that cannot go together: a usage error (exit 2) before anything runs."""
+        if self.backend == self.reference:
+            raise click.UsageError(f"--backend and --reference must differ (both {self.backend})")
+        if self.shard_text and self.save_expected is not None:
+            raise click.UsageError("--save-expected needs the whole run: save it from gate gsm8k-merge")
+
+
+@dataclass(frozen=True)
+class _Gsm8kPlan:
+    """What a GSM8k gate runs, found before the model is loaded: the attention implementations still
+    to run (the reference's unless reused, then the backend's) and what the verdict is held to."""
+
+    shard: g.Shard | None
+    settings: g.TaskSettings
+    key: str  # the model's golden name
+    model_sha256: str
+    expected: _Expected
+    reused: g.SavedRuns | None  # --reference-run
+    runs: dict[str, str]  # label -> attention implementation
+
+
+def _plan_gsm8k(opts: Gsm8kOptions) -> _Gsm8kPlan:
+    """The gate's plan; bad input (a shard, an expected file, a reference run, a backend) is a usage error."""
+    from pa_oracle.gates import gsm8k as g
+    from pa_oracle.gates.swap import SwapError, attn_implementation_for
+
+    try:
+        shard = g.Shard.parse(opts.shard_text) if opts.shard_text else None
+        settings = g.TaskSettings(num_fewshot=opts.num_fewshot, max_gen_toks=opts.max_gen_toks)
+        key = g.model_key(opts.model_path, opts.gguf_file)
+        gguf_path = _gguf_path(opts.model_path, opts.gguf_file)
+        model_sha256 = g.file_sha256(gguf_path) if gguf_path is not None else ""
+        expected = _expected_for(key, settings, opts.expected_file, model_sha256)
+        reused = g.SavedRuns.load(opts.reference_run) if opts.reference_run is not None else None
+        if reused is not None and reused.reference != opts.reference:
+            raise g.GateInputError(
+                f"--reference-run {opts.reference_run} ran reference {reused.reference}, this gate {opts.reference}"
+            )
+        to_run = [opts.reference] if reused is None else []
+        runs = {label: attn_implementation_for(label, page_size=opts.page_size, seed=opts.seed)
+                for label in [*to_run, opts.backend]}
+    except (g.GateInputError, SwapError, KeyError, ValueError, ImportError) as exc:
+        raise _usage_error(exc) from None
+    return _Gsm8kPlan(shard, settings, key, model_sha256, expected, reused, runs)
+
+
+def run_gsm8k_gate(ctx: click.Context, opts: Gsm8kOptions) -> None:
+    """Run the GSM8k gate ``opts`` asks for (each run saved as it ends), judge and report it; exit 1 if it fails."""
     import importlib.metadata
     import importlib.util
 
     from pa_oracle.gates import gsm8k as g
-    from pa_oracle.gates.swap import SwapError, attn_implementation_for
+    from pa_oracle.gates.swap import SwapError
 
     if importlib.util.find_spec("lm_eval") is None:
         raise click.UsageError("the GSM8k gate needs lm-eval: pip install 'paged-attention-oracle[eval]'")
-    if backend == reference:
-        raise click.UsageError(f"--backend and --reference must differ (both {backend})")
-    try:
-        shard = g.Shard.parse(shard_text) if shard_text else None
-        if shard is not None and save_expected is not None:
-            raise g.GateInputError("--save-expected needs the whole run: save it from gate gsm8k-merge")
-        settings = g.TaskSettings(num_fewshot=num_fewshot, max_gen_toks=max_gen_toks)
-        key = g.model_key(model_path, gguf_file)
-        gguf_path = _gguf_path(model_path, gguf_file)
-        model_sha256 = g.file_sha256(gguf_path) if gguf_path is not None else ""
-        expected, expected_file = _expected_for(g, key, settings, expected_file, model_sha256)
-        reused = g.SavedRuns.load(reference_run) if reference_run is not None else None
-        if reused is not None and reused.reference != reference:
-            raise g.GateInputError(f"--reference-run {reference_run} ran reference {reused.reference}, this gate {reference}")
-        to_run = [reference] if reused is None else []
-        runs = {label: attn_implementation_for(label, page_size=page_size, seed=seed) for label in [*to_run, backend]}
-    except (g.GateInputError, SwapError, KeyError, ValueError, ImportError) as exc:
-        raise click.UsageError(str(exc).strip("'\"")) from None
-    loaded = load_for_gate(model_path, gguf_file, dtype, device)
+    opts.refuse_conflicts()
+    plan = _plan_gsm8k(opts)
+    loaded = load_for_gate(opts)
     weights = next(loaded.model.parameters())
-    model_dtype = str(weights.dtype).removeprefix("torch.")
-    batch_size = _batch_size(batch_text, str(weights.device))
-    saved = g.SavedRuns(key, settings, limit, shard, backend, reference, {}, model_sha256, model_dtype,
+    batch_size = _batch_size(opts.batch_text, str(weights.device))
+    saved = g.SavedRuns(plan.key, plan.settings, opts.limit, plan.shard, opts.backend, opts.reference, {},
+                        plan.model_sha256, str(weights.dtype).removeprefix("torch."),
                         importlib.metadata.version("lm-eval"))
-    if reused is not None:
-        try:
-            saved.same_task(reused, what=f"--reference-run {reference_run}")
-            if reused.shard != shard:
-                raise g.GateInputError(f"--reference-run {reference_run} ran shard {reused.shard}, this gate {shard}")
-        except g.GateInputError as exc:
-            raise click.UsageError(str(exc)) from None
-        saved.outcomes[reference] = reused.outcomes[reference]
-        click.echo(f"reference {reference}: reused from {reference_run}", err=True)
-    for step, (label, implementation) in enumerate(runs.items(), 1):
+    if plan.reused is not None:
+        _reuse_reference(saved, plan.reused, opts)
+    questions = g.Questions(limit=opts.limit, shard=plan.shard, data_dir=opts.gsm8k_data)
+    for step, (label, implementation) in enumerate(plan.runs.items(), 1):
         click.echo(
-            f"[{step}/{len(runs)}] gsm8k {settings.num_fewshot}-shot, {limit or 'all'} questions"
-            f"{'' if shard is None else f', shard {shard}'}, batch {batch_size}, attention: {label}", err=True,
+            f"[{step}/{len(plan.runs)}] gsm8k {plan.settings.num_fewshot}-shot, {opts.limit or 'all'} questions"
+            f"{'' if plan.shard is None else f', shard {plan.shard}'}, batch {batch_size}, attention: {label}", err=True,
         )
         try:
             saved.outcomes[label] = g.run_gsm8k(
-                loaded.model, loaded.tokenizer, attn_implementation=implementation, label=label, settings=settings,
-                limit=limit, data_dir=gsm8k_data, batch_size=batch_size, shard=shard,
+                loaded.model, loaded.tokenizer, attn_implementation=implementation, label=label,
+                settings=plan.settings, questions=questions, batch_size=batch_size,
             )
         except (g.GateInputError, SwapError) as exc:
             raise click.ClickException(f"{label}: {exc}") from None
@@ -349,27 +485,38 @@ def gsm8k(
         accuracy = ", ".join(f"{f} {100 * run.accuracy(f):.1f}%" for f in sorted(run.correct))
         click.echo(f"      {label}: {accuracy} ({run.seconds:.0f} s)", err=True)
         # saved after each run: a gate cut short keeps its reference run for --reference-run
-        runs_path = saved.save(_gate_folder(out_dir, saved))
+        runs_path = saved.save(_gate_folder(opts.out_dir, saved))
         click.echo(f"      saved to {runs_path}", err=True)
-    _judge_and_report(saved, expected=expected, expected_file=expected_file, margin=margin, alpha=alpha, gated=gated,
-                      save_expected=save_expected, out_dir=out_dir, as_json=as_json)
+    _judge_and_report(ctx, saved, plan.expected, opts)
+
+
+def _reuse_reference(saved: g.SavedRuns, reused: g.SavedRuns, opts: Gsm8kOptions) -> None:
+    """Take the reference run of ``--reference-run`` into ``saved``: it must have run the same task and shard."""
+    from pa_oracle.gates import gsm8k as g
+
+    try:
+        saved.same_task(reused, what=f"--reference-run {opts.reference_run}")
+        if reused.shard != saved.shard:
+            raise g.GateInputError(f"--reference-run {opts.reference_run} ran shard {reused.shard}, this gate {saved.shard}")
+    except g.GateInputError as exc:
+        raise click.UsageError(str(exc)) from None
+    saved.outcomes[opts.reference] = reused.outcomes[opts.reference]
+    click.echo(f"reference {opts.reference}: reused from {opts.reference_run}", err=True)
 
 
 @gate.command("gsm8k-merge")
 @click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @_gsm8k_report_options
-def gsm8k_merge(
-    folders: tuple[Path, ...], expected_file: Path | None, margin: float | None, alpha: float, gated: tuple[str, ...],
-    save_expected: Path | None, out_dir: Path, as_json: bool,
-) -> None:
+@click.pass_context
+def gsm8k_merge(ctx: click.Context, folders: tuple[Path, ...], **options: Any) -> None:
     """Merge the shards of a GSM8k gate (their report folders or runs.json files, each of
     --shard 1/N .. N/N once) into one verdict, as if it had run unsharded; exit 1 if it fails."""
     from pa_oracle.gates import gsm8k as g
 
+    report = ReportOptions(**options)
     try:
         saved = g.merge_saved([g.SavedRuns.load(folder) for folder in folders])
-        expected, expected_file = _expected_for(g, saved.model, saved.settings, expected_file, saved.model_sha256)
+        expected = _expected_for(saved.model, saved.settings, report.expected_file, saved.model_sha256)
     except g.GateInputError as exc:
         raise click.UsageError(str(exc)) from None
-    _judge_and_report(saved, expected=expected, expected_file=expected_file, margin=margin, alpha=alpha, gated=gated,
-                      save_expected=save_expected, out_dir=out_dir, as_json=as_json)
+    _judge_and_report(ctx, saved, expected, report)

@@ -229,6 +229,16 @@ def _first_text(value: Any) -> str:
     return "" if isinstance(value, (list, tuple)) or value is None else str(value)
 
 
+@dataclass(frozen=True)
+class Questions:
+    """Which test questions a run answers: the first ``limit`` (None: all), of them only ``shard``'s;
+    read from ``data_dir`` (test.jsonl, train.jsonl) or, None, lm-eval's hub dataset."""
+
+    limit: int | None = None
+    shard: Shard | None = None
+    data_dir: Path | None = None
+
+
 def run_gsm8k(
     model: Any,
     tokenizer: Any,
@@ -236,13 +246,11 @@ def run_gsm8k(
     attn_implementation: str,
     label: str,
     settings: TaskSettings,
-    limit: int | None,
-    data_dir: Path | None,
+    questions: Questions,
     batch_size: int = 1,
-    shard: Shard | None = None,
 ) -> RunOutcome:
     """lm-eval's gsm8k on ``model`` switched to ``attn_implementation``; greedy, as the task says.
-    With ``shard``, only that shard's questions are generated (the others get an empty answer and
+    With ``questions.shard``, only that shard's questions are generated (the others get an empty answer and
     are dropped from the outcome), after lm-eval has built every prompt as in an unsharded run."""
     import lm_eval  # type: ignore[import-untyped]  # lm-eval ships no py.typed
     from lm_eval.models.huggingface import HFLM  # type: ignore[import-untyped]  # lm-eval ships no py.typed
@@ -256,16 +264,16 @@ def run_gsm8k(
     model.set_attn_implementation(attn_implementation)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pa-gsm8k-") as workdir, _without_env_dump():
-        manager = task_manager(data_dir, Path(workdir))
+        manager = task_manager(questions.data_dir, Path(workdir))
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-        if shard is not None:
-            _generate_only(lm, shard)
+        if questions.shard is not None:
+            _generate_only(lm, questions.shard)
         results = lm_eval.simple_evaluate(
             model=lm,
             tasks=[settings.task],
             task_manager=manager,
             num_fewshot=settings.num_fewshot,
-            limit=limit,
+            limit=questions.limit,
             log_samples=True,
             gen_kwargs={"max_gen_toks": settings.max_gen_toks},
             bootstrap_iters=0,
@@ -278,7 +286,8 @@ def run_gsm8k(
         reported = results["results"][settings.task].get(f"exact_match,{filter_name}")
         if reported is not None and abs(float(reported) - outcome.accuracy(filter_name)) > 1e-9:
             raise GateInputError(f"{label}: {filter_name} per-question mean {outcome.accuracy(filter_name)} != lm-eval's {reported}")
-    if shard is not None:
+    if questions.shard is not None:
+        shard = questions.shard
         outcome = outcome_from_samples(label, [x for x in samples if shard.holds(int(x["doc_id"]))], seconds=outcome.seconds)
     return outcome
 
@@ -567,61 +576,77 @@ def pair(backend: RunOutcome, reference: RunOutcome, filter_name: str) -> list[t
     return [(i, backend.correct[filter_name][i], reference.correct[filter_name][i]) for i in sorted(ids_b)]
 
 
+@dataclass(frozen=True)
+class Criteria:
+    """How the runs are judged: ``gated`` filters decide pass/fail at significance ``alpha``; ``margin``
+    below the expected accuracy is allowed (None: the smallest margin at which a backend exactly at
+    the expected accuracy fails with probability <= alpha, ``stats.wilson_margin``)."""
+
+    alpha: float = 0.05
+    gated: tuple[str, ...] = ("flexible-extract",)
+    margin: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise GateInputError(f"alpha must lie in (0, 0.5), got {self.alpha}")
+
+
 def judge(
     backend: RunOutcome,
     reference: RunOutcome,
     *,
     model: str,
     settings: TaskSettings,
-    alpha: float = 0.05,
-    gated: tuple[str, ...] = ("flexible-extract",),
+    criteria: Criteria = Criteria(),
     expected: Expected | None = None,
     expected_source: str | None = None,
-    margin: float | None = None,
 ) -> GateResult:
-    """Pair the runs and judge every filter; ``gated`` filters decide pass/fail. ``margin`` None:
-    the smallest margin at which a backend exactly at the expected accuracy fails with probability
-    <= alpha (``stats.wilson_margin``)."""
-    if not 0 < alpha < 0.5:
-        raise GateInputError(f"alpha must lie in (0, 0.5), got {alpha}")
+    """Pair the runs and judge every filter by ``criteria``, against ``expected`` where given."""
     if expected is not None:
         check_expected(expected, model=model, settings=settings)
     verdicts, losses, wins = {}, {}, {}
     for filter_name in FILTERS:
-        if filter_name not in backend.correct and filter_name not in gated:
+        if filter_name not in backend.correct and filter_name not in criteria.gated:
             continue
         pairs = pair(backend, reference, filter_name)
-        n = len(pairs)
-        b_right, r_right = sum(b for _, b, _ in pairs), sum(r for _, _, r in pairs)
         losses[filter_name] = [i for i, b, r in pairs if r and not b]
         wins[filter_name] = [i for i, b, r in pairs if b and not r]
-        test = mcnemar_exact(len(losses[filter_name]), len(wins[filter_name]))
-        failures = []
-        if test.p_backend_worse <= alpha:
-            failures.append(
-                f"McNemar: backend loses {test.losses} questions the reference answers and wins {test.wins}, "
-                f"one-sided p = {test.p_backend_worse:.3g} <= alpha {alpha}"
-            )
-        baseline = r_right / n
-        noise = min(test.wins / n, baseline, 1 - baseline)
         target = expected.accuracy.get(filter_name) if expected else None
-        used_margin = bound = None
-        if target is not None:
-            used_margin = wilson_margin(n, expected=target, alpha=alpha) if margin is None else margin
-            bound = wilson_lower_bound(b_right, n, alpha=alpha)
-            if bound < target - used_margin:
-                failures.append(
-                    f"Wilson lower bound {bound:.4f} ({b_right}/{n} right) < expected {target:.4f} - margin {used_margin:.4f}"
-                )
-        verdicts[filter_name] = FilterVerdict(
-            filter_name, n, b_right, r_right, wilson_interval(b_right, n), wilson_interval(r_right, n), test,
-            mcnemar_detectable_drop(n, baseline=baseline, discordance=noise, alpha=alpha), target, used_margin, bound,
-            tuple(failures),
-        )
+        verdicts[filter_name] = _filter_verdict(filter_name, pairs, criteria, target)
     identical = sum(backend.responses.get(i) == reference.responses.get(i) for i in reference.responses)
     return GateResult(
-        backend.label, reference.label, model, settings, alpha, tuple(gated), verdicts, identical, losses, wins,
-        expected_source,
+        backend.label, reference.label, model, settings, criteria.alpha, tuple(criteria.gated), verdicts, identical,
+        losses, wins, expected_source,
+    )
+
+
+def _filter_verdict(filter_name: str, pairs: list[tuple[int, bool, bool]], criteria: Criteria,
+                    target: float | None) -> FilterVerdict:
+    """One filter's verdict on the paired outcomes: McNemar, and the Wilson bound against ``target``
+    (the expected accuracy, if any)."""
+    alpha, n = criteria.alpha, len(pairs)
+    b_right, r_right = sum(b for _, b, _ in pairs), sum(r for _, _, r in pairs)
+    test = mcnemar_exact(sum(r and not b for _, b, r in pairs), sum(b and not r for _, b, r in pairs))
+    failures = []
+    if test.p_backend_worse <= alpha:
+        failures.append(
+            f"McNemar: backend loses {test.losses} questions the reference answers and wins {test.wins}, "
+            f"one-sided p = {test.p_backend_worse:.3g} <= alpha {alpha}"
+        )
+    baseline = r_right / n
+    noise = min(test.wins / n, baseline, 1 - baseline)
+    used_margin = bound = None
+    if target is not None:
+        used_margin = wilson_margin(n, expected=target, alpha=alpha) if criteria.margin is None else criteria.margin
+        bound = wilson_lower_bound(b_right, n, alpha=alpha)
+        if bound < target - used_margin:
+            failures.append(
+                f"Wilson lower bound {bound:.4f} ({b_right}/{n} right) < expected {target:.4f} - margin {used_margin:.4f}"
+            )
+    return FilterVerdict(
+        filter_name, n, b_right, r_right, wilson_interval(b_right, n), wilson_interval(r_right, n), test,
+        mcnemar_detectable_drop(n, baseline=baseline, discordance=noise, alpha=alpha), target, used_margin, bound,
+        tuple(failures),
     )
 
 

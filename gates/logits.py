@@ -286,28 +286,14 @@ def token_metrics(reference_logits: torch.Tensor, backend_logits: torch.Tensor, 
     return TokenMetrics(kl, dlogp, ref.argmax(-1), test.argmax(-1), finite)
 
 
-def run_logit_gate(
-    model: Any,
-    tokenizer: Any,
-    texts: Sequence[ScoredText],
-    *,
-    backend: str | Backend,
-    reference: str = "oracle",
-    batch_size: int = 8,
-    padding_side: str = "left",
-    mode: str = "prefill",
-    prefill: str | None = None,
-    page_size: int | None = None,
-    seed: int = 0,
-    thresholds: Thresholds | None = None,
-    model_name: str = "",
-    worst: int = 5,
-    progress: Callable[[int, int], None] | None = None,
-) -> LogitGateResult:
-    """Score ``texts`` under ``reference`` and ``backend`` (swap specs, see ``attn_implementation_for``)
-    and judge the difference. ``thresholds`` default to ``THRESHOLDS`` for the model's dtype;
-    ``progress(done, total)`` is called after each forward pass of the model (``total`` of them in
-    both runs, known up front: every batch is tokenized first).
+_NEED_BATCH_AND_TEXT = "need batch_size >= 1 and at least one text"
+
+
+@dataclass(frozen=True)
+class LogitGateConfig:
+    """How the logit gate runs: ``backend`` and ``reference`` are swap specs (see
+    ``attn_implementation_for``); ``thresholds`` default to ``THRESHOLDS`` for the model's dtype;
+    ``worst``: how many of the worst tokens the result lists. Checked when made.
 
     ``mode="prefill"``: each batch is one forward (teacher forcing over whole texts).
     ``mode="decode"``: the prompt is prefilled, then the answer is fed one token per step through
@@ -315,84 +301,161 @@ def run_logit_gate(
     ``prefill`` (default: the reference, or the oracle for a stock ``hf:`` reference; a stock ``hf:``
     backend prefills itself), so both runs start from the same KV cache and only the decode steps
     differ."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    if mode not in ("prefill", "decode"):
-        raise ValueError(f"mode must be 'prefill' or 'decode', got {mode!r}")
-    if mode == "decode" and padding_side != "left":
-        raise ValueError("decode mode left-pads the prompts (right padding would leave holes before the answer)")
-    if mode == "prefill" and prefill is not None:
-        raise ValueError("prefill= names the prefill backend of decode mode")
-    if batch_size < 1 or not texts:
-        raise ValueError("need batch_size >= 1 and at least one text")
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    if thresholds is None:
+
+    backend: str | Backend
+    reference: str = "oracle"
+    batch_size: int = 8
+    padding_side: str = "left"
+    mode: str = "prefill"
+    prefill: str | None = None
+    page_size: int | None = None
+    seed: int = 0
+    thresholds: Thresholds | None = None
+    worst: int = 5
+
+    def __post_init__(self) -> None:
+        if self.padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
+        if self.mode not in ("prefill", "decode"):
+            raise ValueError(f"mode must be 'prefill' or 'decode', got {self.mode!r}")
+        if self.mode == "decode" and self.padding_side != "left":
+            raise ValueError("decode mode left-pads the prompts (right padding would leave holes before the answer)")
+        if self.mode == "prefill" and self.prefill is not None:
+            raise ValueError("prefill= names the prefill backend of decode mode")
+        if self.batch_size < 1:
+            raise ValueError(_NEED_BATCH_AND_TEXT)
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend if isinstance(self.backend, str) else self.backend.name
+
+    @property
+    def backend_prefill(self) -> str | None:
+        """What prefills the prompt in the backend's run: None in prefill mode and for a stock
+        ``hf:`` backend (it prefills itself)."""
+        stock_backend = isinstance(self.backend, str) and self.backend.startswith(STOCK_PREFIX)
+        if self.mode == "decode" and self.prefill is None and not stock_backend:
+            return "oracle" if self.reference.startswith(STOCK_PREFIX) else self.reference
+        return self.prefill
+
+    def thresholds_for(self, dtype: str) -> Thresholds:
+        if self.thresholds is not None:
+            return self.thresholds
         if dtype not in THRESHOLDS:
             raise ValueError(f"no calibrated thresholds for dtype {dtype}; pass thresholds=")
-        thresholds = THRESHOLDS[dtype]
-    stock_backend = isinstance(backend, str) and backend.startswith(STOCK_PREFIX)  # it prefills itself
-    if mode == "decode" and prefill is None and not stock_backend:
-        prefill = "oracle" if reference.startswith(STOCK_PREFIX) else reference
-    reference_impl = attn_implementation_for(reference, page_size=page_size, seed=seed)
-    backend_impl = attn_implementation_for(backend, page_size=page_size, seed=seed + 1, prefill=prefill)
+        return THRESHOLDS[dtype]
+
+
+def run_logit_gate(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[ScoredText],
+    config: LogitGateConfig,
+    *,
+    model_name: str = "",
+    progress: Callable[[int, int], None] | None = None,
+) -> LogitGateResult:
+    """Score ``texts`` under ``config.reference`` and ``config.backend`` and judge the difference.
+    ``progress(done, total)`` is called after each forward pass of the model (``total`` of them in
+    both runs, known up front: every batch is tokenized first)."""
+    if not texts:
+        raise ValueError(_NEED_BATCH_AND_TEXT)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    thresholds = config.thresholds_for(dtype)
+    prefill = config.backend_prefill
+    reference_impl = attn_implementation_for(config.reference, page_size=config.page_size, seed=config.seed)
+    backend_impl = attn_implementation_for(config.backend, page_size=config.page_size, seed=config.seed + 1,
+                                           prefill=prefill)
     device = next(model.parameters()).device
-    batches = []  # (index of the first text, batch)
-    for first in range(0, len(texts), batch_size):
-        chunk = texts[first : first + batch_size]
-        if mode == "prefill":
-            batches.append((first, _batch(tokenizer, chunk, padding_side, device)))
-        else:
-            batches.append((first, _decode_batch(tokenizer, chunk, device)))
-    total, done = 2 * sum(batch.forward_passes for _, batch in batches), 0
-
-    def after_forward() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total)
-
-    kls, agree, dlogp, candidates, nonfinite = [], [], [], [], 0
+    batches = _batches(tokenizer, texts, config, device)
+    counter = _ForwardCounter(2 * sum(batch.forward_passes for _, batch in batches), progress)
+    tally = _Tally(config.worst)
     for first, batch in batches:
-        ref_logits = _logits(model, reference_impl, batch, after_forward)
-        test_logits = _logits(model, backend_impl, batch, after_forward)
-        for b in range(len(batch.gold)):
-            rows, gold = batch.rows[b], batch.gold[b]
-            m = token_metrics(ref_logits[b, rows], test_logits[b, rows], gold)
-            nonfinite += int((~m.finite).sum())
-            kls.append(m.kl)
-            agree.append(m.reference_top == m.backend_top)
-            dlogp.append(m.abs_dlogprob)
-            top = torch.topk(m.kl, min(worst, len(m.kl)))
-            candidates += [
-                (float(v), first + b, int(i), int(gold[i]), int(m.reference_top[i]), int(m.backend_top[i]))
-                for v, i in zip(top.values, top.indices)
-            ]
-    kl_all, agree_all, dlogp_all = torch.cat(kls), torch.cat(agree), torch.cat(dlogp)
-    decode = lambda token: tokenizer.decode([token])
-    candidates.sort(key=lambda c: -c[0] if not math.isnan(c[0]) else -math.inf)
+        ref_logits = _logits(model, reference_impl, batch, counter)
+        test_logits = _logits(model, backend_impl, batch, counter)
+        tally.add(first, batch, ref_logits, test_logits)
+    kl_all, agree_all, dlogp_all = torch.cat(tally.kls), torch.cat(tally.agree), torch.cat(tally.dlogp)
     return LogitGateResult(
         model=model_name or type(model).__name__,
-        backend=backend if isinstance(backend, str) else backend.name,
-        reference=reference,
+        backend=config.backend_name,
+        reference=config.reference,
         dtype=dtype,
         device=str(device),
         texts=len(texts),
         tokens=len(kl_all),
-        batch_size=batch_size,
-        padding_side=padding_side,
-        mode=mode,
+        batch_size=config.batch_size,
+        padding_side=config.padding_side,
+        mode=config.mode,
         prefill=prefill,
         mean_kl=float(kl_all.mean()),
         max_kl=float(kl_all.max()),
         top1_agreement=float(agree_all.double().mean()),
         max_abs_dlogprob=float(dlogp_all.max()),
         mean_abs_dlogprob=float(dlogp_all.mean()),
-        nonfinite=nonfinite,
+        nonfinite=tally.nonfinite,
         thresholds=thresholds,
-        worst=[WorstToken(t, p, decode(g), kl, decode(r), decode(s)) for kl, t, p, g, r, s in candidates[:worst]],
+        worst=tally.worst_tokens(tokenizer),
         versions=_versions(reference_impl, backend_impl),
         numerics=numerics(),
     )
+
+
+def _batches(tokenizer: Any, texts: Sequence[ScoredText], config: LogitGateConfig,
+             device: torch.device) -> list[tuple[int, _Batch]]:
+    """Every batch of ``texts``, tokenized up front: (index of its first text, batch)."""
+    batches = []
+    for first in range(0, len(texts), config.batch_size):
+        chunk = texts[first : first + config.batch_size]
+        if config.mode == "prefill":
+            batches.append((first, _batch(tokenizer, chunk, config.padding_side, device)))
+        else:
+            batches.append((first, _decode_batch(tokenizer, chunk, device)))
+    return batches
+
+
+class _ForwardCounter:
+    """Called after each forward pass: counts them and tells ``progress(done, total)``."""
+
+    def __init__(self, total: int, progress: Callable[[int, int], None] | None) -> None:
+        self.total, self.done, self.progress = total, 0, progress
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+class _Tally:
+    """The per-token metrics of every scored text, and the ``worst`` highest-KL tokens of each text
+    (from which the result's worst tokens overall are picked)."""
+
+    def __init__(self, worst: int) -> None:
+        self.worst = worst
+        self.kls: list[torch.Tensor] = []
+        self.agree: list[torch.Tensor] = []
+        self.dlogp: list[torch.Tensor] = []
+        self.candidates: list[tuple[float, int, int, int, int, int]] = []  # kl, text, position, gold, ref top, top
+        self.nonfinite = 0
+
+    def add(self, first: int, batch: _Batch, ref_logits: torch.Tensor, test_logits: torch.Tensor) -> None:
+        for b in range(len(batch.gold)):
+            rows, gold = batch.rows[b], batch.gold[b]
+            m = token_metrics(ref_logits[b, rows], test_logits[b, rows], gold)
+            self.nonfinite += int((~m.finite).sum())
+            self.kls.append(m.kl)
+            self.agree.append(m.reference_top == m.backend_top)
+            self.dlogp.append(m.abs_dlogprob)
+            top = torch.topk(m.kl, min(self.worst, len(m.kl)))
+            self.candidates += [
+                (float(v), first + b, int(i), int(gold[i]), int(m.reference_top[i]), int(m.backend_top[i]))
+                for v, i in zip(top.values, top.indices)
+            ]
+
+    def worst_tokens(self, tokenizer: Any) -> list[WorstToken]:
+        """The ``worst`` highest-KL tokens, highest first (NaN last), decoded."""
+        decode = lambda token: tokenizer.decode([token])
+        ranked = sorted(self.candidates, key=lambda c: -c[0] if not math.isnan(c[0]) else -math.inf)
+        return [WorstToken(t, p, decode(g), kl, decode(r), decode(s)) for kl, t, p, g, r, s in ranked[: self.worst]]
 
 
 def numerics() -> dict[str, str]:

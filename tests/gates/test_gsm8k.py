@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from pa_oracle.gates.gsm8k import (
     FILTERS,
+    Criteria,
     Expected,
     GateInputError,
     TaskSettings,
@@ -84,7 +85,7 @@ def test_only_gated_filters_decide():
     ref = outcome_from_samples("oracle", logged_samples({"strict-match": strict_ref, "flexible-extract": same}))
     out = outcome_from_samples("kernel", logged_samples({"strict-match": strict_backend, "flexible-extract": same}))
     assert judge(out, ref, model="m", settings=SETTINGS).passed
-    both = judge(out, ref, model="m", settings=SETTINGS, gated=FILTERS)
+    both = judge(out, ref, model="m", settings=SETTINGS, criteria=Criteria(gated=FILTERS))
     assert not both.passed and both.failures[0].startswith("strict-match: McNemar")
 
 
@@ -105,8 +106,17 @@ def test_expected_accuracy_fails_a_backend_far_below_it():
     assert verdict.backend_lower_bound < 0.75 - verdict.margin
     assert not low.passed and "Wilson lower bound" in low.failures[0], low.failures
     assert judge(backend, reference, model="m", settings=SETTINGS, expected=expected(0.5)).passed
-    explicit = judge(backend, reference, model="m", settings=SETTINGS, expected=expected(0.75), margin=0.5)
+    explicit = judge(backend, reference, model="m", settings=SETTINGS, expected=expected(0.75), criteria=Criteria(margin=0.5))
     assert explicit.passed and explicit.verdicts["flexible-extract"].margin == 0.5
+
+
+def test_criteria_refuse_an_alpha_outside_the_open_half_interval():
+    for alpha in (0.0, 0.5, 1.2):
+        with pytest.raises(GateInputError, match=r"alpha must lie in \(0, 0.5\)"):
+            Criteria(alpha=alpha)
+    backend, reference = runs([True] * 10, [True] * 3 + [False] * 7)  # lost 7 of 10: p(worse) = 1/128
+    assert judge(backend, reference, model="m", settings=SETTINGS, criteria=Criteria(alpha=0.05)).failures
+    assert judge(backend, reference, model="m", settings=SETTINGS, criteria=Criteria(alpha=0.005)).passed
 
 
 def test_expected_must_match_model_and_task():
@@ -194,8 +204,9 @@ def _fake_runs(monkeypatch, outcomes: dict[str, list[bool]]):
 
     monkeypatch.setattr(pa_oracle.gates.cli, "load_for_gate", lambda *args: LoadedModel(torch.nn.Linear(1, 1), None, "fake"))
 
-    def fake_run(model, tokenizer, *, attn_implementation, label, settings, limit, data_dir, batch_size, shard=None):
+    def fake_run(model, tokenizer, *, attn_implementation, label, settings, questions, batch_size):
         samples = logged_samples({f: outcomes[label] for f in FILTERS})
+        shard = questions.shard
         return outcome_from_samples(label, [x for x in samples if shard is None or shard.holds(x["doc_id"])])
 
     monkeypatch.setattr(pa_oracle.gates.gsm8k, "run_gsm8k", fake_run)

@@ -10,7 +10,15 @@ import torch
 from pa_oracle.backends.user import UserKernel, declare
 from pa_oracle.fuzz.quality.planted import correct_attention
 from pa_oracle.gates.data import Problem, read_gsm8k
-from pa_oracle.gates.logits import THRESHOLDS, ScoredText, _batch, _decode_batch, gsm8k_texts, run_logit_gate
+from pa_oracle.gates.logits import (
+    THRESHOLDS,
+    LogitGateConfig,
+    ScoredText,
+    _batch,
+    _decode_batch,
+    gsm8k_texts,
+    run_logit_gate,
+)
 from pa_oracle.gates.models import tiny_tokenizer
 from pa_oracle.gates.swap import SwapError, implementation_name, registered_swap, resolve_backend
 
@@ -23,8 +31,8 @@ def texts(gsm8k_dir):
 
 
 def _gate(model, texts, backend: str, reference: str = "oracle", padding: str = "left"):
-    return run_logit_gate(model, tiny_tokenizer(), texts, backend=backend, reference=reference, batch_size=2,
-                          padding_side=padding)
+    config = LogitGateConfig(backend=backend, reference=reference, batch_size=2, padding_side=padding)
+    return run_logit_gate(model, tiny_tokenizer(), texts, config)
 
 
 @pytest.mark.parametrize("backend", ["sdpa-math", "hf:sdpa", "pa_oracle.fuzz.quality.planted:correct_attention"])
@@ -105,7 +113,7 @@ def test_decode_mode_gates_a_decode_only_kernel_behind_the_reference_prefill(tin
         _gate(tiny_llama, texts[:1], backend)
     short = texts[:2]  # one batch: every decode step is a forward pass
     progress = []
-    result = run_logit_gate(tiny_llama, tiny_tokenizer(), short, backend=backend, mode="decode", batch_size=2,
+    result = run_logit_gate(tiny_llama, tiny_tokenizer(), short, LogitGateConfig(backend, mode="decode", batch_size=2),
                             progress=lambda done, total: progress.append((done, total)))
     assert result.passed, result.to_markdown()
     assert result.prefill == "oracle" and "decode mode (prompt prefilled by oracle)" in result.to_markdown()
@@ -121,8 +129,8 @@ def test_decode_mode_gates_a_decode_only_kernel_behind_the_reference_prefill(tin
 
 def test_decode_mode_fails_a_wrong_gqa_map(tiny_llama, texts) -> None:
     shortest = [min(texts, key=lambda t: len(t.continuation))]
-    result = run_logit_gate(tiny_llama, tiny_tokenizer(), shortest, backend="pa_oracle.fuzz.quality.planted:wrong_gqa_map",
-                            mode="decode")
+    config = LogitGateConfig("pa_oracle.fuzz.quality.planted:wrong_gqa_map", mode="decode")
+    result = run_logit_gate(tiny_llama, tiny_tokenizer(), shortest, config)
     assert not result.passed and result.mean_kl > 1000 * THRESHOLDS["float32"].mean_kl
 
 
@@ -138,3 +146,34 @@ def test_decode_batch_feeds_answers_one_column_per_step() -> None:
         assert batch.input_ids[b, p : p + len(answer)].tolist() == answer
         assert batch.gold[b].tolist() == answer[1:] == batch.input_ids[b, batch.scored[b] + 1].tolist()
     assert batch.attention_mask[:, p:].all() and not batch.attention_mask[0, 0]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"padding_side": "middle"}, "padding_side must be 'left' or 'right'"),
+        ({"mode": "beam"}, "mode must be 'prefill' or 'decode'"),
+        ({"mode": "decode", "padding_side": "right"}, "decode mode left-pads"),
+        ({"prefill": "oracle"}, "prefill= names the prefill backend of decode mode"),
+        ({"batch_size": 0}, "need batch_size >= 1"),
+    ],
+)
+def test_the_config_refuses_settings_that_cannot_run(options, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LogitGateConfig("sdpa-math", **options)
+
+
+def test_decode_mode_prefills_the_backends_run_with_the_reference_unless_told() -> None:
+    assert LogitGateConfig("sdpa-math", reference="control", mode="decode").backend_prefill == "control"
+    assert LogitGateConfig("sdpa-math", reference="hf:sdpa", mode="decode").backend_prefill == "oracle"
+    assert LogitGateConfig("hf:eager", mode="decode").backend_prefill is None  # a stock backend prefills itself
+    assert LogitGateConfig("sdpa-math", mode="decode", prefill="control").backend_prefill == "control"
+    assert LogitGateConfig("sdpa-math").backend_prefill is None
+
+
+def test_a_gate_needs_texts_and_calibrated_thresholds(tiny_llama) -> None:
+    with pytest.raises(ValueError, match="at least one text"):
+        run_logit_gate(tiny_llama, tiny_tokenizer(), [], LogitGateConfig("sdpa-math"))
+    assert LogitGateConfig("sdpa-math").thresholds_for("bfloat16") == THRESHOLDS["bfloat16"]
+    with pytest.raises(ValueError, match="no calibrated thresholds for dtype float64"):
+        LogitGateConfig("sdpa-math").thresholds_for("float64")

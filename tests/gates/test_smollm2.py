@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from pa_oracle.gates.data import Problem
-from pa_oracle.gates.logits import gsm8k_texts, run_logit_gate
+from pa_oracle.gates.logits import LogitGateConfig, gsm8k_texts, run_logit_gate
 from pa_oracle.gates.models import load_model
 
 from .conftest import PROBLEMS
@@ -39,5 +39,5 @@ def smollm2():
 def test_smollm2_logit_gate(smollm2, backend: str, passes: bool) -> None:
     assert smollm2.model.config.num_attention_heads // smollm2.model.config.num_key_value_heads == 3
     texts = gsm8k_texts([Problem(q, a) for q, a in PROBLEMS[:3]])
-    result = run_logit_gate(smollm2.model, smollm2.tokenizer, texts, backend=backend, reference="oracle", batch_size=3)
+    result = run_logit_gate(smollm2.model, smollm2.tokenizer, texts, LogitGateConfig(backend, reference="oracle", batch_size=3))
     assert result.passed is passes, result.to_markdown()
