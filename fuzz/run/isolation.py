@@ -93,6 +93,7 @@ class _Sent:
     alone: bool = False  # judged again with no other case beside it
     first: str = ""  # with ``alone``: the status of its first answer
     answer: tuple[Outcome, float] | None = None  # known without the worker (a crash it was found to cause)
+    raw: bool = False  # the worker returns the kernel's raw output and the verdict is made here (``_judged_here``)
 
 
 class Worker:
@@ -267,8 +268,9 @@ class Worker:
 
     def _send(self, sent: _Sent) -> None:
         assert self._conn is not None
-        raw = sent.check.name == ORACLE_CHECK and verdict_in_parent()  # the verdict is made here (``_judged_here``)
-        request = Request(sent.spec, sent.case, sent.keep_output, sent.check, sent.pass_errors, sent.seq, sent.alone, raw)
+        sent.raw = sent.check.name == ORACLE_CHECK and verdict_in_parent()  # the verdict is made here (``_judged_here``)
+        request = Request(sent.spec, sent.case, sent.keep_output, sent.check, sent.pass_errors, sent.seq, sent.alone,
+                          sent.raw)
         try:
             self._conn.send_bytes(pickle.dumps(request))
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -310,7 +312,7 @@ class Worker:
                 raise OutOfTime(f"{OUT_OF_TIME} after {time.monotonic() - start:.1f} s of case {sent.case.case_id}")
             return self._lost(f"hang: no answer after {limit:g} s (worker restarted)", limit, deadline)
         self._judged.add(sent.spec)
-        if reply[0] == "outcome":
+        if reply[0] == "outcome" and sent.raw:  # (else the worker made the verdict: a CUDA machine)
             reply = (reply[0], _judged_here(sent, reply[1], self.tolerance), *reply[2:])
         overlapped = bool(reply[3] if reply[0] == "outcome" else reply[4])
         status = reply[1].status if reply[0] == "outcome" else f"raised {reply[1]}"
