@@ -28,10 +28,10 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
-import triton
-import triton.language as tl
-from triton.language.extra import libdevice
-from triton.runtime.interpreter import InterpretedFunction
+import triton  # type: ignore[import-untyped]  # triton ships no type information (no py.typed, no stubs)
+import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information (no py.typed, no stubs)
+from triton.language.extra import libdevice  # type: ignore[import-untyped]  # triton ships no type information (no py.typed, no stubs)
+from triton.runtime.interpreter import InterpretedFunction  # type: ignore[import-untyped]  # triton ships no type information (no py.typed, no stubs)
 
 # per tile, int64: first query row, qo_len, kv_len, first page-table entry, first packed row, then
 # the key range [begin, end) it attends (a merge tile: its first scratch slot and slot count)
@@ -367,7 +367,7 @@ def _merge(
 
 attention = triton.jit(_attention, do_not_specialize=DO_NOT_SPECIALIZE["attention"])
 merge = triton.jit(_merge, do_not_specialize=DO_NOT_SPECIALIZE["merge"])
-RAW = {"attention": _attention, "merge": _merge}
+RAW: dict[str, Callable[..., None]] = {"attention": _attention, "merge": _merge}  # the undecorated kernels
 
 
 def specialization_key(fn: Callable, do_not_specialize: Iterable[str], args: Sequence[object], kwargs: Mapping[str, object]) -> tuple:

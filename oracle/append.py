@@ -132,7 +132,7 @@ class AppendCase:
         if unknown := set(data) - known:
             raise CaseError(f"append case: unknown field(s) {sorted(unknown)}")
         try:
-            values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+            values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
             return cls(**values)
         except TypeError as exc:
             raise CaseError(f"append case: {exc}") from None
@@ -191,7 +191,8 @@ def make_inputs(case: AppendCase, device: str | torch.device = "cpu") -> AppendI
     indices, indptr = _page_table(case)
     last = [(n_after - 1) % case.page_size + 1 if n_after else 0 for n_after in case.seq_lens_after]
     batch = np.repeat(np.arange(case.batch_size), case.append_lens).astype(np.int32)
-    positions = np.concatenate([np.arange(b, b + a) for b, a in zip(case.seq_lens_before, case.append_lens)] or [[]])
+    positions = np.concatenate([np.arange(b, b + a) for b, a in zip(case.seq_lens_before, case.append_lens)]
+                               or [np.zeros(0, np.int64)])
     positions = positions.astype(np.int32)
     pages = indices[indptr[batch] + positions // case.page_size] if n else np.zeros(0, np.int32)
     slots = pages.astype(np.int64) * case.page_size + positions % case.page_size
@@ -273,7 +274,10 @@ class Mismatch(NamedTuple):
     appended: bool  # an appended slot holding wrong bytes (else a canary that was overwritten)
 
 
-class AppendVerdict(NamedTuple):
+@dataclass(frozen=True)
+class AppendVerdict:
+    """A write's judgement: ``ok``, the first mismatches and how many rows differ in all."""
+
     ok: bool
     mismatches: tuple[Mismatch, ...]  # at most ``limit`` of them, in pool order
     count: int  # every (which, page, slot, head) that differs

@@ -146,7 +146,8 @@ class Layout:
 
     def subset(self, requests: list[int]) -> Layout:
         """``requests`` (in that order) as a batch of their own: their own page ids, the same pool."""
-        qo, kv, indices = [0], [0], []
+        qo, kv = [0], [0]
+        indices: list[int] = []
         for b in requests:
             pages = self.pages_of(b)
             qo.append(qo[-1] + self.qo_lens[b])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -150,7 +151,7 @@ def fused_reference(
 
 
 class _Launch(NamedTuple):
-    """One tile height's launches: ``count`` attention tiles from table row ``first``; when
+    """One tile height's launches: ``tiles`` attention tiles from table row ``first``; when
     ``merges`` > 0 those tiles are split-context chunks whose partial states the ``merges`` merge
     tiles from table row ``merge_first`` combine. ``small``: not the largest height (few packed
     rows: decode, speculative), launched with ``small_num_warps``."""
@@ -158,7 +159,7 @@ class _Launch(NamedTuple):
     block_m: int
     small: bool
     first: int
-    count: int
+    tiles: int
     merge_first: int
     merges: int
 
@@ -218,7 +219,8 @@ def _launch(name: str, grid: tuple[int], *args: object, **kwargs: object) -> Non
     getattr(fk, name)[grid](*args, **kwargs)
 
 
-def _run(case: Case, tensors: Tensors, lse_base: str, logit_noise: bool, config: FusedConfig, launch) -> Reference:  # type: ignore[no-untyped-def]
+def _run(case: Case, tensors: Tensors, lse_base: str, logit_noise: bool, config: FusedConfig,
+         launch: Callable[..., None]) -> Reference:
     """Plan ``case`` and hand every kernel launch to ``launch(kernel name, grid, *args, **kwargs)``."""
     from pa_oracle.oracle import _fused_kernel as fk
 
@@ -259,7 +261,7 @@ def _run(case: Case, tensors: Tensors, lse_base: str, logit_noise: bool, config:
         for item in plan.launches:
             small = item.small
             with torch.cuda.stream(side) if small and side is not None else contextlib.nullcontext():
-                rows = item.count * heads.num_kv_heads * item.block_m
+                rows = item.tiles * heads.num_kv_heads * item.block_m
                 part = out.new_empty(3 if logit_noise else 2, rows) if item.merges else out
                 part_acc = out.new_empty(2 if logit_noise else 1, rows, block_dvo) if item.merges else out
                 if side is not None and small and item.merges:
@@ -267,7 +269,7 @@ def _run(case: Case, tensors: Tensors, lse_base: str, logit_noise: bool, config:
                         t.record_stream(side)
                 tile_flags = flags | (_FLAG_BITS["partial"] if item.merges else 0)
                 launch(
-                    "attention", (item.count * heads.num_kv_heads,),
+                    "attention", (item.tiles * heads.num_kv_heads,),
                     q, k_cache, v_cache, out, lse, noise if noise is not None else out, ints, floats, part, part_acc,
                     q.stride(0), q.stride(1),
                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -431,13 +431,13 @@ def plain_controls(
     heads = case.heads
     tensors = rotated(case, tensors)  # rotated in float64, then rounded to ``dtype`` as a kernel rounds them
     if case.custom_mask is not None:
-        results = [_masked_attention(case, tensors, dtype, control=True, reorder_ops=r) for r in reorders]
-        return [(result.out, result.lse) for result in results]
+        masked = [_masked_attention(case, tensors, dtype, control=True, reorder_ops=r) for r in reorders]
+        return [(result.out, result.lse) for result in masked]
     plan, keys, values, q, sink, alibi, columns = _inputs(case, tensors, dtype, 1.0, plan)
     # (q, logit scale) of each control: reorder_ops scales q (in ``dtype``, as ``_padded_q`` would), else the logits
     scaled_q = q.mul(case.sm_scale) if any(reorders) and case.sm_scale != 1.0 else q
     variants = [(scaled_q, 1.0) if r else (q, case.sm_scale) for r in reorders]
-    results = []
+    results: list[tuple[torch.Tensor, torch.Tensor]] = []
     for _ in variants:
         out = q.new_zeros(case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
         results.append((out, q.new_full(out.shape[:2], float("-inf"))))
@@ -525,8 +525,8 @@ def _masked_attention(
     device = tensors.q.device
     keys, values = gather_kv(case, tensors, dtype)
     kv_start = [0]
-    for n in lay.kv_lens:
-        kv_start.append(kv_start[-1] + n)
+    for kv_len in lay.kv_lens:
+        kv_start.append(kv_start[-1] + kv_len)
     hkv, group = heads.num_kv_heads, heads.group_size
     out = torch.zeros(lay.total_q, heads.num_qo_heads, heads.head_dim_vo, dtype=dtype, device=device)
     lse = torch.full(out.shape[:2], float("-inf"), dtype=dtype, device=device)

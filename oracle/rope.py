@@ -60,9 +60,11 @@ def _rotate32(x: torch.Tensor, positions: torch.Tensor, rope: Rope, store: torch
     ``a * cos - b * sin``, ``b * cos + a * sin`` in float32 from the stored values, assigned back to the
     fragment's dtype (round to nearest). The angle ``float(p) * freq`` errs by up to ~``p * freq * 2^-23``."""
     dims = rope.dims(x.shape[-1])
-    f32 = dict(dtype=torch.float32, device=x.device)
-    pair = torch.arange(dims // 2, **f32)
-    freq = torch.tensor(1.0 / float(rope.scale), **f32) * torch.pow(torch.tensor(1.0 / float(rope.theta), **f32), 2 * pair / max(dims, 1))
+    f32, device = torch.float32, x.device
+    pair = torch.arange(dims // 2, dtype=f32, device=device)
+    rcp_scale = torch.tensor(1.0 / float(rope.scale), dtype=f32, device=device)
+    rcp_theta = torch.tensor(1.0 / float(rope.theta), dtype=f32, device=device)
+    freq = rcp_scale * torch.pow(rcp_theta, 2 * pair / max(dims, 1))
     angle = positions.to(torch.float32)[:, None] * freq  # [N, dims / 2], each product rounded to float32
     return _rotate_pairs(x.to(torch.float32), angle, rope.style, dims).to(store)
 

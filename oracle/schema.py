@@ -87,7 +87,8 @@ _BOUNDS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<=": lambda v, b
 def _matcher(text: str) -> Callable[[Any], bool]:
     """Whether a value is the one msgspec refused: of the type it got, or outside its bound."""
     if m := re.search(r"got `(\w+)`", text):
-        return lambda value: _JSON_TYPE.get(type(value)) == m[1]
+        got = m[1]
+        return lambda value: _JSON_TYPE.get(type(value)) == got
     if m := re.fullmatch(r"Expected `\w+` (>=|>|<=|<) (\S+)", text):
         ok, bound = _BOUNDS[m[1]], float(m[2])
         return lambda value: isinstance(value, (int, float)) and not ok(value, bound)

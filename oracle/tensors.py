@@ -441,7 +441,7 @@ def save_tensors(tensors: Tensors, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        np.savez_compressed(f, **arrays)
+        np.savez_compressed(f, allow_pickle=False, **arrays)  # bits and dtype names: nothing to pickle
     return path
 
 
@@ -496,7 +496,7 @@ def load_tensors(case: Case, path: str | Path) -> Tensors:
     with archive:
         _check_array_names(path, set(archive.files))
         loaded = {name: _read_array(case, path, archive, name) for name in _SIDECAR_ARRAYS}
-    tensors = Tensors(**loaded)
+    tensors = Tensors(loaded["q"], loaded["k_cache"], loaded["v_cache"])
     if case.heads.mla:
         latent_v = tensors.k_cache[..., : case.heads.head_dim_vo]
         if not torch.equal(raw_bits(latent_v), raw_bits(tensors.v_cache)):

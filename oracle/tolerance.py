@@ -302,71 +302,127 @@ def compare(
     reference rows at once instead of after finding that some are not. The verdict is the same.
     ``lse_noise`` [total_q, Hq] widens the LSE's floor where the kernel's logits are less precise than
     float32 (an fp8 tensor-core dot: ``pa_oracle.oracle.reference.fp8_logit_noise``).
+
+    Two phases: every reduction is queued on one ``_Reads`` (out's, then lse's), then read back with
+    one copy and judged (out's failures, then lse's).
     """
-    ref_out, ref_lse = ref.out, ref.lse
-    failures: list[str] = []
-    heads, total_q = case.heads, case.layout.total_q
+    heads = case.heads
     out_dtype = getattr(torch, case.options.out_dtype)
-    want = (total_q, heads.num_qo_heads, heads.head_dim_vo)
+    want = (case.layout.total_q, heads.num_qo_heads, heads.head_dim_vo)
     if tuple(out.shape) != want:
         return Verdict(False, [f"out has shape {tuple(out.shape)}, expected {want}"])
-    if out.dtype != out_dtype:
-        failures.append(f"out dtype is {out.dtype}, expected {out_dtype}")
-    out = out.to(ref_out.device)
+    failures = [f"out dtype is {out.dtype}, expected {out_dtype}"] if out.dtype != out_dtype else []
+    out = out.to(ref.out.device)
     reads = _Reads()  # every scalar below comes back in one copy
     # [total_q, Hq]: no key to attend; None when the host knows no row is empty (nothing for the checks to find)
-    empty = None if empty_rows is False else torch.isinf(ref_lse)
-    finite_out = reads.count(torch.isfinite(out))
+    empty = None if empty_rows is False else torch.isinf(ref.lse)
+    out_queued = _queue_out(out, ref, [c[0] for c in controls], out_dtype, empty, reads)
+    lse_queued = None
+    if lse is not None:
+        lse = lse.to(ref.lse.device)
+        if tuple(lse.shape) == (case.layout.total_q, heads.num_qo_heads):
+            lse_queued = _queue_lse(lse, ref, [c[1] for c in controls], empty, empty_rows, lse_noise, reads)
+    out_failures, out_stats, error = _judge_out(out, out_queued, tolerance, reads)
+    failures += out_failures
+    lse_stats, lse_error = None, None
+    if lse is not None and lse_queued is None:
+        failures.append(f"lse has shape {tuple(lse.shape)}, expected {(case.layout.total_q, heads.num_qo_heads)}")
+    elif lse_queued is not None:
+        lse_failures, lse_stats, lse_error = _judge_lse(lse_queued, tolerance, reads)
+        failures += lse_failures
+    return Verdict(not failures, failures, out_stats, lse_stats, error, lse_error)
+
+
+class _OutQueued(NamedTuple):
+    """``out``'s reads: the slot of its finite elements' count, of the nonzero empty rows' (None: not
+    checked) and its error stats."""
+
+    finite: int
+    nonzero_empty: int | None
+    pending: _Pending
+
+
+class _LseQueued(NamedTuple):
+    """``lse``'s reads (of the right shape, in float64): ``empties``, the wrong empty rows (an empty row
+    whose lse is not -inf) and their count's slot (None: not checked), the slot of the non-finite lse
+    on rows with keys and its error stats."""
+
+    lse64: torch.Tensor
+    empties: tuple[torch.Tensor, int] | None
+    non_finite: int
+    pending: _Pending
+
+
+def _queue_out(
+    out: torch.Tensor, ref: Reference, controls: list[torch.Tensor], out_dtype: torch.dtype,
+    empty: torch.Tensor | None, reads: _Reads,
+) -> _OutQueued:
+    """Queue ``out``'s checks: finiteness, exact zeros on empty rows, its error against the controls'."""
+    finite = reads.count(torch.isfinite(out))
     nonzero_empty = None if empty is None else reads.count((out != 0).any(-1) & empty)
     rope = ref.rope_control  # a RoPE case's RoPE controls; None otherwise
-    out_widening = _Widening(ref.logit_noise) if rope is None else _Widening(ref.logit_noise, rope.out, rope.angle_out)
-    out_pending = _Pending("out", out, [c[0] for c in controls], ref_out, out_dtype, out_widening, reads)
-    lse64, wrong_empties = None, None
-    if lse is not None:
-        lse = lse.to(ref_lse.device)
-        if tuple(lse.shape) == (total_q, heads.num_qo_heads):
-            lse64 = lse.to(torch.float64)
-            if empty is None:
-                bad_lse = reads.count(~torch.isfinite(lse64))
-            else:
-                wrong_empty = empty & ~(lse64 == float("-inf"))
-                wrong_empties, bad_lse = reads.count(wrong_empty), reads.count(~empty & ~torch.isfinite(lse64))
-            # some rows known to be empty: the finite reference rows, selected at once (one wait, not two)
-            rows = _finite_elements(ref_lse) if empty_rows else None
-            lse_widening = _Widening(lse_noise) if rope is None else _Widening(lse_noise, rope.lse, rope.angle_lse)
-            lse_pending = _Pending("lse", lse64, [c[1] for c in controls], ref_lse, torch.float32, lse_widening, reads, rows)
-    if reads.value(finite_out) < out.numel():
-        failures.append(f"out has {out.numel() - int(reads.value(finite_out))} non-finite elements (NaN {int(torch.isnan(out).sum())})")
-    if nonzero_empty is not None and reads.value(nonzero_empty):
-        failures.append(f"{int(reads.value(nonzero_empty))} empty rows (no key to attend) are not exactly 0")
-    out_stats, error = out_pending.finish(tolerance)
-    if out_stats.max_error > out_stats.limit_max:
+    widening = _Widening(ref.logit_noise) if rope is None else _Widening(ref.logit_noise, rope.out, rope.angle_out)
+    return _OutQueued(finite, nonzero_empty, _Pending("out", out, controls, ref.out, out_dtype, widening, reads))
+
+
+def _queue_lse(
+    lse: torch.Tensor, ref: Reference, controls: list[torch.Tensor], empty: torch.Tensor | None,
+    empty_rows: bool | None, lse_noise: torch.Tensor | None, reads: _Reads,
+) -> _LseQueued:
+    """Queue ``lse``'s checks: -inf exactly on empty rows, finite elsewhere, its error against the controls'."""
+    lse64 = lse.to(torch.float64)
+    if empty is None:
+        empties, non_finite = None, reads.count(~torch.isfinite(lse64))
+    else:
+        wrong_empty = empty & ~(lse64 == float("-inf"))
+        empties = (wrong_empty, reads.count(wrong_empty))
+        non_finite = reads.count(~empty & ~torch.isfinite(lse64))
+    # some rows known to be empty: the finite reference rows, selected at once (one wait, not two)
+    rows = _finite_elements(ref.lse) if empty_rows else None
+    rope = ref.rope_control
+    widening = _Widening(lse_noise) if rope is None else _Widening(lse_noise, rope.lse, rope.angle_lse)
+    return _LseQueued(lse64, empties, non_finite, _Pending("lse", lse64, controls, ref.lse, torch.float32, widening, reads, rows))
+
+
+def _judge_out(out: torch.Tensor, queued: _OutQueued, tolerance: Tolerance,
+               reads: _Reads) -> tuple[list[str], ErrorStats, torch.Tensor]:
+    """``out``'s failures, error stats and error tensor, from its reads."""
+    failures = []
+    if reads.value(queued.finite) < out.numel():
+        failures.append(f"out has {out.numel() - int(reads.value(queued.finite))} non-finite elements (NaN {int(torch.isnan(out).sum())})")
+    if queued.nonzero_empty is not None and reads.value(queued.nonzero_empty):
+        failures.append(f"{int(reads.value(queued.nonzero_empty))} empty rows (no key to attend) are not exactly 0")
+    stats, error = queued.pending.finish(tolerance)
+    if stats.max_error > stats.limit_max:
         failures.append(
-            f"out max error {out_stats.max_error:.3g} > {out_stats.limit_max:.3g} allowed "
-            f"({tolerance.max_ratio:g} x control {out_stats.control_max_error:.3g} + floor {out_stats.floor:.3g}{_rope_note(out_stats, tolerance)}); "
-            f"{out_stats.mismatches} / {out_stats.numel} elements mismatch"
+            f"out max error {stats.max_error:.3g} > {stats.limit_max:.3g} allowed "
+            f"({tolerance.max_ratio:g} x control {stats.control_max_error:.3g} + floor {stats.floor:.3g}{_rope_note(stats, tolerance)}); "
+            f"{stats.mismatches} / {stats.numel} elements mismatch"
         )
-    elif out_stats.mean_error > out_stats.limit_mean:
+    elif stats.mean_error > stats.limit_mean:
         failures.append(
-            f"out mean error {out_stats.mean_error:.3g} > {out_stats.limit_mean:.3g} allowed "
-            f"({tolerance.mean_ratio:g} x control mean {out_stats.control_mean_error:.3g} + mean floor{_rope_note(out_stats, tolerance, mean=True)})"
+            f"out mean error {stats.mean_error:.3g} > {stats.limit_mean:.3g} allowed "
+            f"({tolerance.mean_ratio:g} x control mean {stats.control_mean_error:.3g} + mean floor{_rope_note(stats, tolerance, mean=True)})"
         )
-    lse_stats, lse_error = None, None
-    if lse is not None and lse64 is None:
-        failures.append(f"lse has shape {tuple(lse.shape)}, expected {(total_q, heads.num_qo_heads)}")
-    elif lse64 is not None:
-        wrong = wrong_empties is not None and reads.value(wrong_empties)
-        if wrong:
-            sample = lse64[wrong_empty][:3].tolist()
-            failures.append(f"{int(reads.value(wrong_empties))} empty rows have lse {sample}, expected -inf")
-        if reads.value(bad_lse):
-            failures.append(f"lse has {int(reads.value(bad_lse))} non-finite values on rows with keys")
-        lse_stats, lse_error = lse_pending.finish(tolerance)
-        if wrong:
-            lse_error = torch.where(wrong_empty, float("inf"), lse_error)
-        if lse_stats.max_error > lse_stats.limit_max:
-            failures.append(
-                f"lse max error {lse_stats.max_error:.3g} > {lse_stats.limit_max:.3g} allowed "
-                f"({lse_stats.mismatches} / {lse_stats.numel} mismatch{_rope_note(lse_stats, tolerance)})"
-            )
-    return Verdict(not failures, failures, out_stats, lse_stats, error, lse_error)
+    return failures, stats, error
+
+
+def _judge_lse(queued: _LseQueued, tolerance: Tolerance, reads: _Reads) -> tuple[list[str], ErrorStats, torch.Tensor]:
+    """``lse``'s failures, error stats and error tensor (inf on a wrong empty row), from its reads."""
+    failures = []
+    wrong_empty = None
+    if queued.empties is not None and (wrong := int(reads.value(queued.empties[1]))):
+        wrong_empty = queued.empties[0]
+        sample = queued.lse64[wrong_empty][:3].tolist()
+        failures.append(f"{wrong} empty rows have lse {sample}, expected -inf")
+    if reads.value(queued.non_finite):
+        failures.append(f"lse has {int(reads.value(queued.non_finite))} non-finite values on rows with keys")
+    stats, error = queued.pending.finish(tolerance)
+    if wrong_empty is not None:
+        error = torch.where(wrong_empty, float("inf"), error)
+    if stats.max_error > stats.limit_max:
+        failures.append(
+            f"lse max error {stats.max_error:.3g} > {stats.limit_max:.3g} allowed "
+            f"({stats.mismatches} / {stats.numel} mismatch{_rope_note(stats, tolerance)})"
+        )
+    return failures, stats, error
