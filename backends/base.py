@@ -36,6 +36,15 @@ class KernelOutput(NamedTuple):
 RawOutput = tuple[torch.Tensor, "torch.Tensor | None"]  # a kernel's own (out, lse) buffers
 
 
+def raw_lse(raw: RawOutput) -> torch.Tensor:
+    """The LSE buffer of a raw output from a call that asked for the LSE (a kernel that returns none
+    where it was asked breaks its contract: a failing verdict)."""
+    lse = raw[1]
+    if lse is None:
+        raise ContractViolation("the kernel returned no LSE where the call asked for it")
+    return lse
+
+
 
 def import_adapters(package: str, path: list[str], group: str, private: frozenset[str] = frozenset({"base", "user"})) -> None:
     """Import every module of ``package`` (its ``__path__``: ``path``) but the ``private`` and ``_``-named ones,
@@ -252,8 +261,10 @@ class Backend:
     >>> out, lse = backend.run(backend.plan(case), make_tensors(case, backend.device))  # doctest: +SKIP
     """
 
-    name: ClassVar[str]
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    # set on the class by a registered adapter; per instance where one class wraps many kernels (``UserKernel``)
+    # or an adapter learns its kernel's limits when made (the installed library's version)
+    name: str
+    capabilities: Capabilities = Capabilities()
     description: ClassVar[str] = ""
     package: ClassVar[str | None] = None  # the kernel library's import name, if any
     extra: ClassVar[str | None] = None  # the pip extra that installs it
@@ -297,7 +308,7 @@ class Backend:
         return "cpu" if "cpu" in devices else None
 
     def versions(self) -> dict[str, str]:
-        versions = {"torch": torch.__version__}
+        versions: dict[str, str] = {"torch": torch.__version__}
         if self.package is not None:
             versions[self.package] = getattr(importlib.import_module(self.package), "__version__", "?")
         return versions

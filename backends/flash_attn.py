@@ -41,6 +41,7 @@ from pa_oracle.backends.base import (
     RawOutput,
     Unsupported,
     capture_cuda_graph,
+    raw_lse,
     register,
 )
 from pa_oracle.oracle.case import STORAGE_FEATURES, Case
@@ -244,8 +245,8 @@ lse = torch.where(lse == math.inf, -math.inf, lse.float())  # +inf: a row with n
 """
 
     @staticmethod
-    def _rows(raw: RawOutput) -> RawOutput:
-        out, lse = raw
+    def _rows(raw: RawOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = raw[0], raw_lse(raw)
         return out.flatten(0, 1), lse.transpose(1, 2).flatten(0, 1)  # [B, H, sq] -> [B * sq, H]
 
     def _finish(self, case: Case, raw: RawOutput) -> KernelOutput:

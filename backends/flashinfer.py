@@ -46,6 +46,7 @@ from pa_oracle.backends.base import (
     RawOutput,
     Unsupported,
     capture_cuda_graph,
+    raw_lse,
     register,
 )
 from pa_oracle.oracle.case import ALIBI_THEN_CAP, FP8_DTYPES, STORAGE_FEATURES, Case
@@ -87,7 +88,7 @@ def _workspace(device: str) -> torch.Tensor:
 # pos encoding (ALiBi here; RoPE in flashinfer_rope), sliding window on/off, soft cap on/off[, fp16 qk reduction][, fa3]): see
 # flashinfer/jit/attention/modules.py get_batch_{decode,prefill}_uri. The mask mode (causal) is a runtime
 # dispatch inside one module, and a prefill module holds both the paged and the ragged run.
-_COMPILE_FIELDS = ("q_dtype", "kv_dtype", "head_dim_qk", "alibi", "window", "soft_cap")
+_COMPILE_FIELDS: tuple[str, ...] = ("q_dtype", "kv_dtype", "head_dim_qk", "alibi", "window", "soft_cap")
 _URI_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
@@ -200,6 +201,18 @@ if alibi_slopes is not None:  # FlashInfer's ALiBi bias is slope * (j - i) from 
 """
 
 
+def _copy_kv(target: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+             source: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Copy paged K/V ``source`` into ``target`` of the same form: one combined tensor or a (k, v) pair."""
+    if isinstance(target, torch.Tensor) and isinstance(source, torch.Tensor):
+        target.copy_(source)
+    elif isinstance(target, tuple) and isinstance(source, tuple):
+        for into, part in zip(target, source):
+            into.copy_(part)
+    else:
+        raise TypeError("the paged K/V changed form (combined tensor or (k, v) pair) since the graph was captured")
+
+
 class _FlashInferBackend(Backend):
     """Shared plan/run plumbing; subclasses build and plan their wrapper."""
 
@@ -262,12 +275,6 @@ class _FlashInferBackend(Backend):
         opts = case.options
         return {"k_scale": opts.k_scale, "v_scale": opts.v_scale} if opts.is_fp8 else {}
 
-    def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
-        """Run a planned paged wrapper (decode and paged prefill share this)."""
-        case, wrapper = plan
-        out, lse = wrapper.run(tensors.q, self._paged_kv(tensors, self._layout(case)), return_lse=True, **self._scales(case))
-        return self._finish(case, out, lse)
-
     def _layout(self, case: Case) -> str:
         """The ``kv_layout`` the wrapper is built with: the case's storage's, else the adapter's."""
         return case.storage.kv_layout if case.storage is not None else self.kv_layout
@@ -278,8 +285,9 @@ class _FlashInferBackend(Backend):
         adapters on NHD tensors), a copy in that layout."""
         kv_layout = kv_layout or self.kv_layout
         kv = tensors.paged_kv(kv_layout)
-        if kv_layout != tensors.kv_layout:
-            return tuple(x.contiguous() for x in kv)  # type: ignore[return-value]
+        if kv_layout != tensors.kv_layout and isinstance(kv, tuple):  # another layout: always a (k, v) pair
+            k, v = kv
+            return k.contiguous(), v.contiguous()
         return kv
 
     def merge_states(
@@ -304,6 +312,12 @@ class _PagedWrapper(_FlashInferBackend):
         ("_paged_kv_indices_buf", "kv_indices"),
         ("_paged_kv_last_page_len_buf", "kv_last_page_len"),
     )
+
+    def run(self, plan: tuple[Case, Any], tensors: Tensors) -> KernelOutput:
+        """Run a planned paged wrapper (decode and paged prefill share this)."""
+        case, wrapper = plan
+        out, lse = wrapper.run(tensors.q, self._paged_kv(tensors, self._layout(case)), return_lse=True, **self._scales(case))
+        return self._finish(case, out, lse)
 
     def write_layout(self, plan: tuple[Case, Any], case: Case) -> None:
         """Overwrite the wrapper's layout buffers in place (``plan`` keeps its host-side schedule)."""
@@ -334,19 +348,14 @@ class _PagedWrapper(_FlashInferBackend):
         layout = self._layout(case)
         q = tensors.q.clone()
         kv = self._paged_kv(tensors, layout)
-        static = kv.clone() if isinstance(kv, torch.Tensor) else tuple(x.clone() for x in kv)
+        static = kv.clone() if isinstance(kv, torch.Tensor) else (kv[0].clone(), kv[1].clone())
         out = torch.empty(*q.shape[:2], case.heads.head_dim_vo, dtype=q.dtype, device=q.device)
         lse = torch.empty(*q.shape[:2], dtype=torch.float32, device=q.device)
         scales = self._scales(case)
 
         def load(new: Tensors) -> None:
             q.copy_(new.q)
-            source = self._paged_kv(new, layout)
-            if isinstance(static, torch.Tensor):
-                static.copy_(source)
-                return
-            for target, part in zip(static, source):
-                target.copy_(part)
+            _copy_kv(static, self._paged_kv(new, layout))
 
         def launch() -> RawOutput:
             wrapper.run(q, static, out=out, lse=lse, return_lse=True, **scales)
@@ -355,7 +364,7 @@ class _PagedWrapper(_FlashInferBackend):
         replay, outputs = capture_cuda_graph(launch)
         return GraphCall(
             load=load, launch=launch, replay=replay, outputs=outputs, rows=lambda raw: raw,
-            finish=lambda raw: self._finish(case, raw[0].clone(), raw[1]),
+            finish=lambda raw: self._finish(case, raw[0].clone(), raw_lse(raw)),
         )
 
 

@@ -37,6 +37,7 @@ from pa_oracle.backends.flashinfer import (
     FlashInferDecode,
     FlashInferDecodeTensorCores,
     FlashInferPrefillFA2,
+    _FlashInferBackend,
 )
 from pa_oracle.oracle.case import Case
 
@@ -47,14 +48,15 @@ _PREFILL_CONTRACT = dataclasses.replace(_FLASHINFER_CONTRACT, preconditions=(
 ))
 
 
-class _Rope:
-    """Plans the wrapper with FlashInfer's RoPE (mixed into a FlashInfer paged adapter)."""
+class _Rope(_FlashInferBackend):
+    """Plans the wrapper with FlashInfer's RoPE (mixed in before a FlashInfer paged adapter, whose
+    ``_common_plan_kwargs`` it extends)."""
 
     compile_fields = (*_COMPILE_FIELDS, "rope")  # a module per pos_encoding_mode (posenc_1 in its name)
 
     def _common_plan_kwargs(self, case: Case) -> dict[str, Any]:
         rope = case.options.rope
-        kwargs = super()._common_plan_kwargs(case)  # type: ignore[misc]
+        kwargs = super()._common_plan_kwargs(case)
         if rope is not None:
             kwargs.update(pos_encoding_mode="ROPE_LLAMA", rope_scale=float(rope.scale), rope_theta=float(rope.theta))
         return kwargs

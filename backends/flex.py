@@ -13,7 +13,7 @@ Compiled flex on CPU returns no LSE (inductor: "return_lse is not supported yet"
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, register
@@ -66,12 +66,12 @@ class Flex(Backend):
     description = "torch FlexAttention, compiled, batch packed with document masking"
     capabilities = Capabilities(sinks=False, fp8_scales=False, returns_lse=False)
     # the shape signature torch.compile specializes on (the padded lengths too, one bucket within fuzz limits)
-    compile_fields = ("q_dtype", "head_dim_qk", "head_dim_vo", "num_kv_heads", "group_size")
+    compile_fields: ClassVar[tuple[str, ...]] = ("q_dtype", "head_dim_qk", "head_dim_vo", "num_kv_heads", "group_size")
     compile_seconds = 10.0
 
     def __init__(self) -> None:
         if self.device == "cuda":  # Triton flex: "embedding dimension ... must be at least 16"
-            self.capabilities = self.capabilities.replace(  # type: ignore[misc]
+            self.capabilities = self.capabilities.replace(
                 head_dims=(16, 24, 32, 40, 64, 80, 96, 128, 256), returns_lse=True
             )
 
@@ -100,7 +100,7 @@ class Flex(Backend):
         causal = torch.tensor(opts.causal, device=device)
         window = torch.tensor(opts.window_left, device=device)
 
-        def mask_mod(b, h, qi, kv):  # type: ignore[no-untyped-def]
+        def mask_mod(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
             keep = doc_q[qi] == doc_k[kv]
             keep = keep & (~causal | (k_pos[kv] <= q_pos[qi]))
             return keep & ((window < 0) | (k_pos[kv] >= q_pos[qi] - window))
@@ -109,7 +109,7 @@ class Flex(Backend):
         cap = torch.tensor(opts.logits_soft_cap, device=device)
         slopes = torch.tensor(opts.alibi_slopes or [0.0] * case.heads.num_qo_heads, device=device)
 
-        def score_mod(s, b, h, qi, kv):  # type: ignore[no-untyped-def]
+        def score_mod(s: torch.Tensor, b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
             s = s * scale
             s = torch.where(cap > 0, cap * torch.tanh(s / cap), s)  # cap 0: s itself
             return s - slopes[h] * (q_pos[qi] - k_pos[kv]).abs()  # no ALiBi: slopes 0, s itself

@@ -38,7 +38,7 @@ class FlexFamilies(Flex):
 
     def __init__(self) -> None:
         if self.device == "cuda":  # Triton flex: dims >= 16, powers of two are its fast path
-            self.capabilities = self.capabilities.replace(  # type: ignore[misc]
+            self.capabilities = self.capabilities.replace(
                 head_dims=(16, 32, 64, 128, 80, 576, 192), returns_lse=True, mla_dims=((80, 64), (576, 512), (192, 128)),
             )
 
@@ -84,7 +84,7 @@ class FlexFamilies(Flex):
         as_tensor = lambda value: torch.tensor(value, device=device)  # noqa: E731
         causal, window, last_bit = as_tensor(opts.causal), as_tensor(opts.window_left), as_tensor(plan["last_bit"])
 
-        def mask_mod(b, h, qi, kv):  # type: ignore[no-untyped-def]
+        def mask_mod(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
             same = doc_q[qi] == doc_k[kv]
             keep = same & (~causal | (k_pos[kv] <= q_pos[qi])) & ((window < 0) | (k_pos[kv] >= q_pos[qi] - window))
             doc = doc_q[qi].clamp(min=0)  # no mask: one True bit at 0 (``plan``)
@@ -96,7 +96,7 @@ class FlexFamilies(Flex):
         use_sinks = opts.sinks is not None
         sink_logits = as_tensor(opts.sinks or [0.0] * case.heads.num_qo_heads)
 
-        def score_mod(s, b, h, qi, kv):  # type: ignore[no-untyped-def]
+        def score_mod(s: torch.Tensor, b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
             s = s * scale
             s = torch.where(cap > 0, cap * torch.tanh(s / cap), s)  # cap 0: s itself
             s = s - slopes[h] * (q_pos[qi] - k_pos[kv]).abs()  # no ALiBi: slopes 0

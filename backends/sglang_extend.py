@@ -25,7 +25,7 @@ import inspect
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, CompileKey, KernelOutput, register
@@ -112,12 +112,13 @@ class SglangExtend(Backend):
     # values of SLIDING_WINDOW_SIZE and logit_cap); the int arguments' ==1 / %16 specializations (kv_group_num,
     # strides) add a few more per key (the heads are left out of the key: with them it would have ~2M keys), which the
     # campaign counts as compiling when it sees them. On the H200 a key took ~15 s with those (session 10).
-    compile_fields = ("q_dtype", "kv_dtype", "head_dim_qk", "head_dim_vo", "causal", "window_left", "logits_soft_cap", "sinks")
+    compile_fields: ClassVar[tuple[str, ...]] = (
+        "q_dtype", "kv_dtype", "head_dim_qk", "head_dim_vo", "causal", "window_left", "logits_soft_cap", "sinks")
     compile_seconds = 15.0
 
     def __init__(self) -> None:
         try:
-            self.capabilities = capabilities_for(_kernel()[1])  # type: ignore[misc]
+            self.capabilities = capabilities_for(_kernel()[1])
         except Exception:  # noqa: BLE001 - unavailable_reason says why
             pass
 
@@ -130,7 +131,7 @@ class SglangExtend(Backend):
 
     def versions(self) -> dict[str, str]:
         import sglang
-        import triton
+        import triton  # type: ignore[import-untyped]  # triton ships no type information (no py.typed, no stubs)
 
         return {**super().versions(), "sglang": getattr(sglang, "__version__", "?"), "triton": triton.__version__}
 

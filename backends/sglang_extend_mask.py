@@ -52,7 +52,7 @@ class SglangExtendMask(SglangExtend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.capabilities = self.capabilities.replace(custom_mask=(True,))  # type: ignore[misc]
+        self.capabilities = self.capabilities.replace(custom_mask=(True,))
 
     def unsupported_reason(self, case: Case) -> str | None:
         # the window goes into the mask (``sliding_window_size=-1``), so window_left 0 runs too

@@ -46,4 +46,4 @@ class SglangExtendMLA(SglangExtend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.capabilities = self.capabilities.replace(**_MLA)  # type: ignore[misc]
+        self.capabilities = self.capabilities.replace(**_MLA)

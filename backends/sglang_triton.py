@@ -48,8 +48,8 @@ class _SglangDecode(Backend):
     family = "sglang-triton-decode"
     # Triton compiles both stages per dtype and constexpr (0.5.10.post1: kv_group_num, q_head_num, Lk, Lv, the value of
     # logit_cap; stage 2 HAS_SINK); the int arguments' ==1 / %16 specializations may add a few more per key
-    compile_fields = ("q_dtype", "kv_dtype", "head_dim_qk", "head_dim_vo", "num_kv_heads", "group_size",
-                      "logits_soft_cap", "sinks")
+    compile_fields: ClassVar[tuple[str, ...]] = (
+        "q_dtype", "kv_dtype", "head_dim_qk", "head_dim_vo", "num_kv_heads", "group_size", "logits_soft_cap", "sinks")
     compile_seconds = 4.0
 
     def unavailable_reason(self) -> str | None:
@@ -74,7 +74,7 @@ class _SglangDecode(Backend):
 
     def versions(self) -> dict[str, str]:
         import sglang
-        import triton
+        import triton  # type: ignore[import-untyped]  # triton ships no type information (no py.typed, no stubs)
 
         return {**super().versions(), "sglang": getattr(sglang, "__version__", "?"), "triton": triton.__version__}
 

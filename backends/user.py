@@ -168,7 +168,7 @@ class UserKernel(Backend):
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.fn = fn
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
-        self.capabilities = capabilities_of(fn)  # type: ignore[misc]
+        self.capabilities = capabilities_of(fn)
         self._params = inspect.signature(fn).parameters
         self._takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in self._params.values())
         # views it did not ask for: one it raises on while it runs on contiguous copies it "refuses" (a skip)
@@ -210,10 +210,10 @@ class UserKernel(Backend):
             owner = sys.modules.get(module)
             if owner is None or getattr(owner, attr, None) is self.fn:
                 return module, attr
-        module, function = getattr(self.fn, "__module__", None), getattr(self.fn, "__name__", None)
-        if not module or not function or module in ("__main__", "builtins") or getattr(self.fn, "__qualname__", None) != function:
+        own_module, function = getattr(self.fn, "__module__", None), getattr(self.fn, "__name__", None)
+        if not own_module or not function or own_module in ("__main__", "builtins") or getattr(self.fn, "__qualname__", None) != function:
             return None  # not importable by name from a standalone script
-        return module, function
+        return own_module, function
 
     def versions(self) -> dict[str, str]:
         spec = self.import_spec()

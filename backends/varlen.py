@@ -34,7 +34,7 @@ class VarlenAttn(Backend):
         except ImportError:
             self._params = set()
         if "enable_gqa" not in self._params:  # torch < 2.13: MHA only
-            self.capabilities = self.capabilities.replace(max_group_size=1)  # type: ignore[misc]
+            self.capabilities = self.capabilities.replace(max_group_size=1)
 
     def unavailable_reason(self) -> str | None:
         try:

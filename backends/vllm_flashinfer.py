@@ -201,7 +201,7 @@ class VllmFlashInfer(_FlashInferBackend):
         decode = module_uri("prefill", key, "fa2") if DECODE_USE_TENSOR_CORES else module_uri("decode", key)
         return list(dict.fromkeys((module_uri("prefill", key, auto_prefill_backend(key)), decode)))
 
-    def plan(self, case: Case) -> dict[str, Any]:  # type: ignore[override]
+    def plan(self, case: Case) -> dict[str, Any]:
         import flashinfer
 
         lay, heads, opts, device = case.layout, case.heads, case.options, self.device or "cuda"
@@ -233,7 +233,7 @@ class VllmFlashInfer(_FlashInferBackend):
         row_order = torch.tensor(split.row_order, dtype=torch.long, device=device)
         return {"case": case, "split": split, "row_order": row_order, "prefill": prefill_wrapper, "decode": decode_wrapper}
 
-    def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:  # type: ignore[override]
+    def run(self, plan: dict[str, Any], tensors: Tensors) -> KernelOutput:
         case: Case = plan["case"]
         split: BatchSplit = plan["split"]
         opts = case.options
