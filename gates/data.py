@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pa_oracle.gates.errors import GateInputError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -24,9 +26,9 @@ def read_gsm8k(folder: str | Path, *, split: str = "test", limit: int | None = N
     """The first ``limit`` problems (all if None) of ``folder/{split}.jsonl``, in file order."""
     path = Path(folder) / f"{split}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"no GSM8k file {path} (expected {split}.jsonl with question/answer fields)")
+        raise GateInputError(f"no GSM8k file {path} (expected {split}.jsonl with question/answer fields)")
     if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
+        raise GateInputError(f"limit must be >= 1, got {limit}")
     problems = []
     with path.open() as lines:
         for number, line in enumerate(lines, 1):
@@ -36,12 +38,12 @@ def read_gsm8k(folder: str | Path, *, split: str = "test", limit: int | None = N
                 record = json.loads(line)
                 problem = Problem(str(record["question"]), str(record["answer"]))
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: not a GSM8k record with question and answer ({exc})") from None
+                raise GateInputError(f"{path}:{number}: not a GSM8k record with question and answer ({exc})") from None
             if "####" not in problem.answer:
-                raise ValueError(f"{path}:{number}: the answer has no '#### <number>' line")
+                raise GateInputError(f"{path}:{number}: the answer has no '#### <number>' line")
             problems.append(problem)
             if limit is not None and len(problems) == limit:
                 break
     if not problems:
-        raise ValueError(f"{path} holds no problems")
+        raise GateInputError(f"{path} holds no problems")
     return problems

@@ -29,17 +29,13 @@ from pa_oracle.gates.stats import (
     wilson_lower_bound,
     wilson_margin,
 )
-from pa_oracle.oracle.errors import BadInput
+from pa_oracle.gates.errors import GateInputError
 
 from pa_oracle import golden
 
 FILTERS = ("strict-match", "flexible-extract")  # lm-eval gsm8k.yaml's filter_list
 EXPECTED_DIR = golden.gsm8k_dir()  # expected results shipped with the package
 SCHEMA_VERSION = 1
-
-
-class GateInputError(BadInput):
-    """Bad gate input: a malformed expected file, runs that cannot be paired, a data folder without its files."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.gates.data import Problem
+from pa_oracle.gates.errors import GateInputError
 from pa_oracle.gates.swap import STOCK_PREFIX, attn_implementation_for, registered_swap
 
 
@@ -182,7 +183,7 @@ def _encode(tokenizer: Any, text: ScoredText) -> tuple[list[int], int]:
     prompt = tokenizer(text.prompt, add_special_tokens=True)["input_ids"]
     answer = tokenizer(text.continuation, add_special_tokens=False)["input_ids"]
     if not prompt or not answer:
-        raise ValueError(f"empty prompt or continuation after tokenization: {text!r}")
+        raise GateInputError(f"empty prompt or continuation after tokenization: {text!r}")
     return prompt + answer, len(prompt)
 
 
@@ -315,15 +316,15 @@ class LogitGateConfig:
 
     def __post_init__(self) -> None:
         if self.padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
+            raise GateInputError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
         if self.mode not in ("prefill", "decode"):
-            raise ValueError(f"mode must be 'prefill' or 'decode', got {self.mode!r}")
+            raise GateInputError(f"mode must be 'prefill' or 'decode', got {self.mode!r}")
         if self.mode == "decode" and self.padding_side != "left":
-            raise ValueError("decode mode left-pads the prompts (right padding would leave holes before the answer)")
+            raise GateInputError("decode mode left-pads the prompts (right padding would leave holes before the answer)")
         if self.mode == "prefill" and self.prefill is not None:
-            raise ValueError("prefill= names the prefill backend of decode mode")
+            raise GateInputError("prefill= names the prefill backend of decode mode")
         if self.batch_size < 1:
-            raise ValueError(_NEED_BATCH_AND_TEXT)
+            raise GateInputError(_NEED_BATCH_AND_TEXT)
 
     @property
     def backend_name(self) -> str:
@@ -342,7 +343,7 @@ class LogitGateConfig:
         if self.thresholds is not None:
             return self.thresholds
         if dtype not in THRESHOLDS:
-            raise ValueError(f"no calibrated thresholds for dtype {dtype}; pass thresholds=")
+            raise GateInputError(f"no calibrated thresholds for dtype {dtype}; pass thresholds=")
         return THRESHOLDS[dtype]
 
 
@@ -359,7 +360,7 @@ def run_logit_gate(
     ``progress(done, total)`` is called after each forward pass of the model (``total`` of them in
     both runs, known up front: every batch is tokenized first)."""
     if not texts:
-        raise ValueError(_NEED_BATCH_AND_TEXT)
+        raise GateInputError(_NEED_BATCH_AND_TEXT)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     thresholds = config.thresholds_for(dtype)
     prefill = config.backend_prefill

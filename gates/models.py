@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from pa_oracle.gates.errors import GateInputError
 
 if TYPE_CHECKING:  # transformers is imported where a model is built (``pa_oracle.gates`` imports without it)
     from transformers import PreTrainedModel
@@ -31,7 +32,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+        raise GateInputError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
     return DTYPES[name]
 
 
@@ -54,10 +55,10 @@ def load_model(
         if gguf.is_absolute() or gguf.exists():
             folder, gguf = str(gguf.resolve().parent), Path(gguf.name)
         if not (Path(folder) / gguf).is_file():
-            raise FileNotFoundError(f"GGUF file {Path(folder) / gguf} does not exist")
+            raise GateInputError(f"GGUF file {Path(folder) / gguf} does not exist")
         extra["gguf_file"] = str(gguf)
     elif Path(folder).exists() and not Path(folder).is_dir():
-        raise ValueError(f"{folder} is a file; pass a GGUF file as gguf_file=")
+        raise GateInputError(f"{folder} is a file; pass a GGUF file as gguf_file=")
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=parse_dtype(dtype), attn_implementation=attn_implementation, local_files_only=True, **extra
     )

@@ -29,6 +29,7 @@ import torch
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.base import Backend, Capabilities, KernelOutput
 from pa_oracle.backends.user import UserKernel, load_kernel
+from pa_oracle.gates.errors import GateInputError
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
 from pa_oracle.oracle.reference import plain_attention, reference
 from pa_oracle.oracle.tensors import POISON, Tensors, token_slots, upload
@@ -207,7 +208,7 @@ class PagedAttention:
 
     def __init__(self, backend: Backend, *, page_size: int, seed: int, prefill: Backend | None = None) -> None:
         if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
+            raise GateInputError(f"page_size must be >= 1, got {page_size}")
         self.backend, self.prefill, self.page_size, self.seed = backend, prefill, page_size, seed
         self.calls = 0  # attention calls served (tests check that the swap really ran)
         self.prefill_calls = 0  # of those, served by ``prefill``

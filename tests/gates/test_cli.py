@@ -57,3 +57,19 @@ def test_logit_gate_data_has_no_default_folder(tiny_dir) -> None:
     """No default may point at a folder of the developers' machine: --data is required."""
     result = CliRunner().invoke(main, ["gate", "logits", "--model", str(tiny_dir), "--backend", "sdpa-math"])
     assert result.exit_code == 2 and "Missing option '--data'" in result.output
+
+
+def test_settings_the_gate_cannot_run_are_refused_before_the_model_loads(gsm8k_dir, tmp_path) -> None:
+    never_loaded = tmp_path / "nothing-here"
+    prefill = _logits(never_loaded, gsm8k_dir, "--backend", "sdpa-math", "--prefill", "oracle")
+    assert prefill.exit_code == 2 and "prefill= names the prefill backend of decode mode" in prefill.output, prefill.output
+    batch = _logits(never_loaded, gsm8k_dir, "--backend", "sdpa-math", "--batch-size", "0")
+    assert batch.exit_code == 2 and "need batch_size >= 1" in batch.output, batch.output
+
+
+def test_the_gates_bad_input_is_the_one_bad_input_class() -> None:
+    from pa_oracle.gates import gsm8k
+    from pa_oracle.gates.errors import GateInputError
+    from pa_oracle.oracle.errors import BadInput
+
+    assert gsm8k.GateInputError is GateInputError and issubclass(GateInputError, BadInput)

@@ -21,6 +21,7 @@ from pa_oracle.gates.logits import (
 )
 from pa_oracle.gates.models import tiny_tokenizer
 from pa_oracle.gates.swap import SwapError, implementation_name, registered_swap, resolve_backend
+from pa_oracle.oracle.errors import BadInput
 
 pytest.importorskip("transformers", reason="the gates need transformers (pip install 'paged-attention-oracle[test]')")
 
@@ -90,10 +91,10 @@ def test_result_renders_as_json_and_markdown(tiny_llama, texts) -> None:
 def test_gsm8k_reader_checks_its_input(tmp_path, gsm8k_dir) -> None:
     assert read_gsm8k(gsm8k_dir, limit=2) == read_gsm8k(gsm8k_dir)[:2]
     assert read_gsm8k(gsm8k_dir)[1].final_answer == "60"
-    with pytest.raises(FileNotFoundError, match="train.jsonl"):
+    with pytest.raises(BadInput, match="train.jsonl"):
         read_gsm8k(gsm8k_dir, split="train")
     (tmp_path / "test.jsonl").write_text('{"question": "q"}\n')
-    with pytest.raises(ValueError, match="test.jsonl:1"):
+    with pytest.raises(BadInput, match="test.jsonl:1"):
         read_gsm8k(tmp_path)
     assert Problem("q", "so 1,234\n#### 1,234").final_answer == "1234"
 
@@ -159,7 +160,7 @@ def test_decode_batch_feeds_answers_one_column_per_step() -> None:
     ],
 )
 def test_the_config_refuses_settings_that_cannot_run(options, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(BadInput, match=message):
         LogitGateConfig("sdpa-math", **options)
 
 
@@ -172,8 +173,8 @@ def test_decode_mode_prefills_the_backends_run_with_the_reference_unless_told() 
 
 
 def test_a_gate_needs_texts_and_calibrated_thresholds(tiny_llama) -> None:
-    with pytest.raises(ValueError, match="at least one text"):
+    with pytest.raises(BadInput, match="at least one text"):
         run_logit_gate(tiny_llama, tiny_tokenizer(), [], LogitGateConfig("sdpa-math"))
     assert LogitGateConfig("sdpa-math").thresholds_for("bfloat16") == THRESHOLDS["bfloat16"]
-    with pytest.raises(ValueError, match="no calibrated thresholds for dtype float64"):
+    with pytest.raises(BadInput, match="no calibrated thresholds for dtype float64"):
         LogitGateConfig("sdpa-math").thresholds_for("float64")
