@@ -73,9 +73,10 @@ def load_for_gate(choice: ModelChoice) -> LoadedModel:
 
 
 def _usage_error(exc: BaseException) -> click.UsageError:
-    """A refusal (a bad backend name, a setting the gate cannot run) as a usage error (exit 2); a
-    KeyError's message comes quoted, so quotes are stripped from its ends."""
-    return click.UsageError(str(exc).strip("'\""))
+    """A refusal (a bad backend name, a setting the gate cannot run) as a usage error (exit 2), with
+    its message as written (``str()`` of a KeyError quotes it)."""
+    message = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
+    return click.UsageError(message)
 
 
 @gate.command()

@@ -73,3 +73,14 @@ def test_the_gates_bad_input_is_the_one_bad_input_class() -> None:
     from pa_oracle.oracle.errors import BadInput
 
     assert gsm8k.GateInputError is GateInputError and issubclass(GateInputError, BadInput)
+
+
+def test_a_refusal_keeps_its_quotes(tiny_dir, gsm8k_dir) -> None:
+    unknown = _logits(tiny_dir, gsm8k_dir, "--backend", "sdpa-mat")
+    assert "Error: unknown backend 'sdpa-mat'; did you mean sdpa-math" in unknown.output, unknown.output
+
+
+def test_a_bad_shard_is_quoted_whole() -> None:
+    pytest.importorskip("lm_eval", reason="the GSM8k gate needs lm-eval (pip install 'paged-attention-oracle[eval]')")
+    shard = CliRunner().invoke(main, ["gate", "gsm8k", "--model", "m", "--backend", "oracle", "--shard", "1of4"])
+    assert shard.exit_code == 2 and "got '1of4'" in shard.output, shard.output
