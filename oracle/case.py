@@ -65,7 +65,7 @@ from typing import Any
 import msgspec
 import numpy as np
 from pa_oracle.oracle.errors import BadInput
-from pa_oracle.oracle.schema import convert
+from pa_oracle.oracle.schema import convert, file_fields
 
 SCHEMA_VERSION = 1
 
@@ -795,7 +795,7 @@ class Case:
         version = data.get("schema_version")
         if version != SCHEMA_VERSION or isinstance(version, bool):
             raise CaseError(f"{where}: unknown case schema_version {_brief(version)}; this version reads {SCHEMA_VERSION}")
-        raw = convert(data, _CaseFile, where=where, error=CaseError)
+        raw: Any = convert(data, _CaseFile, where=where, error=CaseError)  # a _CaseFile (made at import: Any to mypy)
         parts: dict[str, Any] = {}
         for name, kind in (("layout", Layout), ("heads", Heads), ("options", Options)):
             given = _given(getattr(raw, name))
@@ -874,86 +874,34 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-# --- the file schema: types only (no defaults: an absent field takes the dataclass's) ----------
-
-_Number = int | float  # a float field keeps an int as given, so the case_id of an existing file stays
+# --- the file schema: types only, made from the dataclasses (no defaults: an absent field takes the dataclass's) ---
 
 
-class _LayoutFile(msgspec.Struct, forbid_unknown_fields=True):
-    qo_indptr: list[int]
-    kv_indptr: list[int]
-    kv_indices: list[int]
-    kv_last_page_len: list[int]
-    page_size: int
-    num_pages: int
-
-
-class _HeadsFile(msgspec.Struct, forbid_unknown_fields=True):
-    num_qo_heads: int
-    num_kv_heads: int
-    head_dim_qk: int
-    head_dim_vo: int
-    mla: bool | msgspec.UnsetType = msgspec.UNSET
+def _file_struct(name: str, fields: list[tuple[str, Any] | tuple[str, Any, Any]]) -> type[msgspec.Struct]:
+    return msgspec.defstruct(name, fields, forbid_unknown_fields=True)
 
 
 _Unset = msgspec.UnsetType
 UNSET = msgspec.UNSET
+_RopeFile = _file_struct("_RopeFile", file_fields(Rope))
+_FILE_STRUCTS: dict[type, Any] = {
+    Layout: _file_struct("_LayoutFile", file_fields(Layout)),
+    Heads: _file_struct("_HeadsFile", file_fields(Heads)),
+    Options: _file_struct("_OptionsFile", file_fields(Options, {Rope: _RopeFile})),
+    # a mask is given by one of its fields, never null
+    CustomMask: _file_struct("_CustomMaskFile", file_fields(CustomMask, not_null=("tree_parents", "bits"))),
+    Storage: _file_struct("_StorageFile", file_fields(Storage)),
+}
 
 
-class _RopeFile(msgspec.Struct, forbid_unknown_fields=True):
-    style: str | _Unset = UNSET
-    theta: _Number | _Unset = UNSET
-    scale: _Number | _Unset = UNSET
-    rotary_dim: int | None | _Unset = UNSET
+def _case_file() -> type[msgspec.Struct]:
+    """``Case``'s fields, the file's ``schema_version`` first and its ``case_id`` (checked against the content) after ``meta``."""
+    fields = file_fields(Case, _FILE_STRUCTS)
+    at = [f[0] for f in fields].index("meta") + 1
+    return _file_struct("_CaseFile", [("schema_version", int), *fields[:at], ("case_id", str | _Unset, UNSET), *fields[at:]])
 
 
-class _OptionsFile(msgspec.Struct, forbid_unknown_fields=True):
-    causal: bool | _Unset = UNSET
-    sm_scale: _Number | None | _Unset = UNSET
-    window_left: int | _Unset = UNSET
-    logits_soft_cap: _Number | _Unset = UNSET
-    alibi_slopes: list[_Number] | None | _Unset = UNSET
-    sinks: list[_Number] | None | _Unset = UNSET
-    q_dtype: str | _Unset = UNSET
-    kv_dtype: str | _Unset = UNSET
-    k_scale: _Number | _Unset = UNSET
-    v_scale: _Number | _Unset = UNSET
-    soft_cap_alibi_order: str | _Unset = UNSET
-    rope: _RopeFile | None | _Unset = UNSET
-    q_scale: _Number | _Unset = UNSET
-    o_dtype: str | None | _Unset = UNSET
-
-
-class _CustomMaskFile(msgspec.Struct, forbid_unknown_fields=True):
-    tree_parents: list[list[int]] | _Unset = UNSET
-    bits: str | _Unset = UNSET
-
-
-class _StorageFile(msgspec.Struct, forbid_unknown_fields=True):
-    kv: str | _Unset = UNSET
-    kv_layout: str | _Unset = UNSET
-    q: str | _Unset = UNSET
-    pool_offset: int | _Unset = UNSET
-    page_padding: int | _Unset = UNSET
-    layers: int | _Unset = UNSET
-    layer: int | _Unset = UNSET
-    dim_stride: int | _Unset = UNSET
-
-
-class _CaseFile(msgspec.Struct, forbid_unknown_fields=True):
-    schema_version: int
-    layout: _LayoutFile
-    heads: _HeadsFile
-    options: _OptionsFile | _Unset = UNSET
-    seed: int | _Unset = UNSET
-    distribution: str | _Unset = UNSET
-    tensors_file: str | None | _Unset = UNSET
-    tensors_sha256: str | None | _Unset = UNSET
-    meta: dict[str, Any] | _Unset = UNSET
-    case_id: str | _Unset = UNSET
-    custom_mask: _CustomMaskFile | None | _Unset = UNSET
-    storage: _StorageFile | None | _Unset = UNSET
-    positions: list[list[int]] | None | _Unset = UNSET
+_CaseFile = _case_file()
 
 
 def _given(struct: msgspec.Struct | _Unset) -> dict[str, Any]:

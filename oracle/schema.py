@@ -6,9 +6,14 @@ errors become one line that names the file and the field, e.g.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import operator
 import re
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -19,6 +24,37 @@ T = TypeVar("T")
 _SEGMENT = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
 _JSON_TYPE = {bool: "bool", int: "int", float: "float", str: "str", list: "array", dict: "object", type(None): "null"}
 _NAMES = {"array": "list", "object": "object", "null": "null"}
+
+
+def file_fields(cls: type, structs: Mapping[type, Any] | None = None,
+                not_null: Collection[str] = ()) -> list[tuple[str, Any] | tuple[str, Any, Any]]:
+    """The fields of a strict file struct (``msgspec.defstruct``) for dataclass ``cls``, in its order:
+    its own fields as JSON gives them, types only (the dataclass checks the values). A field with a
+    default may be absent (``UNSET``: the dataclass's default fills it); ``tuple[X, ...]`` is a JSON
+    list, ``float`` any JSON number (an int is kept as given, so an existing file's case_id stays), a
+    nested dataclass its own struct from ``structs``; ``not_null``: optional fields a file may not
+    give as null (absent only)."""
+    hints = typing.get_type_hints(cls)
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(cls):
+        kind = _json_type(hints[f.name], structs or {}, nullable=f.name not in not_null)
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        fields.append((f.name, kind) if required else (f.name, kind | msgspec.UnsetType, msgspec.UNSET))
+    return fields
+
+
+def _json_type(hint: Any, structs: Mapping[type, Any], *, nullable: bool = True) -> Any:
+    """The JSON type that reads as ``hint`` (``file_fields``)."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        members = [_json_type(a, structs) for a in args if a is not type(None)]
+        kind = functools.reduce(operator.or_, members)
+        return kind | None if nullable and type(None) in args else kind
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return types.GenericAlias(list, (_json_type(args[0], structs),))  # list[item type], the item type computed
+    if hint is float:
+        return int | float
+    return structs.get(hint, hint)
 
 
 def convert(data: Any, schema: type[T], *, where: str, error: type[Exception], field: str = "") -> T:
