@@ -12,12 +12,12 @@ An oracle finding shrunk from a larger case also keeps the first failing case, a
 shrinking, in ``original.json`` + ``original.npz`` (``FIRST_FAILING``): a one-key minimal case cannot
 always tell apart what the error needs, and triage localizes on the larger one then.
 ``CASE_ID`` is the saved case's own id (it names its sidecar's content), so the folder name, the
-``case_id`` in case.json, replay and triage all show the same id.
+``case_id`` in case.json, replay and triage all show the same id. Each case's ``meta`` is the finding's
+record (``pa_oracle.fuzz.campaign.finding_record``: ``finding_meta`` here, read back by ``read_finding``).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import re
@@ -29,7 +29,17 @@ import numpy as np
 import torch
 
 from pa_oracle.backends.base import Backend, KernelOutput
-from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, holds_case, publish_folder, rescue
+from pa_oracle.fuzz.campaign.finding_record import (
+    CHECK_COMMAND,
+    FIRST_FAILING,
+    FIRST_FAILING_TENSORS,
+    FindingMeta,
+    FoundBy,
+    GeneratedFrom,
+    holds_finding,
+    today,
+)
+from pa_oracle.fuzz.campaign.outdir import FindingNotSaved, publish_folder, rescue
 from pa_oracle.fuzz.checks.registry import expectation
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK, Outcome
 from pa_oracle.oracle.case import Case
@@ -48,18 +58,17 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def finding_meta(outcome: Outcome, backend: Backend, kernel_spec: str | None) -> dict:
-    found_by = "pa-oracle fuzz" if outcome.check == ORACLE_CHECK else f"pa-oracle metamorphic --check {outcome.check}"
-    return {
-        "found_by": found_by,
-        "backend": backend.name,
-        "kernel": kernel_spec,
-        "status": outcome.status,
-        "message": outcome.message.splitlines()[0] if outcome.message else "",
-        "versions": backend.versions(),
-        "date": datetime.date.today().isoformat(),
-        "generated_from": {"seed": outcome.case.seed, "distribution": outcome.case.distribution},
-    }
+def finding_meta(outcome: Outcome, backend: Backend, kernel_spec: str | None) -> FindingMeta:
+    """The record of a finding of ``outcome`` on ``backend`` (``kernel_spec``: a user kernel's MODULE:FUNCTION)."""
+    command = "pa-oracle fuzz" if outcome.check == ORACLE_CHECK else f"{CHECK_COMMAND}{outcome.check}"
+    return FindingMeta(found_by=FoundBy(
+        command=command, check=outcome.check, backend=backend.name, kernel=kernel_spec, status=outcome.status,
+        message=first_line(outcome.message), versions={k: str(v) for k, v in backend.versions().items()},
+        date=today(), generated_from=GeneratedFrom(outcome.case.seed, outcome.case.distribution)))
+
+
+def first_line(message: str) -> str:
+    return message.splitlines()[0] if message else ""
 
 
 def repro_command(case_path: str, backend: str, kernel: str | None = None, check: str | None = None) -> str:
@@ -107,10 +116,6 @@ def ratio_words(ratio: float) -> str:
     return f"{ratio:,.0f}" if math.isfinite(ratio) and ratio >= 100 else f"{ratio:.2f}"
 
 
-FIRST_FAILING = "original.json"  # beside case.json: the first failing case, before shrinking
-FIRST_FAILING_TENSORS = "original.npz"
-
-
 def save_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None,
                  first: Outcome | None = None) -> Path:
     """Write the finding's folder (``publish_finding``) and return it."""
@@ -133,18 +138,18 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
     saved: list[tuple[str, Case, Tensors]] = []
     for label, case, tensors in labelled:
         tensors = tensors if tensors is not None else make_tensors(case, "cpu")
-        saved.append((label, saved_form(case, tensors, {**meta, "role": label} if label else meta), tensors))
+        saved.append((label, saved_form(case, tensors, (meta.replace(role=label) if label else meta).to_json()), tensors))
     original = saved[0][1]
     larger = _first_failing(first, outcome, meta)
     name = original.case_id if outcome.check == ORACLE_CHECK else f"{outcome.check}-{original.case_id}"
     parent = Path(out_dir) / safe_name(backend.name)
-    first = saved[0][0]
+    first_label = saved[0][0]
 
     def repro(folder: Path) -> str:
-        return repro_command(str(folder / first / "case.json"), backend.name, kernel_spec, outcome.check)
+        return repro_command(str(folder / first_label / "case.json"), backend.name, kernel_spec, outcome.check)
 
     def same(folder: Path) -> bool:
-        return all(holds_case(folder / label / "case.json", case) for label, case, _ in saved)
+        return all(holds_finding(folder / label / "case.json", case) for label, case, _ in saved)
 
     def write(tmp: Path, final: Path) -> None:
         for label, case, tensors in saved:
@@ -153,29 +158,28 @@ def publish_finding(outcome: Outcome, backend: Backend, out_dir: Path, kernel_sp
             save_tensors(larger[1], tmp / FIRST_FAILING_TENSORS)
             larger[0].save(tmp / FIRST_FAILING)
         if outcome.output is not None:
-            save_output(outcome.output, tmp / first / OUTPUT_FILE)
+            save_output(outcome.output, tmp / first_label / OUTPUT_FILE)
         (tmp / "report.md").write_text(finding_report(outcome, backend.name, original, repro(final), backend.conversions(original)))
 
     try:
         folder = publish_folder(parent, name, write, already_saved=same)
     except OSError as exc:
         what = outcome.status if outcome.check == ORACLE_CHECK else f"{outcome.check} {outcome.status}"
-        finding = f"{backend.name} {what}: {meta['message']}; case {original.summary()}"
+        finding = f"{backend.name} {what}: {first_line(outcome.message)}; case {original.summary()}"
         case_json = original.replace(tensors_file=None).to_json()
         raise FindingNotSaved(parent, finding, exc, rescue("case.json", json.dumps(case_json, indent=1) + "\n")) from exc
     return SavedFinding(folder, original.case_id, repro(folder))
 
 
-def _first_failing(first: Outcome | None, outcome: Outcome, meta: dict) -> tuple[Case, Tensors] | None:
+def _first_failing(first: Outcome | None, outcome: Outcome, meta: FindingMeta) -> tuple[Case, Tensors] | None:
     """The first failing case in its saved form (sidecar ``FIRST_FAILING_TENSORS``), when it is another
     case than the minimal one of an oracle finding; else None."""
     if first is None or outcome.check != ORACLE_CHECK or not first.is_finding or first.case.case_id == outcome.case.case_id:
         return None
     tensors = make_tensors(first.case, "cpu")
-    message = first.message.splitlines()[0] if first.message else ""
-    first_meta = {**meta, "status": first.status, "message": message,
-                  "role": "the first failing case, before shrinking (case.json is the minimal one)"}
-    return saved_form(first.case, tensors, first_meta).replace(tensors_file=FIRST_FAILING_TENSORS), tensors
+    first_meta = meta.seen(status=first.status, message=first_line(first.message)).replace(
+        role="the first failing case, before shrinking (case.json is the minimal one)")
+    return saved_form(first.case, tensors, first_meta.to_json()).replace(tensors_file=FIRST_FAILING_TENSORS), tensors
 
 
 def save_unjudged(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec: str | None = None) -> Path:
@@ -184,11 +188,11 @@ def save_unjudged(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec
     error read without running the campaign again: its meta names the user kernel (``kernel``) and
     a check beyond the oracle (``check``, which ``pa-oracle replay`` judges it through), and
     ``error.txt`` starts with the command that re-runs it. Raises what writing it raised."""
-    meta = {**finding_meta(outcome, backend, kernel_spec), "found_by": "pa-oracle (the oracle could not judge this case)"}
+    meta = finding_meta(outcome, backend, kernel_spec).seen(command="pa-oracle (the oracle could not judge this case)")
     if outcome.check != ORACLE_CHECK:
-        meta["check"] = outcome.check
+        meta = meta.replace(check=outcome.check)
     tensors = make_tensors(outcome.case, "cpu")
-    saved = saved_form(outcome.case, tensors, meta)
+    saved = saved_form(outcome.case, tensors, meta.to_json())
 
     def write(tmp: Path, final: Path) -> None:
         write_case(saved, tensors, tmp)
@@ -196,7 +200,7 @@ def save_unjudged(outcome: Outcome, backend: Backend, out_dir: Path, kernel_spec
         (tmp / "error.txt").write_text(f"To re-run it: {repro}\n\n{outcome.message}\n")
 
     return publish_folder(Path(out_dir) / safe_name(backend.name), f"unjudged-{saved.case_id}", write,
-                          already_saved=lambda folder: holds_case(folder / "case.json", saved))
+                          already_saved=lambda folder: holds_finding(folder / "case.json", saved))
 
 
 OUTPUT_FILE = "output.npz"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
-import json
 import os
 import shutil
 import socket
@@ -20,7 +19,6 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 from pa_oracle.fuzz.campaign.shard import Shard
-from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.errors import BadInput
 
 LOCK_FILE = ".pa-oracle.lock"
@@ -161,15 +159,3 @@ def rescue(name: str, text: str) -> Path | None:
     except OSError as exc:
         print(f"pa-oracle: could not rescue the finding in a temp folder either: {exc}", file=sys.stderr)
         return None
-
-
-def holds_case(path: Path, case: Case) -> bool:
-    """Whether the case file at ``path`` is ``case`` as saved (same case and meta, any date)."""
-    try:
-        kept = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return False
-    new = json.loads(json.dumps(case.to_json()))  # tuples as lists, as read back
-    if not isinstance(kept, dict) or not isinstance(kept.get("meta"), dict):
-        return False
-    return {**kept, "meta": {**kept["meta"], "date": None}} == {**new, "meta": {**new["meta"], "date": None}}

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+from pa_oracle.fuzz.campaign.finding_record import read_finding
 from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, ledger_verdict, lookup, quarantined_class
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK
 from pa_oracle.oracle.case import CaseError, read_json
 from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.schema import convert
-from pa_oracle.oracle.tensors import load_case
 
 REPLAY_SCHEMA = 1
 REPLAY_KIND = "pa-oracle-replay"
@@ -94,7 +94,7 @@ def replay_corpus(
     cases = []
     for path in files:
         try:
-            case = load_case(path)
+            case = read_finding(path).case  # the case, its sidecar and its meta (the finding record) checked
             cases.append((path, case, golden_check(case, path)))
         except CaseError as exc:
             raise ReplayError(str(exc)) from None

@@ -6,9 +6,15 @@ import json
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import click
 from pa_oracle.fuzz.campaign.ledger import GOLDEN
-from pa_oracle.oracle.case import CaseError
+from pa_oracle.oracle.case import Case, CaseError
+
+if TYPE_CHECKING:
+    from pa_oracle.backends.base import Backend
+    from pa_oracle.fuzz.campaign.finding_record import FindingMeta
 
 
 @click.command()
@@ -30,13 +36,12 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
     """Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the
     error and write triage.md / triage.html; exit 1 if any backend fails the case."""
     from pa_oracle.backends import BackendSpecError, available, resolve
-    from pa_oracle.fuzz.triage.pipeline import load_source, run_triage
+    from pa_oracle.fuzz.campaign.finding_record import read_finding
+    from pa_oracle.fuzz.triage.pipeline import run_triage
     from pa_oracle.fuzz.triage.render import write_report
 
-    try:
-        case, case_json = load_source(source)
-    except CaseError as exc:
-        raise click.ClickException(str(exc)) from None
+    finding = read_finding(source)  # bad input (a FindingError or CaseError naming the file) exits 2
+    case, case_json = finding.case, finding.case_json
     if budget < 1:
         raise click.UsageError("--budget must be >= 1")
     missing: dict[str, str] = {}
@@ -45,14 +50,14 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
             backends = resolve(backend_names, kernels)
         else:
             backends, missing = available()
-            own_kernel = case.meta.get("kernel")
+            own_kernel = finding.meta.kernel
             if own_kernel:  # the user kernel that found the case is in no registry
                 backends += resolve((), (own_kernel,))
     except BackendSpecError as exc:
         raise click.UsageError(str(exc)) from None
     say = (lambda _: None) if as_json else (lambda line: click.echo(line, err=True))
     if not (backend_names or kernels) and cross_check == "built":
-        backends, unbuilt = _with_built_variants(backends, case)
+        backends, unbuilt = _with_built_variants(backends, case, finding.meta)
         if unbuilt:
             say(f"not cross-checked ({len(unbuilt)} backends whose variant of this case is not built here; "
                 f"--cross-check all builds and runs them): {', '.join(unbuilt)}")
@@ -85,18 +90,22 @@ def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...
         sys.exit(1)
 
 
-def _with_built_variants(backends: list, case) -> tuple[list, list[str]]:  # type: ignore[type-arg,no-untyped-def]
-    """The backends that run ``case`` on a built variant (or compile nothing), the one that found it always
-    kept; and the names of the others."""
-    own = {case.meta.get("backend"), case.meta.get("kernel")}
-    kept, left = [], []
+def _with_built_variants(backends: list[Backend], case: Case, meta: FindingMeta) -> tuple[list[Backend], list[str]]:
+    """The backends that run ``case`` on a built variant (or compile nothing), the one that found it (``meta``)
+    always kept; and the names of the others."""
+    own = {meta.backend, meta.kernel}
+    kept: list[Backend] = []
+    left: list[str] = []
     for backend in backends:
         try:
             ready = backend.name in own or not backend.compile_fields or backend.unsupported_reason(case) is not None \
                 or backend.built_reason(backend.compile_key(case)) is not None
         except Exception:  # noqa: BLE001 - an adapter that cannot say: run it, as before
             ready = True
-        (kept if ready else left).append(backend if ready else backend.name)
+        if ready:
+            kept.append(backend)
+        else:
+            left.append(backend.name)
     return kept, left
 
 
@@ -210,11 +219,11 @@ def golden_report(case_path: Path, backend_name: str, out_dir: Path, gpu: str) -
     """Write OUT/repro.py and OUT/ISSUE.md for a golden case from what its ``meta.found_by`` recorded,
     without running the kernel. An existing ISSUE.md's hand-written ``## Why`` section and title are kept."""
     from pa_oracle.backends import discover
-    from pa_oracle.fuzz.triage.upstream import HAND_WRITTEN, NoUpstreamRepro, seen_from_meta, write_upstream
-    from pa_oracle.oracle.tensors import load_case
+    from pa_oracle.fuzz.campaign.finding_record import read_finding
+    from pa_oracle.fuzz.triage.upstream import HAND_WRITTEN, NoUpstreamRepro, seen_from_record, write_upstream
 
     try:
-        case = load_case(case_path)
+        finding = read_finding(case_path)
     except CaseError as exc:
         raise click.UsageError(str(exc)) from None
     known = discover()  # the kernel's library need not be installed here: the repro runs where it is
@@ -230,7 +239,8 @@ def golden_report(case_path: Path, backend_name: str, out_dir: Path, gpu: str) -
         text = issue.read_text()
         why, title = text.split("\n## Why\n", 1)[1], text.splitlines()[0].removeprefix("# ")
     try:
-        written = write_upstream(out_dir, case, backend, seen_from_meta(case.meta, gpu), explanation=why, title=title)
+        written = write_upstream(out_dir, finding.case, backend, seen_from_record(finding.meta, gpu), explanation=why,
+                                 title=title)
     except NoUpstreamRepro as exc:
         raise click.UsageError(str(exc)) from None
     click.echo("wrote " + ", ".join(str(p) for p in written.values()))

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.campaign.finding_record import Finding, FindingError, FindingMeta, finding_case_file, read_finding
 from pa_oracle.fuzz.campaign.ledger import SCHEMA_VERSION, check_name, load_ledger
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK
 from pa_oracle.oracle.case import Case, CaseError
@@ -48,29 +50,26 @@ def ledger_versions(versions: dict[str, str]) -> dict[str, str]:
     return packages or kept
 
 
-_CHECK_FOUND_BY = "pa-oracle metamorphic --check "  # how a check's finding says which check found it
-
-
-def _finding_case(finding: Path) -> tuple[Case, Path]:
-    path = finding / "case.json" if finding.is_dir() else finding
-    if finding.is_dir() and not path.is_file():  # a check's finding: the original case comes first
-        path = finding / "original" / "case.json"
-    if not path.is_file():
-        raise GoldenError(f"{finding}: no case.json (give a finding folder written by pa-oracle fuzz or triage)")
+def _finding(path: Path) -> Finding:
+    """The finding to promote (``read_finding``), its tensors made: the sidecar loads, matches the case's
+    shapes and carries signal."""
     try:
-        case = load_case(path)
-        make_tensors(case)  # the sidecar loads, matches the case's shapes and carries signal
+        finding = read_finding(path)
+        make_tensors(finding.case)
+    except FindingError as exc:
+        raise GoldenError(str(exc)) from None
     except CaseError as exc:
-        raise GoldenError(f"{path}: the case does not load: {exc}") from None
-    return case, path
+        raise GoldenError(f"{finding_case_file(path)}: the case does not load: {exc}") from None
+    return finding
 
 
-def _backends(names: tuple[str, ...]) -> list[Any]:
+def _backends(names: tuple[str, ...]) -> list[Backend]:
     """The entry's backends (registered names or MODULE:FUNCTION kernels); an unknown name is refused."""
     from pa_oracle.backends import discover
     from pa_oracle.backends.user import UserKernel
 
-    known, found = discover(), []
+    known = discover()
+    found: list[Backend] = []
     for name in names:
         if ":" in name:
             try:
@@ -86,12 +85,10 @@ def _backends(names: tuple[str, ...]) -> list[Any]:
     return found
 
 
-def finding_check(meta: dict[str, Any], given: str | None) -> str:
-    """The check the finding is of: ``given`` (``--check``), else the one its ``found_by`` names,
-    else the oracle; a name that is no check is refused."""
-    found_by = meta.get("found_by")
-    named = found_by.removeprefix(_CHECK_FOUND_BY).split()[0] if isinstance(found_by, str) and found_by.startswith(_CHECK_FOUND_BY) else None
-    return check_name(given or named or ORACLE_CHECK, "--check", GoldenError)
+def finding_check(meta: FindingMeta, given: str | None) -> str:
+    """The check the finding is of: ``given`` (``--check``), else the one that found it (its record's
+    ``found_by.check``; the oracle when it names none); a name that is no check is refused."""
+    return check_name(given or meta.found_check, "--check", GoldenError)
 
 
 def _verdicts(case: Case, backends: list[Any], status: str, check: str = ORACLE_CHECK) -> dict[str, str]:
@@ -147,10 +144,10 @@ def promote(
         raise GoldenError("a ledger entry needs --reason: what is wrong, on which kernel and version, where it was seen")
     if not issue or not issue.startswith(("http://", "https://")):
         raise GoldenError(f"a ledger entry needs --issue with the URL of the issue or PR that tracks it (got {issue!r})")
-    case, case_json = _finding_case(Path(finding))
-    meta = dict(case.meta)
+    found = _finding(Path(finding))
+    case, case_json, meta = found.case, found.case_json, found.meta
     check = finding_check(meta, check)
-    backends = backends or ((meta["backend"],) if meta.get("backend") else ())
+    backends = backends or ((meta.backend,) if meta.backend else ())
     if not backends:
         raise GoldenError(f"{case_json} names no backend: pass --backend NAME (repeatable)")
     name = name or slug(f"{backends[0]}-{case.case_id}")
@@ -172,7 +169,7 @@ def promote(
     entry: dict[str, Any] = {
         "case": name,
         "backends": list(backends),
-        "versions": ledger_versions(meta.get("versions", {})),
+        "versions": ledger_versions(dict(meta.found_by.versions) if meta.found_by else {}),
         "status": status,
         "reason": reason.strip(),
         "issue": issue,
@@ -194,11 +191,11 @@ def promote(
     else:
         tensors = make_tensors(case)
         save_tensors(tensors, target_npz)
-    golden_meta = {"guards": reason.strip(), "source": issue, "found_by": meta}
-    if check != ORACLE_CHECK:
-        golden_meta["check"] = check
+    golden_meta = FindingMeta(found_by=meta.found_by, check=None if check == ORACLE_CHECK else check,
+                              minimized_from=meta.minimized_from, guards=reason.strip(), source=issue)
     # named by the sidecar's content (tensors_sha256), so the golden case's id is the finding's, wherever it lies
-    case.replace(tensors_file=target_npz.name, tensors_sha256=tensors_digest(tensors), meta=golden_meta).save(target_json)
+    case.replace(tensors_file=target_npz.name, tensors_sha256=tensors_digest(tensors),
+                 meta=golden_meta.to_json()).save(target_json)
     try:
         make_tensors(load_case(target_json))
     except CaseError as exc:

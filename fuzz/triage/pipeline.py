@@ -10,15 +10,15 @@ from pathlib import Path
 
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign.findings import FIRST_FAILING
+from pa_oracle.fuzz.campaign.finding_record import FIRST_FAILING, FindingMeta, FoundBy, meta_of, read_first_failing, today
+from pa_oracle.fuzz.campaign.findings import first_line, repro_command
 from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.triage.localize import Localization, capture, localize
 from pa_oracle.fuzz.triage.minimize import Minimized, minimize
 from pa_oracle.fuzz.triage.necessity import necessary_options
 from pa_oracle.fuzz.triage.workload import Workload
-from pa_oracle.oracle.case import Case, CaseError
-from pa_oracle.fuzz.campaign.findings import repro_command
+from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import load_case
 from pa_oracle.oracle.tolerance import Tolerance
 
@@ -61,16 +61,6 @@ class Triage:
         return repro_command(str(self.case_path), self.focus, self.kernel_spec)
 
 
-def load_source(path: Path) -> tuple[Case, Path]:
-    """A case from ``CASE.json`` or a finding folder holding ``case.json``; (case, json path)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "case.json"
-        if not path.exists():
-            raise CaseError(f"{path.parent} is not a finding folder: it has no case.json")
-    return load_case(path), path
-
-
 def survey(
     case: Case, backends: list[Backend], tolerance: Tolerance = Tolerance(), progress: Callable[[str], None] | None = None
 ) -> list[SurveyRow]:
@@ -93,10 +83,10 @@ def _survey(
     return rows
 
 
-def pick_focus(case: Case, rows: list[SurveyRow]) -> str | None:
+def pick_focus(meta: FindingMeta, rows: list[SurveyRow]) -> str | None:
     """The backend to minimize for: the one that found the case if it still fails, else the first failing."""
     failing = [row.backend for row in rows if row.status in ("fail", "crash")]
-    for preferred in (case.meta.get("kernel"), case.meta.get("backend")):
+    for preferred in (meta.kernel, meta.backend):
         if preferred in failing:
             return preferred
     return failing[0] if failing else None
@@ -116,7 +106,7 @@ def run_triage(
     say = progress or (lambda _: None)
     surveyed = _survey(case, backends, tolerance, say)
     result = Triage(Path(source), case, [row for row, _ in surveyed])
-    result.focus = pick_focus(case, result.survey)
+    result.focus = pick_focus(meta_of(case, source), result.survey)
     if result.focus is None:
         return result
     backend = next(b for b in backends if b.name == result.focus)
@@ -145,15 +135,11 @@ def _minimize_and_localize(
             backend, Workload.from_case(case), budget=budget, tolerance=tolerance, progress=say, check=check
         )
         if result.minimized.reduced:
-            meta = {
-                "found_by": "pa-oracle triage",
-                "backend": backend.name,
-                "kernel": result.kernel_spec,
-                "status": result.minimized.outcome.status,
-                "message": result.minimized.outcome.message.splitlines()[0],
-                "versions": backend.versions(),
-                "minimized_from": case.case_id,
-            }
+            outcome = result.minimized.outcome
+            meta = FindingMeta(found_by=FoundBy(
+                command="pa-oracle triage", backend=backend.name, kernel=result.kernel_spec, status=outcome.status,
+                message=first_line(outcome.message), versions={k: str(v) for k, v in backend.versions().items()},
+                date=today()), minimized_from=case.case_id)
             result.minimized_path = result.minimized.work.save(Path(out_dir) / "minimized", meta)
             minimized_case = load_case(result.minimized_path)
             result.localized.append(("minimized case", _localized(backend, minimized_case, tolerance, check, say)))
@@ -162,7 +148,7 @@ def _minimize_and_localize(
     if len(result.localized) == 1:  # not minimized: say which options the case as given needs
         result.localized[0][1].checks.append(necessary_options(case, backend, check))
     if any(c.result == "ambiguous" for _, loc in result.localized for c in loc.checks):
-        larger = first_failing(result.source, say)
+        larger = read_first_failing(result.source, say)
         if larger is not None and larger.case_id != case.case_id:
             say(f"ambiguous on the minimal case: localizing on the first failing case ({FIRST_FAILING}) ...")
             result.localized.append((f"first failing case, {FIRST_FAILING}", localize(capture(backend, larger, tolerance, check))))
@@ -187,19 +173,6 @@ def issue_clues(localized: list[tuple[str, Localization]]) -> list[str]:
         lines.append(f"{found.name}: {found.finding} (read on a larger failing case, {loc.case.summary()}; the minimal "
                      f"case cannot tell it apart: {clue.finding.split(': ', 1)[0]})")
     return lines
-
-
-def first_failing(source: Path, say: Callable[[str], None] = lambda _: None) -> Case | None:
-    """The finding's first failing case before the campaign shrank it (``FIRST_FAILING`` beside its
-    ``case.json``), or None when the folder has none or it cannot be read (said)."""
-    path = Path(source).parent / FIRST_FAILING
-    if Path(source).name != "case.json" or not path.is_file():
-        return None
-    try:
-        return load_case(path)
-    except CaseError as exc:
-        say(f"not localized on {path}: {exc}")
-        return None
 
 
 def _localized(backend: Backend, case: Case, tolerance: Tolerance, check: Callable[[Case], Outcome],

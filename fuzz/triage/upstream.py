@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
+from pa_oracle.fuzz.campaign.finding_record import FindingMeta, FoundBy
 from pa_oracle.oracle.case import Case, Options
 from pa_oracle.oracle.reference import plain_attention, reference
 from pa_oracle.oracle.tensors import Tensors, make_tensors, raw_bits, token_slots
@@ -481,7 +482,8 @@ def _kept(path: Path, content: bytes, record: Mapping[str, str], explanation: st
     return f"{path.name} (not written by pa-oracle, or edited since it was)"
 
 
-def seen_from_meta(meta: Mapping[str, Any], gpu: str = "") -> Seen:
-    """The Seen of a golden case: its ``meta.found_by`` (status, message, versions)."""
-    found = meta.get("found_by") or {}
-    return Seen(found.get("status", "fail"), found.get("message", ""), dict(found.get("versions") or {}), gpu)
+def seen_from_record(meta: FindingMeta, gpu: str = "") -> Seen:
+    """The Seen of a golden case or a finding: what its record's ``found_by`` says (status, message, versions);
+    a case that records no verdict (a seed-generated regression case) as a failure."""
+    found = meta.found_by or FoundBy()
+    return Seen(found.status or "fail", found.message, dict(found.versions), gpu)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pa_oracle.fuzz.campaign.finding_record import FindingMeta, GeneratedFrom
 from pa_oracle.oracle.case import Case, Heads, Layout
 from pa_oracle.oracle.tensors import POISON, Tensors, make_tensors, save_tensors, token_addresses, torch_dtype
 
@@ -84,13 +85,14 @@ class Workload:
             save_tensors(self.tensors(), path)
         return self.case.replace(tensors_file=str(path))
 
-    def save(self, folder: Path, meta: dict[str, Any]) -> Path:
-        """Write ``case.json`` + ``tensors.npz`` (as ``save_finding`` does); return the json path."""
+    def save(self, folder: Path, meta: FindingMeta) -> Path:
+        """Write ``case.json`` + ``tensors.npz`` (as ``save_finding`` does) with ``meta`` (the seed it was drawn
+        from added when the tensors are the seed's); return the json path."""
         folder = Path(folder)
         save_tensors(self.tensors(), folder / "tensors.npz")
         if self.data is None:
-            meta = {**meta, "generated_from": {"seed": self.case.seed, "distribution": self.case.distribution}}
-        return self.case.replace(tensors_file="tensors.npz", meta=meta).save(folder / "case.json")
+            meta = meta.seen(generated_from=GeneratedFrom(self.case.seed, self.case.distribution))
+        return self.case.replace(tensors_file="tensors.npz", meta=meta.to_json()).save(folder / "case.json")
 
 
 # --- reductions: each returns a new Workload or raises CaseError (an invalid candidate) ---------

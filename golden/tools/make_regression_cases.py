@@ -1,5 +1,7 @@
 """Write the seed-generated regression cases of golden/cases/ (one per bug class of the field
-catalogue that no finding covers yet). Re-running it rewrites the same files.
+catalogue that no finding covers yet). Re-running it rewrites the same files: the same cases and ids,
+their meta in the finding record's current shape (``pa_oracle.fuzz.campaign.finding_record``, which
+reads the older one the files hold).
 
     python golden/tools/make_regression_cases.py
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from pa_oracle.fuzz.campaign.finding_record import FindingMeta, FoundBy
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
@@ -87,8 +90,10 @@ REGRESSION = {
 
 
 def main() -> None:
+    found_by = FoundBy(command="golden/tools/make_regression_cases.py")
     for name, (case, guards, source) in REGRESSION.items():
-        case.replace(meta={"guards": guards, "source": source, "found_by": "golden/tools/make_regression_cases.py"}).save(CASES / f"{name}.json")
+        meta = FindingMeta(found_by=found_by, guards=guards, source=source).to_json()
+        case.replace(meta=meta).save(CASES / f"{name}.json")
         print(f"wrote {name}: {case.summary()}")
 
 

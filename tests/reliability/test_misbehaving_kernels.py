@@ -30,6 +30,7 @@ from pa_oracle.oracle.case import Case, Heads, Layout
 from pa_oracle.oracle.tensors import Tensors, load_case
 
 from pa_oracle.cli import main
+from pa_oracle.fuzz.campaign.finding_record import read_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "tests.reliability.bad_kernels"
@@ -82,8 +83,9 @@ def saved_finding(out: Path, kernel: str) -> dict[str, Any]:
     folder = Path(finding["dir"])
     assert {"case.json", "tensors.npz", "report.md"} <= {p.name for p in folder.iterdir()}, folder
     case = load_case(folder / "case.json")
-    assert folder.name == finding["case_id"] and case.meta["kernel"] == f"{MODULE}:{kernel}"
-    assert case.meta["status"] == finding["status"]
+    meta = read_meta(case.meta, folder)
+    assert folder.name == finding["case_id"] and meta.kernel == f"{MODULE}:{kernel}"
+    assert meta.found_by is not None and meta.found_by.status == finding["status"]
     return finding
 
 

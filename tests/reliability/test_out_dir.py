@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.engine import save_finding
+from pa_oracle.fuzz.campaign.finding_record import read_meta
 from pa_oracle.fuzz.campaign.outdir import campaign_lock, publish_folder
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.state import CampaignState
@@ -122,7 +123,7 @@ def test_the_same_case_with_another_verdict_is_saved_beside_never_over(tmp_path)
     again = save_finding(Outcome(case, backend.name, "fail", "out: 3 elements off"), backend, tmp_path)
     other = save_finding(Outcome(case, backend.name, "crash", "RuntimeError: illegal memory access"), backend, tmp_path)
     assert again == first and other == first.with_name(first.name + "-2") and tree(first) == kept
-    assert json.loads((other / "case.json").read_text())["meta"]["status"] == "crash"
+    assert read_meta(json.loads((other / "case.json").read_text())["meta"], other).found_by.status == "crash"  # type: ignore[union-attr]
     assert f"{other}/case.json" in (other / "report.md").read_text(), "the repro names the folder it is in"
     assert not list(first.parent.glob(".*")), "a temp folder was left behind"
 

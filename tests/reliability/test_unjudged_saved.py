@@ -16,6 +16,7 @@ from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.cli import main
 from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend
+from pa_oracle.fuzz.campaign.finding_record import read_meta
 from pa_oracle.fuzz.campaign.findings import save_unjudged
 from pa_oracle.fuzz.campaign.ledger import golden_check
 from pa_oracle.fuzz.draw.strategies import Limits
@@ -59,7 +60,7 @@ def test_a_user_kernels_unjudged_case_replays_on_that_kernel(monkeypatch: pytest
     result = fuzz_backend(UserKernel.from_spec(f"{MODULE}:correct"), CampaignConfig(examples=10, limits=TINY, isolate=False, out_dir=tmp_path))
     (folder,) = tmp_path.glob("*/unjudged-*")
     assert result.status == "incomplete" and f"(saved in {folder})" in result.notes[-1]
-    assert load_case(folder / "case.json").meta["kernel"] == f"{MODULE}:correct"
+    assert read_meta(load_case(folder / "case.json").meta, folder).kernel == f"{MODULE}:correct"
     assert (folder / "error.txt").read_text().startswith(f"To re-run it: pa-oracle replay {folder / 'case.json'} --kernel {MODULE}:correct")
     monkeypatch.undo()  # the replay judges with the real oracle: the case passes
     replayed = CliRunner().invoke(main, ["replay", str(folder / "case.json"), "--kernel", f"{MODULE}:correct", "--json"])

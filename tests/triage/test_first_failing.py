@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pa_oracle.fuzz.campaign.finding_record import read_meta
 from pa_oracle.fuzz.campaign.findings import FIRST_FAILING, FIRST_FAILING_TENSORS, save_finding
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.fuzz.triage.pipeline import run_triage
@@ -35,8 +36,8 @@ def test_the_first_failing_case_is_kept_beside_the_minimal_one(tmp_path: Path) -
     drawn_tensors, kept = make_tensors(drawn, "cpu").as_dict(), make_tensors(larger, "cpu").as_dict()
     assert drawn_tensors.keys() == kept.keys()
     assert all(raw_bits(drawn_tensors[n]).equal(raw_bits(kept[n])) for n in kept)  # bit for bit (unused slots hold NaN)
-    meta = json.loads((folder / FIRST_FAILING).read_text())["meta"]
-    assert meta["status"] == "fail" and "before shrinking" in meta["role"]
+    meta = read_meta(json.loads((folder / FIRST_FAILING).read_text())["meta"], FIRST_FAILING)
+    assert meta.found_by is not None and meta.found_by.status == "fail" and "before shrinking" in (meta.role or "")
 
 
 def test_no_first_failing_case_when_it_is_the_minimal_one(tmp_path: Path) -> None:

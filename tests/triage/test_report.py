@@ -5,8 +5,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from pa_oracle.fuzz.campaign.finding_record import read_finding
 from pa_oracle.fuzz.triage import plots
-from pa_oracle.fuzz.triage.pipeline import load_source, run_triage
+from pa_oracle.fuzz.triage.pipeline import run_triage
 from pa_oracle.fuzz.triage.render import pytest_snippet, write_report
 
 from pa_oracle.cli import main
@@ -26,8 +27,8 @@ def run_snippet(text: str) -> None:
 @pytest.fixture(scope="module")
 def triaged(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("triaged")
-    case, path = load_source(make_finding(tmp_path, "last_page_off_by_one", mixed_case()))
-    result = run_triage(case, path, [kernel("correct_attention"), kernel("last_page_off_by_one")], tmp_path / "triage")
+    finding = read_finding(make_finding(tmp_path, "last_page_off_by_one", mixed_case()))
+    result = run_triage(finding.case, finding.case_json, [kernel("correct_attention"), kernel("last_page_off_by_one")], tmp_path / "triage")
     return result, write_report(result, tmp_path / "triage")
 
 

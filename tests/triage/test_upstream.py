@@ -216,9 +216,10 @@ def _check_hand_written(folder: Path, repro: str) -> None:
 
 
 def _seen(case: Case) -> Seen:
-    from pa_oracle.fuzz.triage.upstream import seen_from_meta
+    from pa_oracle.fuzz.campaign.finding_record import read_meta
+    from pa_oracle.fuzz.triage.upstream import seen_from_record
 
-    return seen_from_meta(case.meta, "NVIDIA H200")
+    return seen_from_record(read_meta(case.meta, "a golden case"), "NVIDIA H200")
 
 
 def test_every_adapter_call_source_compiles_on_a_case_it_supports() -> None:
