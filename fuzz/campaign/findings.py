@@ -23,7 +23,7 @@ import math
 import re
 import shlex
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -208,7 +208,7 @@ OUTPUT_FILE = "output.npz"
 
 def save_output(output: KernelOutput, path: Path) -> Path:
     """The kernel's raw output as bits plus dtype names (bf16 has no numpy dtype), like a sidecar."""
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, Any] = {}  # np.savez_compressed's keywords: arrays by name
     for name, t in (("out", output.out), ("lse", output.lse)):
         if t is not None:
             t = t.detach().cpu()

@@ -26,7 +26,7 @@ from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.reference import LOG2_E, Reference, reference
 from pa_oracle.oracle.report import Location, worst_elements
 from pa_oracle.oracle.tensors import Tensors, gather_kv, make_tensors, token_addresses
-from pa_oracle.oracle.tolerance import Tolerance, Verdict
+from pa_oracle.oracle.tolerance import ErrorStats, Tolerance, Verdict
 
 MAX_PROBED_PAIRS = 48  # wrong (row, head) pairs probed, worst first
 
@@ -108,6 +108,36 @@ def capture(
     return result
 
 
+@dataclass(frozen=True)
+class Judged:
+    """The parts of a verdict on a returned output that localization reads, known present: out's error per
+    element and its limits, and the LSE's when it was judged."""
+
+    out: ErrorStats
+    error: torch.Tensor  # |kernel - ref| of out, [total_q, Hq, Dvo]
+    lse: ErrorStats | None = None
+    lse_error: torch.Tensor | None = None  # [total_q, Hq]
+
+    @staticmethod
+    def of(verdict: Verdict | None) -> Judged | None:
+        """None for a verdict with no output judged (a crash, a hang, a tool error)."""
+        if verdict is None or verdict.error is None or verdict.out is None:
+            return None
+        return Judged(verdict.out, verdict.error, verdict.lse, verdict.lse_error)
+
+    def out_wrong(self) -> torch.Tensor:
+        """[total_q, Hq] bool: some element of the (row, head) pair's out over the allowed maximum."""
+        if not self.error.numel():
+            return torch.zeros(self.error.shape[:2], dtype=torch.bool)
+        return self.error.amax(-1) > self.out.limit_max
+
+    def lse_wrong(self) -> torch.Tensor | None:
+        """[total_q, Hq] bool: the pair's LSE over its allowed maximum; None when the LSE was not judged."""
+        if self.lse is None or self.lse_error is None:
+            return None
+        return self.lse_error > self.lse.limit_max
+
+
 @dataclass
 class Localization:
     case: Case
@@ -167,8 +197,11 @@ class _Rows:
 
     def attend(self, row: int, head: int, kv_head: int) -> tuple[torch.Tensor, float]:
         """(out [Dvo], lse) of the row as the oracle computes it when qo head ``head`` reads kv head ``kv_head``."""
+        tensors = self.cap.tensors
+        if tensors is None:
+            raise ValueError("no tensors captured: the kernel returned no output to probe")
         if kv_head not in self._reads:
-            self._reads[kv_head] = reference(self.case, _one_kv_head(self.cap.tensors, kv_head))
+            self._reads[kv_head] = reference(self.case, _one_kv_head(tensors, kv_head))
         ref = self._reads[kv_head]
         return ref.out[row, head], float(ref.lse[row, head])
 
@@ -244,17 +277,18 @@ def _key_labels(rows: _Rows, row: int, key: int) -> tuple[str, ...]:
     return tuple(labels)
 
 
-def _misfit(cap: Capture, row: int, head: int, out: torch.Tensor, lse: torch.Tensor, use_out: bool, use_lse: bool) -> torch.Tensor:
-    """Per candidate: how far the kernel is from it, in units of the allowed error (<= 1 fits)."""
-    verdict = cap.outcome.verdict
+def _misfit(judged: Judged, out: torch.Tensor, lse: torch.Tensor, kernel_out: torch.Tensor | None,
+            kernel_lse: torch.Tensor | None) -> torch.Tensor:
+    """Per candidate (``out`` [C, Dvo], ``lse`` [C]): how far the kernel's row (``kernel_out`` [Dvo], ``kernel_lse``
+    0-d; None: not compared) is from it, in units of the allowed error (<= 1 fits)."""
     misfit = torch.zeros(out.shape[0], dtype=torch.float64)
-    if use_out:
-        limit = max(verdict.out.limit_max, 1e-300)
-        misfit = torch.maximum(misfit, (out - cap.out[row, head]).abs().amax(-1) / limit)
-    if use_lse:
-        limit = max(verdict.lse.limit_max, 1e-300)
-        diff = (lse - cap.lse[row, head]).abs()
-        diff = torch.where(torch.isinf(lse) & (lse == cap.lse[row, head]), 0.0, diff)
+    if kernel_out is not None:
+        limit = max(judged.out.limit_max, 1e-300)
+        misfit = torch.maximum(misfit, (out - kernel_out).abs().amax(-1) / limit)
+    if kernel_lse is not None and judged.lse is not None:
+        limit = max(judged.lse.limit_max, 1e-300)
+        diff = (lse - kernel_lse).abs()
+        diff = torch.where(torch.isinf(lse) & (lse == kernel_lse), 0.0, diff)
         misfit = torch.maximum(misfit, diff / limit)
     return torch.nan_to_num(misfit, nan=math.inf)
 
@@ -262,17 +296,17 @@ def _misfit(cap: Capture, row: int, head: int, out: torch.Tensor, lse: torch.Ten
 # --- localization --------------------------------------------------------------------------------
 
 
-def _scores(cap: Capture) -> tuple[torch.Tensor, torch.Tensor, str]:
-    verdict, case = cap.outcome.verdict, cap.case
+def _scores(cap: Capture, judged: Judged) -> tuple[torch.Tensor, torch.Tensor, str]:
+    case, stats = cap.case, judged.out
     shape = (case.layout.total_q, case.heads.num_qo_heads)
     score = torch.zeros(shape, dtype=torch.float64)
-    out_error = verdict.error.amax(-1) if verdict.error.numel() else torch.zeros(shape, dtype=torch.float64)
-    limit, threshold = verdict.out.limit_max, "error above the allowed maximum"
-    if verdict.out.mismatches == 0 and out_error.numel() and out_error.max() > 0 and verdict.out.mean_error > verdict.out.limit_mean:
-        limit, threshold = verdict.out.limit_mean, "out error above the allowed *mean* (the failure is a mean-error one)"
+    out_error = judged.error.amax(-1) if judged.error.numel() else torch.zeros(shape, dtype=torch.float64)
+    limit, threshold = stats.limit_max, "error above the allowed maximum"
+    if stats.mismatches == 0 and out_error.numel() and out_error.max() > 0 and stats.mean_error > stats.limit_mean:
+        limit, threshold = stats.limit_mean, "out error above the allowed *mean* (the failure is a mean-error one)"
     score = torch.maximum(score, out_error / max(limit, 1e-300))
-    if verdict.lse is not None and verdict.lse_error is not None:
-        score = torch.maximum(score, verdict.lse_error / max(verdict.lse.limit_max, 1e-300))
+    if judged.lse is not None and judged.lse_error is not None:
+        score = torch.maximum(score, judged.lse_error / max(judged.lse.limit_max, 1e-300))
     wrong = score > 1
     if cap.out is not None and cap.ref is not None:
         empty = torch.isinf(cap.ref.lse)
@@ -284,17 +318,18 @@ def localize(cap: Capture) -> Localization:
     """Locate and characterize the errors of a captured run (a crash or a pass has nothing to locate)."""
     case, verdict = cap.case, cap.outcome.verdict
     shape = (case.layout.total_q, case.heads.num_qo_heads)
-    if verdict is None or verdict.error is None or verdict.out is None:
+    judged = Judged.of(verdict)
+    if judged is None:
         why = f"the kernel {cap.outcome.status}ed: no output to locate" if cap.outcome.status == "crash" else cap.outcome.message
         return Localization(case, cap.backend, cap.outcome.status, torch.zeros(shape), torch.zeros(shape, dtype=torch.bool), "n/a",
                             checks=[Clue("output", "n/a", why)])
-    score, wrong, threshold = _scores(cap)
-    loc = Localization(case, cap.backend, cap.outcome.status, score, wrong, threshold, verdict, worst_elements(case, verdict.error))
+    score, wrong, threshold = _scores(cap, judged)
+    loc = Localization(case, cap.backend, cap.outcome.status, score, wrong, threshold, verdict, worst_elements(case, judged.error))
     rows = _Rows(cap)
-    if cap.out is not None and rows.values:
-        _probe(cap, rows, loc)
+    if rows.values:
+        _probe(cap, rows, loc, judged)
     loc.checks = [
-        _check_tensors(cap, loc),
+        _check_tensors(judged, loc),
         _check_requests(rows, loc),
         _check_heads(cap, rows, loc),
         _check_rows(rows, loc),
@@ -303,26 +338,31 @@ def localize(cap: Capture) -> Localization:
         _check_causal(rows, loc),
         _check_window(rows, loc),
         _check_splits(cap, rows, loc),
-        _check_lse(cap, loc),
+        _check_lse(cap, loc, judged),
     ]
     return loc
 
 
-def _probe(cap: Capture, rows: _Rows, loc: Localization) -> None:
+def _probe(cap: Capture, rows: _Rows, loc: Localization, judged: Judged) -> None:
     """Key toggles and kv-head reads of the worst wrong pairs (``loc.toggles``, ``loc.kv_reads``)."""
-    verdict = cap.outcome.verdict
+    kernel_out, kernel_lse, ref = cap.out, cap.lse, cap.ref
+    if kernel_out is None or ref is None:
+        return
+    out_wrong, lse_wrong = judged.out_wrong(), judged.lse_wrong()
     pairs = loc.wrong.nonzero().tolist()
     pairs.sort(key=lambda rh: -float(loc.score[rh[0], rh[1]]))
     for row, head in pairs[:MAX_PROBED_PAIRS]:
-        if not torch.isfinite(cap.out[row, head]).all():
+        if not torch.isfinite(kernel_out[row, head]).all():
             continue
-        use_out = bool(verdict.error[row, head].max() > verdict.out.limit_max) or bool(torch.isinf(cap.ref.lse[row, head]))
-        use_lse = cap.lse is not None and verdict.lse_error is not None and bool(verdict.lse_error[row, head] > verdict.lse.limit_max)
+        use_out = bool(out_wrong[row, head]) or bool(torch.isinf(ref.lse[row, head]))
+        use_lse = kernel_lse is not None and lse_wrong is not None and bool(lse_wrong[row, head])
         if not (use_out or use_lse):
             use_out = True
+        compared_out = kernel_out[row, head] if use_out else None
+        compared_lse = kernel_lse[row, head] if use_lse and kernel_lse is not None else None
         if rows.kv_len[row] > 0:
             out, lse, attended = rows.toggled(row, head)
-            misfit = _misfit(cap, row, head, out, lse, use_out, use_lse)
+            misfit = _misfit(judged, out, lse, compared_out, compared_lse)
             best = int(misfit.argmin())
             fits = bool(misfit[best] <= 1)
             if loc.profile is None:
@@ -332,8 +372,8 @@ def _probe(cap: Capture, rows: _Rows, loc: Localization) -> None:
                 loc.toggles.append(Toggle(row, head, best, bool(attended[best]), _key_labels(rows, row, best), page, slot))
         reads = []
         for kv_head in range(cap.case.heads.num_kv_heads):
-            out, lse = rows.attend(row, head, kv_head)
-            reads.append(float(_misfit(cap, row, head, out[None], torch.tensor([lse]), use_out, use_lse)[0]))
+            read_out, read_lse = rows.attend(row, head, kv_head)
+            reads.append(float(_misfit(judged, read_out[None], torch.tensor([read_lse]), compared_out, compared_lse)[0]))
         best_kv = min(range(len(reads)), key=reads.__getitem__)
         if reads[best_kv] <= 1:
             loc.kv_reads[(row, head)] = best_kv
@@ -351,10 +391,10 @@ def _fmt(values: list[int] | set[int], limit: int = 12) -> str:
     return "{" + text + (f", ... ({len(values)} in all)" if len(values) > limit else "") + "}"
 
 
-def _check_tensors(cap: Capture, loc: Localization) -> Clue:
-    verdict = cap.outcome.verdict
-    out_wrong = int((verdict.error.amax(-1) > verdict.out.limit_max).sum()) if verdict.error.numel() else 0
-    lse_wrong = int((verdict.lse_error > verdict.lse.limit_max).sum()) if verdict.lse_error is not None else None
+def _check_tensors(judged: Judged, loc: Localization) -> Clue:
+    out_wrong = int(judged.out_wrong().sum())
+    lse_over = judged.lse_wrong()
+    lse_wrong = int(lse_over.sum()) if lse_over is not None else None
     total = loc.wrong.numel()
     parts = [f"out wrong on {out_wrong} of {total} (row, head) pairs"]
     parts.append("the kernel returns no LSE" if lse_wrong is None else f"LSE wrong on {lse_wrong} of {total}")
@@ -563,7 +603,7 @@ def _check_splits(cap: Capture, rows: _Rows, loc: Localization) -> Clue:
     return Clue("split boundary", "no pattern", "no split-boundary pattern found", (assumption,))
 
 
-def _check_lse(cap: Capture, loc: Localization) -> Clue:
+def _check_lse(cap: Capture, loc: Localization, judged: Judged) -> Clue:
     if cap.lse is None or cap.ref is None:
         return Clue("LSE", "n/a", "the kernel returns no LSE")
     ref, kernel = cap.ref.lse, cap.lse
@@ -574,7 +614,7 @@ def _check_lse(cap: Capture, loc: Localization) -> Clue:
     live = ~empty & torch.isfinite(kernel) & (ref.abs() > 1e-3)
     if not live.any():
         return Clue("LSE", "n/a", "no row with keys and a finite kernel LSE")
-    limit = cap.outcome.verdict.lse.limit_max if cap.outcome.verdict.lse else 0.0
+    limit = judged.lse.limit_max if judged.lse else 0.0
     if (kernel[live] - ref[live] * LOG2_E).abs().max() <= max(limit, 1e-6) * LOG2_E and (kernel[live] - ref[live]).abs().max() > limit:
         return Clue("LSE", "pattern", "the kernel's LSE is the oracle's times log2(e): a base-2 LSE where natural log is declared")
     diff = kernel[live] - ref[live]

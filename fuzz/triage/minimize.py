@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.run.runner import Outcome, check_case
@@ -139,13 +140,13 @@ def shorten(work: Workload) -> Candidates:
     lay = work.case.layout
     batch = range(lay.batch_size)
     for name, *_ in _cuts(max(lay.kv_lens)):  # every request at once first (uniform-length kernels)
-        cut = {b: r for b in batch for n, *r in _cuts(lay.kv_lens[b]) if n == name}
+        cut = {b: (a, e) for b in batch for n, a, e in _cuts(lay.kv_lens[b]) if n == name}
         if len(cut) == lay.batch_size and lay.batch_size > 1:
-            yield f"keys: {name} of every request", partial(resize, work, {}, {b: tuple(r) for b, r in cut.items()})
+            yield f"keys: {name} of every request", partial(resize, work, {}, cut)
     for name, *_ in _cuts(max(lay.qo_lens)):
-        cut = {b: r for b in batch for n, *r in _cuts(lay.qo_lens[b]) if n == name}
+        cut = {b: (a, e) for b in batch for n, a, e in _cuts(lay.qo_lens[b]) if n == name}
         if len(cut) == lay.batch_size and lay.batch_size > 1:
-            yield f"queries: {name} of every request", partial(resize, work, {b: tuple(r) for b, r in cut.items()}, {})
+            yield f"queries: {name} of every request", partial(resize, work, cut, {})
     for b in batch:
         for name, a, e in _cuts(lay.kv_lens[b]):
             yield f"request {b} keys: {name} ({lay.kv_lens[b]} -> {e - a})", partial(resize, work, {}, {b: (a, e)})
@@ -167,7 +168,7 @@ def fewer_heads(work: Workload) -> Candidates:
 
 def options_off(work: Workload) -> Candidates:
     opts = work.case.options
-    offs = [
+    offs: list[tuple[str, bool, dict[str, Any]]] = [
         ("causal off", opts.causal, {"causal": False}),
         ("window off", opts.window_left >= 0, {"window_left": -1}),
         ("soft cap off", opts.logits_soft_cap > 0, {"logits_soft_cap": 0.0}),

@@ -7,6 +7,7 @@ tolerance limit, its floor included (log axes and a log color scale).
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from pa_oracle.fuzz.triage.localize import Localization
 
@@ -22,7 +23,7 @@ def unavailable_reason() -> str | None:
 
 DPI = 100
 MIN_SIZE = (6.4, 4.0)  # inches: at DPI, 640 x 400 px, room for the labels and lines that can be told apart
-GRID = dict(color="0.55", linewidth=0.8, zorder=0)  # page boundaries: visible, behind the data
+GRID: dict[str, Any] = dict(color="0.55", linewidth=0.8, zorder=0)  # page boundaries: visible, behind the data
 SCALE = "error / allowed (1 = at the limit, floor included)"  # the report's "err / allowed" column
 
 

@@ -18,10 +18,47 @@ from pa_oracle.oracle.report import format_report
 
 
 @dataclass(frozen=True)
-class Block:
-    kind: str  # heading, text, items, table, code, image, details
-    content: object
-    extra: object = None  # heading level, code language, image caption, details summary
+class Heading:
+    text: str
+    level: int
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str  # `code` and **bold** spans are rendered
+
+
+@dataclass(frozen=True)
+class Items:
+    items: list[str]
+
+
+@dataclass(frozen=True)
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass(frozen=True)
+class Code:
+    text: str
+    language: str = ""
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str  # the PNG's file name under plots/
+    png: bytes
+    caption: str
+
+
+@dataclass(frozen=True)
+class Details:
+    text: str  # markdown, shown folded
+    summary: str
+
+
+Block = Heading | Text | Items | Table | Code | Image | Details  # what a report is made of, in order
 
 
 def pytest_snippet(case_path: Path, backend: str, kernel_spec: str | None, case_id: str) -> str:
@@ -56,16 +93,16 @@ def {name}() -> None:
 
 
 def _localization_blocks(label: str, loc: Localization, images: dict[str, tuple[bytes, str]]) -> list[Block]:
-    blocks = [Block("heading", f"Where the error is ({label})", 2), Block("text", f"`{loc.case.summary()}` on {loc.backend}")]
+    blocks: list[Block] = [Heading(f"Where the error is ({label})", 2), Text(f"`{loc.case.summary()}` on {loc.backend}")]
     rows = [[c.name, c.result, c.finding] for c in loc.checks]
-    blocks.append(Block("table", (["check", "result", "finding"], rows)))
+    blocks.append(Table(["check", "result", "finding"], rows))
     evidence = [f"**{c.name}**: " + "; ".join(c.evidence) for c in loc.checks if c.evidence and c.result != "n/a"]
     if evidence:
-        blocks += [Block("text", "Evidence:"), Block("items", evidence)]
+        blocks += [Text("Evidence:"), Items(evidence)]
     if loc.worst:
-        blocks += [Block("text", "Worst elements:"), Block("items", [w.describe() for w in loc.worst[:5]])]
+        blocks += [Text("Worst elements:"), Items([w.describe() for w in loc.worst[:5]])]
     for name, (png, caption) in images.items():
-        blocks.append(Block("image", (f"{label.split()[0]}-{name}.png", png), caption))
+        blocks.append(Image(f"{label.split()[0]}-{name}.png", png, caption))
     return blocks
 
 
@@ -73,18 +110,18 @@ def build(triage: Triage) -> list[Block]:
     case = triage.case
     failing, agree = triage.failing, [r for r in triage.survey if r.agrees]
     unsupported = [r for r in triage.survey if r.status == "unsupported"]
-    blocks = [
-        Block("heading", f"Triage of case {case.case_id}", 1),
-        Block("text", f"`{case.summary()}` from `{triage.source}`"),
-        Block("text", f"{len(failing)} backend(s) disagree with the oracle, {len(agree)} agree, {len(unsupported)} do not support the case."),
-        Block("heading", "Backends", 2),
-        Block("table", (["backend", "verdict", "detail"], [[r.backend, r.status.upper(), r.message] for r in triage.survey])),
+    blocks: list[Block] = [
+        Heading(f"Triage of case {case.case_id}", 1),
+        Text(f"`{case.summary()}` from `{triage.source}`"),
+        Text(f"{len(failing)} backend(s) disagree with the oracle, {len(agree)} agree, {len(unsupported)} do not support the case."),
+        Heading("Backends", 2),
+        Table(["backend", "verdict", "detail"], [[r.backend, r.status.upper(), r.message] for r in triage.survey]),
     ]
     if triage.focus is None:
-        return blocks + [Block("text", "No backend fails this case: nothing to minimize or localize.")]
+        return blocks + [Text("No backend fails this case: nothing to minimize or localize.")]
     m = triage.minimized
     if m is not None:
-        blocks += [Block("heading", f"Minimized for {triage.focus}", 2)]
+        blocks += [Heading(f"Minimized for {triage.focus}", 2)]
         state = (
             "budget spent: a further reduction may exist (raise `--budget`)" if m.exhausted
             else "no single further reduction reproduces the failure"
@@ -97,25 +134,26 @@ def build(triage: Triage) -> list[Block]:
         ]
         if triage.minimized_path:
             items.append(f"saved: `{triage.minimized_path}`")
-        blocks.append(Block("items", items))
+        blocks.append(Items(items))
         if m.steps:
-            blocks.append(Block("items", [f"{s.kind}: {s.description}" for s in m.steps]))
+            blocks.append(Items([f"{s.kind}: {s.description}" for s in m.steps]))
         else:
-            blocks.append(Block("text", "No reduction kept the failure: the case is already minimal for these reductions."))
+            blocks.append(Text("No reduction kept the failure: the case is already minimal for these reductions."))
     no_plots = plots.unavailable_reason()
     for label, loc in triage.localized:
         blocks += _localization_blocks(label, loc, plots.figures(loc))
     if no_plots:
-        blocks.append(Block("text", f"No plots: {no_plots}."))
-    if triage.localized and triage.localized[0][1].verdict is not None:
+        blocks.append(Text(f"No plots: {no_plots}."))
+    if triage.localized:
         label, loc = triage.localized[0]
-        blocks.append(Block("details", format_report(loc.case, triage.focus, loc.verdict), f"Full verdict report ({label})"))
+        if loc.verdict is not None:
+            blocks.append(Details(format_report(loc.case, triage.focus, loc.verdict), f"Full verdict report ({label})"))
     blocks += [
-        Block("heading", "Reproduce", 2),
-        Block("code", triage.repro or "", "sh"),
-        Block("text", "Regression test, ready to paste (red now, green when the kernel is fixed):"),
-        Block("code", pytest_snippet(triage.case_path, triage.focus, triage.kernel_spec, case.case_id), "python"),
-        Block("text", "To keep the case in the regression corpus: "
+        Heading("Reproduce", 2),
+        Code(triage.repro or "", "sh"),
+        Text("Regression test, ready to paste (red now, green when the kernel is fixed):"),
+        Code(pytest_snippet(triage.case_path, triage.focus, triage.kernel_spec, case.case_id), "python"),
+        Text("To keep the case in the regression corpus: "
               f"`pa-oracle golden add {triage.case_path.parent} --reason TEXT --issue URL`."),
     ]
     return blocks
@@ -124,24 +162,22 @@ def build(triage: Triage) -> list[Block]:
 def to_markdown(blocks: list[Block], image_dir: str = "plots") -> str:
     lines: list[str] = []
     for block in blocks:
-        if block.kind == "heading":
-            lines += ["#" * int(block.extra) + " " + str(block.content), ""]
-        elif block.kind == "text":
-            lines += [str(block.content), ""]
-        elif block.kind == "items":
-            lines += [f"- {item}" for item in block.content] + [""]  # type: ignore[attr-defined]
-        elif block.kind == "table":
-            header, rows = block.content  # type: ignore[misc]
-            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
-        elif block.kind == "code":
-            lines += [f"```{block.extra or ''}", str(block.content).rstrip("\n"), "```", ""]
-        elif block.kind == "image":
-            name, _ = block.content  # type: ignore[misc]
-            lines += [f"![{block.extra}]({image_dir}/{name})", "", f"*{block.extra}*", ""]
-        elif block.kind == "details":
-            body = re.sub(r"^(#+) ", r"\1### ", str(block.content), flags=re.MULTILINE)  # nest its headings
-            lines += [f"### {block.extra}", "", body, ""]
+        if isinstance(block, Heading):
+            lines += ["#" * block.level + " " + block.text, ""]
+        elif isinstance(block, Text):
+            lines += [block.text, ""]
+        elif isinstance(block, Items):
+            lines += [f"- {item}" for item in block.items] + [""]
+        elif isinstance(block, Table):
+            lines += ["| " + " | ".join(block.header) + " |", "|" + "---|" * len(block.header)]
+            lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in block.rows] + [""]
+        elif isinstance(block, Code):
+            lines += [f"```{block.language}", block.text.rstrip("\n"), "```", ""]
+        elif isinstance(block, Image):
+            lines += [f"![{block.caption}]({image_dir}/{block.name})", "", f"*{block.caption}*", ""]
+        else:
+            body = re.sub(r"^(#+) ", r"\1### ", block.text, flags=re.MULTILINE)  # nest its headings
+            lines += [f"### {block.summary}", "", body, ""]
     return "\n".join(lines)
 
 
@@ -162,26 +198,24 @@ def _inline(text: str) -> str:
 def to_html(blocks: list[Block], title: str) -> str:
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"]
     for block in blocks:
-        if block.kind == "heading":
-            parts.append(f"<h{block.extra}>{_inline(str(block.content))}</h{block.extra}>")
-        elif block.kind == "text":
-            parts.append(f"<p>{_inline(str(block.content))}</p>")
-        elif block.kind == "items":
-            parts.append("<ul>" + "".join(f"<li>{_inline(str(i))}</li>" for i in block.content) + "</ul>")  # type: ignore[attr-defined]
-        elif block.kind == "table":
-            header, rows = block.content  # type: ignore[misc]
-            head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-            body = "".join("<tr>" + "".join(f"<td>{_inline(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+        if isinstance(block, Heading):
+            parts.append(f"<h{block.level}>{_inline(block.text)}</h{block.level}>")
+        elif isinstance(block, Text):
+            parts.append(f"<p>{_inline(block.text)}</p>")
+        elif isinstance(block, Items):
+            parts.append("<ul>" + "".join(f"<li>{_inline(str(i))}</li>" for i in block.items) + "</ul>")
+        elif isinstance(block, Table):
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in block.header)
+            body = "".join("<tr>" + "".join(f"<td>{_inline(str(c))}</td>" for c in row) + "</tr>" for row in block.rows)
             parts.append(f"<table><tr>{head}</tr>{body}</table>")
-        elif block.kind == "code":
-            parts.append(f"<pre><code>{html.escape(str(block.content))}</code></pre>")
-        elif block.kind == "image":
-            _, png = block.content  # type: ignore[misc]
-            data = base64.b64encode(png).decode()
-            parts.append(f"<figure><img alt='{html.escape(str(block.extra))}' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>{html.escape(str(block.extra))}</figcaption></figure>")
-        elif block.kind == "details":
-            parts.append(f"<details><summary>{html.escape(str(block.extra))}</summary><pre>{html.escape(str(block.content))}</pre></details>")
+        elif isinstance(block, Code):
+            parts.append(f"<pre><code>{html.escape(block.text)}</code></pre>")
+        elif isinstance(block, Image):
+            data = base64.b64encode(block.png).decode()
+            parts.append(f"<figure><img alt='{html.escape(block.caption)}' src='data:image/png;base64,{data}'>"
+                         f"<figcaption>{html.escape(block.caption)}</figcaption></figure>")
+        else:
+            parts.append(f"<details><summary>{html.escape(block.summary)}</summary><pre>{html.escape(block.text)}</pre></details>")
     return "\n".join(parts) + "\n</body></html>\n"
 
 
@@ -192,10 +226,9 @@ def write_report(triage: Triage, out_dir: Path) -> dict[str, Path]:
     blocks = build(triage)
     written = {"markdown": out_dir / "triage.md", "html": out_dir / "triage.html"}
     for block in blocks:
-        if block.kind == "image":
-            name, png = block.content  # type: ignore[misc]
+        if isinstance(block, Image):
             (out_dir / "plots").mkdir(exist_ok=True)
-            (out_dir / "plots" / name).write_bytes(png)
+            (out_dir / "plots" / block.name).write_bytes(block.png)
     written["markdown"].write_text(to_markdown(blocks))
     written["html"].write_text(to_html(blocks, f"Triage of case {triage.case.case_id}"))
     if triage.focus is not None:

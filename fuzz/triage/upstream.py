@@ -74,7 +74,8 @@ def allowed_errors(case: Case, tensors: Tensors, tolerance: Tolerance = Toleranc
 
 def _tensor_bits(tensors: Tensors) -> tuple[bytes, dict[str, str]]:
     """The tensors as an npz of raw bits (fp8 and bf16 have no numpy dtype) and their torch dtypes."""
-    arrays, dtypes = {}, {}
+    arrays: dict[str, Any] = {}  # np.savez's keywords: arrays by name
+    dtypes: dict[str, str] = {}
     for name, t in tensors.as_dict().items():
         t = t.detach().cpu()
         arrays[name] = raw_bits(t).numpy()
@@ -353,7 +354,8 @@ def _runs_from_cwd(backend: Backend) -> str | None:
     it); None for a registry adapter, whose library is installed."""
     if not isinstance(backend, UserKernel):
         return None
-    return backend.import_spec()[0] if backend.import_spec() else None
+    spec = backend.import_spec()
+    return spec[0] if spec else None
 
 
 def import_root(module: str, module_file: str) -> str | None:

@@ -165,11 +165,12 @@ def keep_heads(work: Workload, kv_heads: Sequence[int], members: Sequence[int]) 
     qo_heads = [kv * group + m for kv in kv_heads for m in members]
     heads = Heads(len(qo_heads), len(kv_heads), case.heads.head_dim_qk, case.heads.head_dim_vo)
     opts = case.options
-    per_head = {
-        name: None if getattr(opts, name) is None else tuple(getattr(opts, name)[h] for h in qo_heads)
-        for name in ("alibi_slopes", "sinks")
-    }
-    new_case = case.replace(heads=heads, options=dataclasses.replace(opts, **per_head))
+
+    def kept(per_head: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        return None if per_head is None else tuple(per_head[h] for h in qo_heads)
+
+    new_case = case.replace(heads=heads, options=dataclasses.replace(opts, alibi_slopes=kept(opts.alibi_slopes),
+                                                                      sinks=kept(opts.sinks)))
     data = None
     if work.data is not None:
         kv_index, qo_index = torch.tensor(list(kv_heads)), torch.tensor(qo_heads)
