@@ -140,8 +140,8 @@ def replay_document(records: list[Record], env: dict[str, Any]) -> dict[str, Any
             "results": [asdict(r) for r in records]}
 
 
-STATUSES = ("pass", "fail", "crash", "unsupported", "error", "quarantine")
-LEDGER_KINDS = ("pass", "known", "fixed", "finding", "unexpected-pass", "error", "no-verdict", "quarantine")
+RecordStatus = Literal["pass", "fail", "crash", "unsupported", "error", "quarantine"]
+LedgerKind = Literal["pass", "known", "fixed", "finding", "unexpected-pass", "error", "no-verdict", "quarantine"]
 _Text = Annotated[str, msgspec.Meta(min_length=1)]
 _Unset = msgspec.UnsetType
 
@@ -152,12 +152,12 @@ class _RecordFile(msgspec.Struct, forbid_unknown_fields=True):
 
     case: _Text
     backend: _Text
-    status: Literal[STATUSES]  # type: ignore[valid-type]
+    status: RecordStatus
     file: str | _Unset = msgspec.UNSET
     case_id: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{12}$")] | _Unset = msgspec.UNSET
     family: str | _Unset = msgspec.UNSET
     message: str | _Unset = msgspec.UNSET
-    ledger: Literal[LEDGER_KINDS] | _Unset = msgspec.UNSET  # type: ignore[valid-type]
+    ledger: LedgerKind | _Unset = msgspec.UNSET
     ledger_message: str | _Unset = msgspec.UNSET
     versions: dict[str, str] | _Unset = msgspec.UNSET
     check: _Text | _Unset = msgspec.UNSET
@@ -178,7 +178,7 @@ class _ReplayFile(msgspec.Struct, forbid_unknown_fields=True):
     environment: _EnvironmentFile | _Unset = msgspec.UNSET
 
 
-class ReplayDocument(dict):  # type: ignore[type-arg]
+class ReplayDocument(dict[str, Any]):
     """A record as read (its JSON object), with the file it came from, for messages."""
 
     path: Path

@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 from pa_oracle.fuzz.campaign.ledger import GOLDEN
@@ -15,6 +16,7 @@ from pa_oracle.oracle.case import Case, CaseError
 if TYPE_CHECKING:
     from pa_oracle.backends.base import Backend
     from pa_oracle.fuzz.campaign.finding_record import FindingMeta
+    from pa_oracle.fuzz.triage.pipeline import Triage
 
 
 @click.command()
@@ -109,7 +111,7 @@ def _with_built_variants(backends: list[Backend], case: Case, meta: FindingMeta)
     return kept, left
 
 
-def _build_variants(case, backends: list, say) -> None:  # type: ignore[no-untyped-def,type-arg]
+def _build_variants(case: Case, backends: list[Backend], say: Callable[[str], None]) -> None:
     """Build the case's variant on every backend that will run it, together, before triage runs it."""
     from pa_oracle.fuzz.campaign.compile_plan import build_everything, corpus_plan
     from pa_oracle.fuzz.run.isolation import isolatable
@@ -119,7 +121,7 @@ def _build_variants(case, backends: list, say) -> None:  # type: ignore[no-untyp
         say(f"built the case's variants in {build_everything(plan, isolatable, say):.1f}s")
 
 
-def _write_upstream(result, backends, upstream_dir: Path) -> dict[str, Path]:  # type: ignore[no-untyped-def]
+def _write_upstream(result: Triage, backends: list[Backend], upstream_dir: Path) -> dict[str, Path]:
     """The upstream repro of the focus backend on the case triage ends with (the minimized one if any)."""
     import torch
     from pa_oracle.fuzz.triage.pipeline import issue_clues
@@ -152,7 +154,7 @@ def _write_upstream(result, backends, upstream_dir: Path) -> dict[str, Path]:  #
         return {}
 
 
-def _summary(result, written) -> dict:  # type: ignore[no-untyped-def]
+def _summary(result: Triage, written: dict[str, Path]) -> dict[str, Any]:
     m = result.minimized
     return {
         "case": result.case.case_id,

@@ -7,9 +7,12 @@ tolerance limit, its floor included (log axes and a log color scale).
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pa_oracle.fuzz.triage.localize import Localization
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def unavailable_reason() -> str | None:
@@ -27,7 +30,7 @@ GRID: dict[str, Any] = dict(color="0.55", linewidth=0.8, zorder=0)  # page bound
 SCALE = "error / allowed (1 = at the limit, floor included)"  # the report's "err / allowed" column
 
 
-def _png(fig) -> bytes:  # type: ignore[no-untyped-def]
+def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
@@ -42,7 +45,7 @@ def figures(loc: Localization) -> dict[str, tuple[bytes, str]]:
     return {name: (_png(fig), caption) for name, (fig, caption) in draw(loc).items()}
 
 
-def draw(loc: Localization) -> dict:  # type: ignore[type-arg]
+def draw(loc: Localization) -> dict[str, tuple[Figure, str]]:
     """``{name: (matplotlib Figure, caption)}``; empty if matplotlib is missing. Every error is on one
     scale, the report's: error / allowed, 1 at the limit (the tolerance floor included), log axes."""
     if unavailable_reason() is not None:
@@ -51,7 +54,7 @@ def draw(loc: Localization) -> dict:  # type: ignore[type-arg]
     from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
-    figs: dict = {}  # type: ignore[type-arg]
+    figs: dict[str, tuple[Figure, str]] = {}
     lay = loc.case.layout
     score = torch.nan_to_num(loc.score.double(), posinf=1e6).clamp(min=0)
     if score.numel() >= 2:
