@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -33,63 +33,94 @@ if TYPE_CHECKING:
                    "(prebuilt or cached), or on all of them (compiling each one's variant first, together).")
 @click.option("--upstream", "upstream_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write DIR/repro.py (standalone: torch, numpy and the kernel's library) and DIR/ISSUE.md.")
-def triage(source: Path, backend_names: tuple[str, ...], kernels: tuple[str, ...], out_dir: Path | None,
-           no_minimize: bool, budget: int, as_json: bool, cross_check: str, upstream_dir: Path | None) -> None:
+def triage(**options: Any) -> None:
     """Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the
     error and write triage.md / triage.html; exit 1 if any backend fails the case."""
-    from pa_oracle.backends import BackendSpecError, available, resolve
+    run_triage_command(TriageOptions(**options))
+
+
+@dataclass(frozen=True)
+class TriageOptions:
+    """What ``triage`` was asked, as the command line gave it."""
+
+    source: Path
+    backend_names: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    out_dir: Path | None = None
+    no_minimize: bool = False
+    budget: int = 200
+    as_json: bool = False
+    cross_check: str = "built"
+    upstream_dir: Path | None = None
+
+
+def run_triage_command(opts: TriageOptions) -> None:
+    """The triage command's body: read the finding, choose and build the backends, triage, write, say, exit."""
     from pa_oracle.fuzz.campaign.finding_record import read_finding
     from pa_oracle.fuzz.triage.pipeline import run_triage
     from pa_oracle.fuzz.triage.render import write_report
 
-    finding = read_finding(source)  # bad input (a FindingError or CaseError naming the file) exits 2
-    case, case_json = finding.case, finding.case_json
-    if budget < 1:
+    finding = read_finding(opts.source)  # bad input (a FindingError or CaseError naming the file) exits 2
+    case = finding.case
+    if opts.budget < 1:
         raise click.UsageError("--budget must be >= 1")
-    missing: dict[str, str] = {}
-    try:
-        if backend_names or kernels:
-            backends = resolve(backend_names, kernels)
-        else:
-            backends, missing = available()
-            own_kernel = finding.meta.kernel
-            if own_kernel:  # the user kernel that found the case is in no registry
-                backends += resolve((), (own_kernel,))
-    except BackendSpecError as exc:
-        raise click.UsageError(str(exc)) from None
-    say = (lambda _: None) if as_json else (lambda line: click.echo(line, err=True))
-    if not (backend_names or kernels) and cross_check == "built":
-        backends, unbuilt = _with_built_variants(backends, case, finding.meta)
-        if unbuilt:
-            say(f"not cross-checked ({len(unbuilt)} backends whose variant of this case is not built here; "
-                f"--cross-check all builds and runs them): {', '.join(unbuilt)}")
+    say = (lambda _: None) if opts.as_json else (lambda line: click.echo(line, err=True))
+    backends, missing = _triage_backends(opts, finding.case, finding.meta, say)
     _build_variants(case, backends, say)
-    out_dir = out_dir or (source / "triage" if source.is_dir() else Path("pa-triage") / case.case_id)
-    result = run_triage(case, case_json, backends, out_dir, minimize_case=not no_minimize, budget=budget, progress=say)
+    out_dir = opts.out_dir or (opts.source / "triage" if opts.source.is_dir() else Path("pa-triage") / case.case_id)
+    result = run_triage(case, finding.case_json, backends, out_dir, minimize_case=not opts.no_minimize, budget=opts.budget,
+                        progress=say)
     written = write_report(result, out_dir)
-    if upstream_dir is not None:
-        written.update(_write_upstream(result, backends, upstream_dir))
-    if as_json:
+    if opts.upstream_dir is not None:
+        written.update(_write_upstream(result, backends, opts.upstream_dir))
+    if opts.as_json:
         click.echo(json.dumps(_summary(result, written), indent=1))
     else:
-        for row in result.survey:
-            verdict = {"pass": "agrees", "fail": "DISAGREES", "crash": "CRASHES", "unsupported": "unsupported", "error": "ERROR"}[row.status]
-            click.echo(f"{row.backend:32s} {verdict:12s} {row.message if row.status != 'pass' else ''}".rstrip())
-        if missing:
-            click.echo(f"({len(missing)} more backends are unavailable here: pa-oracle env says why)")
-        if result.minimized is not None:
-            m = result.minimized
-            click.echo(f"\nminimized for {result.focus} in {m.runs} runs: {m.work.case.summary()}")
-        for label, loc in result.localized:
-            for check in loc.patterns:
-                click.echo(f"  [{label}] {check.name}{' (ambiguous)' if check.result == 'ambiguous' else ''}: {check.finding}")
-        click.echo(f"\nreport: {written['markdown']}  {written['html']}")
-        if result.repro:
-            click.echo(f"repro:  {result.repro}")
+        _print_triage(result, written, missing)
     if any(row.status == "error" for row in result.survey) or all(row.status == "unsupported" for row in result.survey):
         sys.exit(3)  # a backend the tool could not judge, or no verdict at all
     if result.failing:
         sys.exit(1)
+
+
+def _triage_backends(opts: TriageOptions, case: Case, meta: FindingMeta,
+                     say: Callable[[str], None]) -> tuple[list[Backend], dict[str, str]]:
+    """The backends triage runs (``-b``/``-k``, else every available one plus the user kernel that found the
+    case, those whose variant is not built left out unless ``--cross-check all``) and the unavailable ones."""
+    from pa_oracle.backends import BackendSpecError, available, resolve
+
+    missing: dict[str, str] = {}
+    try:
+        if opts.backend_names or opts.kernels:
+            return resolve(opts.backend_names, opts.kernels), missing
+        backends, missing = available()
+        if meta.kernel:  # the user kernel that found the case is in no registry
+            backends += resolve((), (meta.kernel,))
+    except BackendSpecError as exc:
+        raise click.UsageError(str(exc)) from None
+    if opts.cross_check == "built":
+        backends, unbuilt = _with_built_variants(backends, case, meta)
+        if unbuilt:
+            say(f"not cross-checked ({len(unbuilt)} backends whose variant of this case is not built here; "
+                f"--cross-check all builds and runs them): {', '.join(unbuilt)}")
+    return backends, missing
+
+
+def _print_triage(result: Triage, written: dict[str, Path], missing: dict[str, str]) -> None:
+    for row in result.survey:
+        verdict = {"pass": "agrees", "fail": "DISAGREES", "crash": "CRASHES", "unsupported": "unsupported", "error": "ERROR"}[row.status]
+        click.echo(f"{row.backend:32s} {verdict:12s} {row.message if row.status != 'pass' else ''}".rstrip())
+    if missing:
+        click.echo(f"({len(missing)} more backends are unavailable here: pa-oracle env says why)")
+    if result.minimized is not None:
+        m = result.minimized
+        click.echo(f"\nminimized for {result.focus} in {m.runs} runs: {m.work.case.summary()}")
+    for label, loc in result.localized:
+        for check in loc.patterns:
+            click.echo(f"  [{label}] {check.name}{' (ambiguous)' if check.result == 'ambiguous' else ''}: {check.finding}")
+    click.echo(f"\nreport: {written['markdown']}  {written['html']}")
+    if result.repro:
+        click.echo(f"repro:  {result.repro}")
 
 
 def _with_built_variants(backends: list[Backend], case: Case, meta: FindingMeta) -> tuple[list[Backend], list[str]]:
@@ -189,8 +220,7 @@ def golden() -> None:
 @click.option("--check", "check", default=None, help="The check that judges the case (default: the one that found it, else the oracle).")
 @click.option("--golden-dir", type=click.Path(file_okay=False, path_type=Path), default=GOLDEN, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def golden_add(finding: Path, name: str | None, reason: str | None, issue: str | None, status: str,
-               backends: tuple[str, ...], check: str | None, golden_dir: Path, as_json: bool) -> None:
+def golden_add(finding: Path, status: str, as_json: bool, **entry: Any) -> None:
     """Promote FINDING (a finding folder or its case.json) into the golden corpus with a ledger entry.
 
     The case is run first on each --backend available here (not for a quarantine entry): one that
@@ -198,9 +228,8 @@ def golden_add(finding: Path, name: str | None, reason: str | None, issue: str |
     from pa_oracle.fuzz.triage.golden import GoldenError, promote
 
     try:
-        done = promote(finding, reason=reason, issue=issue, golden_dir=golden_dir, name=name,
-                       status="quarantine" if status.startswith("quarantine") else "tolerated", backends=backends,
-                       check=check)
+        done = promote(finding, status="quarantine" if status.startswith("quarantine") else "tolerated",
+                       **entry)  # name, reason, issue, backends, check, golden_dir
     except GoldenError as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:
