@@ -92,6 +92,8 @@ def test_the_older_flat_and_nested_shapes_and_the_current_one_are_one_record() -
     ({"found_by": {"command": "x"}, "backend": "b"}, "meta.backend: unknown field"),
     ({"guard": "typo"}, "meta.guard: unknown field (known: found_by, check,"),
     ({"found_by": 7}, "meta.found_by: expected object | null, got int 7"),
+    ({"found_by": "pa-oracle metamorphic --check "}, "meta.found_by: expected str of length >= 1"),
+    ({"found_by": {"found_by": "pa-oracle metamorphic --check "}}, "meta.found_by.found_by: expected str of length >= 1"),
 ])
 def test_bad_meta_names_the_file_and_the_field_as_the_file_spells_it(meta: dict, field: str) -> None:
     with pytest.raises(FindingError, match=None) as caught:

@@ -124,9 +124,10 @@ def _upgraded(meta: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         found = {("command" if k == "found_by" else k): v for k, v in found.items()}
         data["found_by"] = found
         moved["found_by.command"] = "found_by.found_by"
-    if isinstance(found, dict) and "check" not in found and isinstance(found.get("command"), str) \
-            and found["command"].startswith(CHECK_COMMAND):  # older files name the check in the command only
-        data["found_by"] = {**found, "check": found["command"].removeprefix(CHECK_COMMAND).split()[0]}
+    named = found.get("command") if isinstance(found, dict) and "check" not in found else None
+    if isinstance(found, dict) and isinstance(named, str) and named.startswith(CHECK_COMMAND):  # older: in the command only
+        data["found_by"] = {**found, "check": (named.removeprefix(CHECK_COMMAND).split() or [""])[0]}
+        moved["found_by.check"] = moved.get("found_by.command", "found_by.command")
     return data, moved
 
 
@@ -139,10 +140,19 @@ def read_meta(meta: Mapping[str, Any], where: str | Path) -> FindingMeta:
     try:
         return convert(data, FindingMeta, where=str(where), error=FindingError, field="meta")
     except FindingError as exc:
-        message = str(exc)
-        for new, old in sorted(moved.items(), key=lambda kv: -len(kv[0])):
-            message = message.replace(f": meta.{new}", f": meta.{old}", 1)
-        raise FindingError(message) from None
+        raise FindingError(_as_spelled(str(exc), str(where), moved)) from None
+
+
+def _as_spelled(message: str, where: str, moved: dict[str, str]) -> str:
+    """``message`` (``WHERE: meta.PATH: ...``) with PATH as the file spells it, where the field was moved."""
+    head = f"{where}: meta."
+    if not message.startswith(head):
+        return message
+    path, sep, rest = message[len(head):].partition(": ")
+    for new in sorted(moved, key=len, reverse=True):
+        if path == new or path.startswith((f"{new}.", f"{new}[")):
+            return f"{head}{moved[new]}{path[len(new):]}{sep}{rest}"
+    return message
 
 
 def meta_of(case: Case, where: str | Path) -> FindingMeta:
