@@ -10,15 +10,26 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TypedDict
 
 from pa_oracle.fuzz.campaign.finding_record import FindingMeta, FoundBy
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
-BF16 = {"q_dtype": "bfloat16", "kv_dtype": "bfloat16"}
+
+
+class Dtypes(TypedDict):
+    """The dtype fields of ``Options``, typed so that ``Options(**BF16)`` is checked key by key."""
+
+    q_dtype: str
+    kv_dtype: str
+
+
+BF16: Dtypes = {"q_dtype": "bfloat16", "kv_dtype": "bfloat16"}
 
 
 def shuffled(qo: list[int], kv: list[int], page: int, extra: int = 2, seed: int = 0) -> Layout:
+    """A layout of these lengths whose pages (``extra`` unused ones included) are placed in a seeded shuffle."""
     pages = sum(-(-n // page) for n in kv) + extra
     order = list(range(pages))
     random.Random(seed).shuffle(order)
