@@ -237,7 +237,7 @@ def run_fuzz(ctx: click.Context, opts: FuzzOptions) -> None:
     fresh = not (opts.resume or opts.overwrite or opts.merge_only or opts.shard_text or opts.case_file)
     out_dir = _default_out_for_a_new_run(ctx, opts.out_dir, opts.workers, opts.kind) if fresh else opts.out_dir
     remember_out_dir(ctx, out_dir)
-    started, worker_codes, left_out = time.monotonic(), [], {}
+    started, worker_codes, left_out = time.monotonic(), list[int](), dict[str, str]()
     with campaign_lock(out_dir, shard):  # the --workers parent holds --out, each worker its shard
         if opts.case_file is not None:
             results = _judge_the_case(opts, chosen, out_dir)
@@ -283,6 +283,7 @@ def _judge_the_case(opts: FuzzOptions, chosen: list[Backend], out_dir: Path) -> 
     from pa_oracle.fuzz.checks.registry import ALL_CHECKS
     from pa_oracle.oracle.tensors import load_case
 
+    assert opts.case_file is not None
     case = load_case(opts.case_file)  # a CaseError exits 2 (pa_oracle.fuzz.exits)
     config = CampaignConfig(out_dir=out_dir, isolate=opts.isolate, case_timeout=opts.case_timeout)
     return [judge_one(backend, ALL_CHECKS[name], case, config) for backend in chosen for name in opts.checks]
@@ -603,16 +604,17 @@ def _found_on(case: Any, case_file: Path) -> str:
     """The registered backend that found ``case`` (its meta, as a finding or a golden case keeps it).
     A user kernel named in the meta is never imported: a case file is data, and only the user's own
     ``--kernel`` runs code (issue 31)."""
-    meta = case.meta if isinstance(case.meta, dict) else {}
-    found_by = meta.get("found_by") if isinstance(meta.get("found_by"), dict) else {}
-    kernel = meta.get("kernel") or found_by.get("kernel")
-    if isinstance(kernel, str) and kernel:
+    from pa_oracle.fuzz.campaign.finding_record import meta_of
+
+    meta = meta_of(case, case_file)  # (an unreadable meta is bad input naming the file and field)
+    kernel = meta.kernel
+    if kernel:
         raise click.UsageError(
             f"{case_file} was found on the user kernel {kernel}; a case file imports no code by itself: "
             f"to replay it there, pass --kernel {kernel} (or --kernel MOD:NAME, or -b BACKEND)"
         )
-    backend = meta.get("backend") or found_by.get("backend")
-    if not isinstance(backend, str) or not backend:
+    backend = meta.backend
+    if not backend:
         raise click.UsageError(f"{case_file} names no backend that found it (meta.backend): give --backend NAME or --kernel MOD:NAME")
     return backend
 
@@ -632,7 +634,7 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
     except (corpus.ReplayError, CaseError, BadTimeout) as exc:
         raise click.UsageError(str(exc)) from None
     if backend_names or kernels:
-        backends, unavailable = _select(backend_names, kernels), {}
+        backends, unavailable = _select(backend_names, kernels), dict[str, str]()
     else:
         backends, unavailable = available()
     show = (lambda r: click.echo(corpus.record_line(r), err=True)) if as_json else (lambda r: click.echo(corpus.record_line(r)))

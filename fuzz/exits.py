@@ -58,6 +58,12 @@ class ToolFailed(click.ClickException):
     exit_code = TOOL_FAILED
 
 
+class Interrupted(ToolFailed):
+    """The user's Ctrl-C (exit 130)."""
+
+    exit_code = INTERRUPTED
+
+
 def remember_out_dir(ctx: click.Context, out_dir: Path) -> None:
     """Tell the group where this command writes (``ctx.meta`` is shared by the whole command line)."""
     ctx.meta[OUT_DIR_KEY] = Path(out_dir)
@@ -120,7 +126,7 @@ class ExitCodeGroup(click.Group):
             raise
         except click.ClickException as exc:
             if exc.exit_code == FINDING:  # ClickException's default, but 1 means a finding: a refusal is bad input
-                exc.exit_code = BAD_INPUT
+                setattr(exc, "exit_code", BAD_INPUT)  # this instance's (click declares the code on the class)
             raise
         except SystemExit as exc:
             if exc.code in (FINDING, BAD_INPUT, TOOL_FAILED, INTERRUPTED):
@@ -128,9 +134,7 @@ class ExitCodeGroup(click.Group):
             # the commands end with return or a code above: this came from inside, e.g. a kernel's sys.exit(0)
             raise ToolFailed(f"the run was ended by sys.exit({exc.code!r}) from inside it (a kernel?): no verdict") from None
         except KeyboardInterrupt:
-            failed = ToolFailed("interrupted (a campaign's state is kept after each chunk: --resume continues it)")
-            failed.exit_code = INTERRUPTED
-            raise failed from None
+            raise Interrupted("interrupted (a campaign's state is kept after each chunk: --resume continues it)") from None
         except Exception as exc:  # noqa: BLE001 - mapped to a code here, once for every command
             if isinstance(exc, _bad_input_errors()):
                 raise BadInputExit(str(exc)) from None

@@ -35,12 +35,15 @@ def test_kernel_agrees_with_oracle(pa_backend: str, pa_shard: Shard, request: py
         pytest.skip(f"{backend.name}: {reason}")
     out = Path(request.config.getoption("--pa-out") or "pa-findings")
     skip_known = not request.config.getoption("--pa-no-skip-known")
-    result = fuzz_backend(backend, CampaignConfig(examples=pa_shard.share(request.config.getoption("--pa-examples") or 100), seed=request.config.getoption("--pa-seed") or 0, out_dir=out, shard=pa_shard, ledger=load_ledger(Path(request.config.getoption("--pa-ledger") or GOLDEN / "ledger.json")) if skip_known else None))
+    ledger = load_ledger(Path(request.config.getoption("--pa-ledger") or GOLDEN / "ledger.json")) if skip_known else None
+    config = CampaignConfig(examples=pa_shard.share(request.config.getoption("--pa-examples") or 100),
+                            seed=request.config.getoption("--pa-seed") or 0, out_dir=out, shard=pa_shard, ledger=ledger)
+    result = fuzz_backend(backend, config)
     assert (why := result.judged_nothing()) is None, f"{backend.name}: judged nothing: {why} ({result.line()})"
     if result.finding:
         pytest.fail(
             f"{backend.name} (shard {pa_shard}) disagrees with the oracle: {result.finding.message}\n"
             f"minimal case: {result.finding.case.summary()}\n"
-            f"report: {result.finding_dir / 'report.md'}\nrepro: {result.repro}",
+            f"report: {Path(result.finding_dir or out) / 'report.md'}\nrepro: {result.repro}",
             pytrace=False,
         )

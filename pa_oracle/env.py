@@ -56,7 +56,7 @@ def _triton_cache() -> str:
     if os.environ.get("TRITON_CACHE_DIR"):
         return os.environ["TRITON_CACHE_DIR"]
     try:
-        from triton import knobs
+        from triton import knobs  # type: ignore[import-untyped]  # triton ships no type information
 
         return str(knobs.cache.dir)
     except Exception:  # noqa: BLE001 - older Triton, or none: its documented default

@@ -9,7 +9,7 @@ exit 2). A config never changes: ``replace`` makes another, checked again.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from pa_oracle.fuzz.campaign.ledger import Entry
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.draw.strategies import Limits
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, check_timeout
-from pa_oracle.fuzz.run.runner import ORACLE, Check
+from pa_oracle.fuzz.run.runner import ORACLE, CaseCheck
 from pa_oracle.oracle.tolerance import Tolerance
 
 if TYPE_CHECKING:
@@ -38,22 +38,24 @@ class CampaignConfig:
     where findings are saved (None: not saved); ``pipeline``: an isolated backend's next cases are judged
     while this one is counted (``pa_oracle.fuzz.campaign.overlap``); ``time_budget`` / ``compile_budget``:
     seconds for the whole run and for its builds (None: no bound); ``rerun_findings``: a resumed pair that
-    stopped at a finding runs again."""
+    stopped at a finding runs again; ``shrink_seconds``: a bound on shrinking a finding (the selftest asks
+    "found?", not "how small")."""
 
     examples: int = 200
     seed: int = 0
     limits: Limits = Limits()
     tolerance: Tolerance = Tolerance()
-    checks: tuple[Check, ...] = (ORACLE,)
+    checks: tuple[CaseCheck, ...] = (ORACLE,)
     isolate: bool | None = None
     case_timeout: float = CASE_TIMEOUT
     shard: Shard = Shard()
-    ledger: tuple[Entry, ...] | None = None
+    ledger: Sequence[Entry] | None = None  # kept as a tuple
     out_dir: Path | None = None
     pipeline: bool = True
     time_budget: float | None = None
     compile_budget: float | None = None
     rerun_findings: bool = False
+    shrink_seconds: float | None = None  # a finding's shrinking ends after this long (the finding so far is kept)
 
     def __post_init__(self) -> None:
         if not isinstance(self.examples, int) or isinstance(self.examples, bool) or self.examples < 0:
@@ -61,7 +63,7 @@ class CampaignConfig:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"campaign config: seed must be an integer, got {self.seed!r}")
         object.__setattr__(self, "case_timeout", check_timeout(self.case_timeout))
-        for name in ("time_budget", "compile_budget"):
+        for name in ("time_budget", "compile_budget", "shrink_seconds"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value) or value <= 0):

@@ -71,7 +71,7 @@ def campaign_settings(max_examples: int) -> Any:
     )
 
 
-def run_chunk(strategy: Any, shard: Shard, base_seed: int, index: int, n: int, test: Callable[[Case], None]) -> None:
+def run_chunk(strategy: Any, shard: Shard, base_seed: int, index: int, n: int, test: Callable[[Any], None]) -> None:
     """Chunk ``index``'s Hypothesis run (``n`` examples) of ``strategy`` with ``test``."""
     with seed_only_draws():
         campaign_settings(n)(seed(shard.chunk_seed(base_seed, index))(given(strategy)(test)))()

@@ -39,7 +39,7 @@ from pa_oracle.fuzz.campaign.variants import VariantPlan
 from pa_oracle.fuzz.draw.strategies import cases
 from pa_oracle.fuzz.run.isolation import OUT_OF_TIME, OutOfTime, WorkerStartError, isolatable, isolated_by_default
 from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
-from pa_oracle.fuzz.run.runner import ORACLE, Check, OracleDisagreement, Outcome
+from pa_oracle.fuzz.run.runner import ORACLE, CaseCheck, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
 
 CHUNK = 25  # examples per Hypothesis run; the time budget is checked and the state saved between runs
@@ -65,7 +65,7 @@ def fuzz_backend(
     backend: Backend,
     config: CampaignConfig = CampaignConfig(),
     *,
-    check: Check = ORACLE,
+    check: CaseCheck = ORACLE,
     resume: BackendResult | None = None,
     shared: Shared | None = None,
     hooks: Hooks = Hooks(),
@@ -99,7 +99,7 @@ class BackendRun:
     result so far, the case ids drawn, the failures of the search (``failing``), why a Hypothesis run was
     ended (``stopped``) and the tool's own errors (``internal``)."""
 
-    def __init__(self, backend: Backend, config: CampaignConfig, *, check: Check, resume: BackendResult | None,
+    def __init__(self, backend: Backend, config: CampaignConfig, *, check: CaseCheck, resume: BackendResult | None,
                  shared: Shared, hooks: Hooks) -> None:
         self.backend, self.config, self.check, self.shared, self.hooks = backend, config, check, shared, hooks
         self.kernel_spec = backend.name if isinstance(backend, UserKernel) else None  # what a repro command imports
@@ -112,6 +112,7 @@ class BackendRun:
         self.isolated: Any = None  # pa_oracle.fuzz.run.isolation.IsolatedBackend
         self.prefetch: Prefetch | None = None
         self.ahead: DrawnChunk | None = None  # the next chunk, drawn (and queued) while the worker judged this one
+        self.shrinking_since: float | None = None  # when the first shrink step of a finding ran
 
     def run(self) -> BackendResult:
         result, config = self.result, self.config
@@ -208,6 +209,9 @@ class BackendRun:
         if deadline is not None and time.monotonic() > deadline and not judged_ahead:
             self.stopped.append(_TURN_OVER if searching else "out of time while shrinking")
             raise _Stop  # at once (the finding so far is kept: a budget bounds shrinking too)
+        if not searching and self._shrunk_long_enough():
+            self.stopped.append("shrinking stopped after config.shrink_seconds")
+            raise _Stop
         if searching:
             if case.case_id in self.seen:
                 reject()  # drawn before in this campaign (Hypothesis starts every run at the simplest case)
@@ -233,6 +237,15 @@ class BackendRun:
             if outcome.message.startswith("hang:"):
                 raise _Stop  # shrinking a hang costs a whole timeout per step
             raise _Finding(outcome.message)
+
+    def _shrunk_long_enough(self) -> bool:
+        """Whether ``config.shrink_seconds`` have passed since the finding's first shrink step (None: never)."""
+        if self.config.shrink_seconds is None:
+            return False
+        now = time.monotonic()
+        if self.shrinking_since is None:
+            self.shrinking_since = now
+        return now - self.shrinking_since > self.config.shrink_seconds
 
     def _judge_counted(self, case: Case, searching: bool, *, announce: bool) -> Outcome:
         """Judge ``case`` (``announce``: tell the variant plan first), counting the worker's start and the
@@ -582,7 +595,7 @@ class Campaign:
                     self.state.results[key].coverage.variants = plan.lines()
 
 
-def _doing(backend: Backend, check: Check) -> str:
+def _doing(backend: Backend, check: CaseCheck) -> str:
     """What a pair's turn does, as its progress line says it: "fuzzing sdpa-math on cpu"."""
     pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
     where = f"{backend.device} (CUDA_VISIBLE_DEVICES={pinned})" if backend.device == "cuda" and pinned else backend.device
@@ -595,12 +608,12 @@ def known_findings(ledger: Sequence[Entry] | None, backend: Backend) -> KnownFin
     return _known_test(ledger, backend, ORACLE, backend.versions())
 
 
-def _known_test(ledger: Sequence[Entry] | None, backend: Backend, check: Check, versions: dict[str, str]) -> KnownFindings:
+def _known_test(ledger: Sequence[Entry] | None, backend: Backend, check: CaseCheck, versions: dict[str, str]) -> KnownFindings:
     """Whether a drawn case is a known finding of ``backend`` at ``versions`` (a ledger class), for ``check``."""
     return KnownFindings(tuple(ledger or ()), backend.name, tuple(sorted(versions.items())), backend.kernel_family, check.name)
 
 
-def judge_one(backend: Backend, check: Check, case: Case, config: CampaignConfig = CampaignConfig()) -> BackendResult:
+def judge_one(backend: Backend, check: CaseCheck, case: Case, config: CampaignConfig = CampaignConfig()) -> BackendResult:
     """Run ``check`` on one given case (``metamorphic --case``), isolated as a campaign runs it (a
     crash replays as a crash), and save a finding as a campaign does."""
     from pa_oracle.fuzz.run.isolation import case_judge

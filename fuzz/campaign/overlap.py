@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pa_oracle.fuzz.run.isolation import IsolatedBackend, OutOfTime, WorkerStartError
-from pa_oracle.fuzz.run.runner import Check, OracleDisagreement, Outcome
+from pa_oracle.fuzz.run.runner import CaseCheck, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case, CaseError
 
 CHUNK_MEMORY = 25  # how many recent cases the pace estimate averages
@@ -53,7 +53,7 @@ class Prefetch:
     cache of those collected. ``outcome`` gives the engine's judge a queued case's outcome (None for
     a case never queued: the queue is drained first, so that the case can be judged directly)."""
 
-    def __init__(self, isolated: IsolatedBackend, check: Check) -> None:
+    def __init__(self, isolated: IsolatedBackend, check: CaseCheck) -> None:
         self.isolated = isolated
         self.check = check
         self.queue: deque[str] = deque()  # case ids queued, not collected

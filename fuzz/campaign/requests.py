@@ -17,7 +17,7 @@ def without_request(case: Case, drop: int) -> Case:
     """``case`` without request ``drop`` (the other requests keep their pages; the pool is unchanged)."""
     lay = case.layout
     keep = [b for b in range(lay.batch_size) if b != drop]
-    qo_indptr, kv_indptr, kv_indices, last = [0], [0], [], []
+    qo_indptr, kv_indptr, kv_indices, last = [0], [0], list[int](), list[int]()
     for b in keep:
         qo_indptr.append(qo_indptr[-1] + lay.qo_lens[b])
         kv_indices += lay.pages_of(b)

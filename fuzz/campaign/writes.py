@@ -194,7 +194,7 @@ def fuzz_write_kernel(kernel: WriteKernel, spec: tuple[str, str], config: WriteC
     """Run ``kernel`` until ``result`` counts ``config.examples`` cases, ``deadline`` passes or a finding."""
     isolate = isolated_by_default(kernel, spec) if config.isolate is None else config.isolate
     worker = WriteWorker(spec, config.case_timeout) if isolate else None
-    seen, failing, stopped = set(result.seen), [], []
+    seen, failing, stopped = set(result.seen), list[WriteOutcome](), list[str]()
 
     def judge(case: AppendCase) -> WriteOutcome:
         if worker is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Sequence, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,12 +46,12 @@ Expectation = Literal["bit-exact", "tolerance", "oracle"]
 
 
 def check_outcome(
-    check: str, backend: str, status: Status, message: str, cases: list[tuple[str, Case, Tensors | None]],
+    check: str, backend: str, status: Status, message: str, cases: Sequence[tuple[str, Case, Tensors | None]],
     exact: bool | None = None, worst: Location | None = None, output: KernelOutput | None = None,
 ) -> Outcome:
     """The outcome of a check beyond the oracle: "pass" (the check held), "fail" (violated),
     "crash" or "unsupported" (skipped); ``cases[0]`` is the original case."""
-    return Outcome(cases[0][1], backend, status, message, output=output, check=check, cases=cases, exact=exact, worst=worst)
+    return Outcome(cases[0][1], backend, status, message, output=output, check=check, cases=list(cases), exact=exact, worst=worst)
 
 
 def _declared(backend: Backend) -> Capabilities | str:
@@ -226,7 +226,7 @@ def judge_relation(
     actual: KernelOutput,
     rows: torch.Tensor,
     exact_required: bool,
-    cases: list[tuple[str, Case, Tensors | None]],
+    cases: Sequence[tuple[str, Case, Tensors | None]],
     tolerance: Tolerance = Tolerance(),
     note: str = "",
 ) -> Outcome:

@@ -29,7 +29,7 @@ import random
 from typing import NamedTuple
 
 import torch
-from pa_oracle.backends.base import Backend, Capabilities, KernelOutput, Unsupported
+from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.checks.base import (
     Check,
@@ -222,13 +222,13 @@ def _alone(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
         result = run_supported(backend, single, single_tensors, f"request {b} alone")
         outs.append(result.out)
         lses.append(result.lse)
-    rows = _query_rows(case, requests)
+    all_rows = _query_rows(case, requests)
     together = KernelOutput(
         torch.cat(outs) if outs else whole.out[:0],
         None if any(x is None for x in lses) or not lses else torch.cat(lses),  # type: ignore[arg-type]
     )
     return judge_relation(
-        "alone", backend, case=case, tensors=tensors, expected=_rows_of(whole, rows), actual=together, rows=rows,
+        "alone", backend, case=case, tensors=tensors, expected=_rows_of(whole, all_rows), actual=together, rows=all_rows,
         exact_required=False, cases=cases, tolerance=tolerance,
     )
 
@@ -260,7 +260,9 @@ def _merge(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
         raise Unsupported("the kernel returns no LSE: its partial states cannot be merged")
     split_rows = _query_rows(case, [p.request for p in prefix]).to(second.out.device)
     part = backend.merge_states(first.out, first.lse, second.out[split_rows], second.lse[split_rows.to(second.lse.device)])
-    out, lse = second.out.clone(), second.lse.clone()
+    out, lse = second.out.clone(), second.lse.clone()  # (second.lse is not None: checked above)
+    if part.lse is None:
+        raise ContractViolation("merge_states returned no LSE for two partial states that had one")
     out[split_rows], lse[split_rows.to(lse.device)] = part.out.to(out.dtype), part.lse.to(lse.dtype)
     cuts = {p.request: p.stop for p in prefix}
     return judge_relation(

@@ -10,7 +10,7 @@ from pa_oracle.fuzz.checks.masks import MASK_CHECKS
 from pa_oracle.fuzz.checks.metamorphic import RELATIONS
 from pa_oracle.fuzz.checks.plans import PLAN_CHECKS
 from pa_oracle.fuzz.run.runner import ORACLE, ORACLE_CHECK
-from pa_oracle.fuzz.run.runner import Check as AnyCheck
+from pa_oracle.fuzz.run.runner import CaseCheck as AnyCheck
 
 CHECKS: dict[str, Check] = {check.name: check for check in (*RELATIONS, *PLAN_CHECKS, *MASK_CHECKS, GRAPH_CHECK, *COMPOSED_CHECKS)}  # beyond the oracle
 ALL_CHECKS: dict[str, AnyCheck] = {ORACLE_CHECK: ORACLE, **CHECKS}

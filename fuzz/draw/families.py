@@ -65,7 +65,7 @@ def mla_dims(caps: Capabilities) -> list[tuple[int, int]]:
     ``MLA_DIMS``' order), then every other pair it declares (in its order); all built-in ones when it declares none."""
     if caps.mla_dims is None:
         return list(MLA_DIMS)
-    declared = [tuple(d) for d in caps.mla_dims]
+    declared = [(int(d[0]), int(d[1])) for d in caps.mla_dims]
     return [d for d in MLA_DIMS if d in declared] + [d for d in declared if d not in MLA_DIMS]
 
 

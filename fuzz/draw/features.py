@@ -107,7 +107,7 @@ def case_features(case: Case) -> dict[str, Feature]:
 
 def _mask_empty_row(case: Case) -> bool:
     masks = case.masks() if case.custom_mask is not None else None
-    return bool(masks) and any(m.shape[1] > 0 and not m.any(axis=1).all() for m in masks if m.shape[0])
+    return masks is not None and any(m.shape[1] > 0 and not m.any(axis=1).all() for m in masks if m.shape[0])
 
 
 def sglang_extend_blocks(head_dim_qk: int, head_dim_vo: int) -> tuple[int, int]:

@@ -31,7 +31,8 @@ def _attend(case: Case, q: torch.Tensor, tensors: Tensors, layout: dict[str, Any
     index = {name: torch.tensor(values, dtype=torch.int32, device=device) for name, values in layout.items()}
     opts = case.options
     return planted._paged_attention(
-        q, tensors.k_cache, tensors.v_cache, **index, causal=causal, sm_scale=case.sm_scale,
+        q, tensors.k_cache, tensors.v_cache, qo_indptr=index["qo_indptr"], kv_indptr=index["kv_indptr"],
+        kv_indices=index["kv_indices"], kv_last_page_len=index["kv_last_page_len"], causal=causal, sm_scale=case.sm_scale,
         window_left=opts.window_left, logits_soft_cap=opts.logits_soft_cap,
     )
 

@@ -11,8 +11,7 @@ from typing import Callable
 
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.campaign import engine
-from pa_oracle.fuzz.campaign.engine import CampaignConfig, Hooks, Shared, fuzz_backend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, Shared, fuzz_backend
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.campaign.writes import WriteCampaign, WriteResult, fuzz_write_kernel
 from pa_oracle.fuzz.quality import (
@@ -78,31 +77,14 @@ def _fuzz_one(module: object, name: str, examples: int, seed: int, deadline: flo
     kernel = target() if isinstance(target, type) and issubclass(target, Backend) else UserKernel(target, name=f"{module.__name__}:{name}")  # type: ignore[attr-defined]
     check = ALL_CHECKS[getattr(module, "CHECKS", {}).get(name, "oracle")]
     # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)
-    outcome = fuzz_backend(kernel, CampaignConfig(examples=examples, seed=seed, isolate=False), check=check,
-                           shared=Shared(deadline=deadline), hooks=Hooks(on_case=_ShrinkBound(shrink_seconds)))
+    config = CampaignConfig(examples=examples, seed=seed, isolate=False, shrink_seconds=shrink_seconds)
+    outcome = fuzz_backend(kernel, config, check=check, shared=Shared(deadline=deadline))
     return outcome.finding is not None, outcome.examples, outcome.finding.message.splitlines()[0] if outcome.finding else ""
 
 
 def _duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-class _ShrinkBound:
-    """``on_case`` for fuzz_backend: ends a finding's shrinking after ``seconds`` (through the engine's own stop,
-    which keeps the finding as it is). A public engine hook would be better; see the module's SHRINK_SECONDS."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.shrinking_since = seconds, None
-
-    def __call__(self, _result: object, searching: bool) -> None:
-        if searching:
-            return
-        now = time.monotonic()
-        if self.shrinking_since is None:
-            self.shrinking_since = now
-        elif now - self.shrinking_since > self.seconds:
-            raise engine._Stop  # noqa: SLF001 - ends Hypothesis' shrinking; the engine keeps the finding
 
 
 def run_selftest(

@@ -296,7 +296,8 @@ class Watch:
         self._record()
 
     def _record(self) -> None:
-        self._modules, self._classes, functions = [], [], {}
+        self._modules, self._classes = [], []
+        functions: dict[int, Any] = {}
         own = [m for m in self._sources[0] if m.__name__.startswith("pa_oracle.")]
         for module in own:
             keys = tuple(name for name in vars(module) if not (name.startswith("__") and name.endswith("__")))

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from pa_oracle.fuzz.run.runner import ORACLE, ORACLE_CHECK, BadEngine, Check, OracleDisagreement, Outcome, engine_from_env, judge
+from pa_oracle.fuzz.run.runner import ORACLE, ORACLE_CHECK, BadEngine, CaseCheck, OracleDisagreement, Outcome, engine_from_env, judge
 from pa_oracle.oracle.tensors import make_tensors
 from pa_oracle.fuzz.run.serve import NO_CASE, Request, serve, threads_from_env
 from pa_oracle.oracle.case import Case, CaseError
@@ -86,7 +86,7 @@ class _Sent:
     spec: str
     capabilities: Any
     case: Case
-    check: Check
+    check: CaseCheck
     keep_output: bool
     pass_errors: bool
     seq: int
@@ -223,7 +223,7 @@ class Worker:
         """The timeout of ``spec``'s next case: longer for its first case in this process."""
         return self.timeout * (1.0 if spec in self._judged else self.first_case_factor)
 
-    def check(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+    def check(self, spec: str, capabilities: Any, case: Case, judge: CaseCheck, keep_output: bool,
               deadline: float | None = None, *, pass_errors: bool = True) -> tuple[Outcome, float]:
         """(the outcome of ``case`` judged by ``judge`` on backend ``spec``, seconds spent starting
         the process and loading the backend first). Within its case timeout, or until the monotonic
@@ -250,7 +250,7 @@ class Worker:
         ones sent after the case in its kernel: they were not judged)."""
         return [sent.case.case_id for sent in self._pending]
 
-    def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+    def submit(self, spec: str, capabilities: Any, case: Case, judge: CaseCheck, keep_output: bool,
                deadline: float | None = None, *, pass_errors: bool = True) -> float:
         """Send ``case`` to be judged after the cases already pending (the worker works through them
         while the caller does something else, e.g. draws the next cases); ``collect`` returns the
@@ -451,7 +451,7 @@ def _judged_here(sent: _Sent, outcome: Outcome, tolerance: Tolerance) -> Outcome
     verdict.passed = verdict.passed and outcome.verdict.passed
     if verdict.passed and not sent.pass_errors and not sent.keep_output:
         verdict.error = verdict.lse_error = None  # a pass counts by its statistics
-    status = "pass" if verdict.passed else "fail"
+    status: Literal["pass", "fail"] = "pass" if verdict.passed else "fail"
     kept = outcome.output if sent.keep_output or status == "fail" else None
     return dataclasses.replace(outcome, status=status, message=verdict.headline(), verdict=verdict, output=kept)
 
@@ -471,7 +471,7 @@ class Judges(Protocol):
     def pending_ids(self) -> list[str]: ...
     def ensure(self, spec: str, capabilities: Any, deadline: float | None = None) -> None: ...
     def case_limit(self, spec: str) -> float: ...
-    def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+    def submit(self, spec: str, capabilities: Any, case: Case, judge: CaseCheck, keep_output: bool,
                deadline: float | None = None, *, pass_errors: bool = True) -> float: ...
     def collect(self, deadline: float | None = None) -> tuple[Outcome, float]: ...
     def close(self, graceful: bool = True) -> None: ...
@@ -490,7 +490,7 @@ class IsolatedBackend:
     def __init__(
         self, backend: Any, spec: str, *, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
         first_case_factor: float = FIRST_CASE_FACTOR, startup: float = STARTUP_SECONDS, keep_output: bool = False,
-        judge: Check = ORACLE, worker: Judges | None = None, pass_errors: bool = False,
+        judge: CaseCheck = ORACLE, worker: Judges | None = None, pass_errors: bool = False,
     ) -> None:
         self.backend = backend
         self.spec = spec
@@ -521,7 +521,7 @@ class IsolatedBackend:
         """The timeout of the next case: longer for this backend's first case after a start."""
         return self.worker.case_limit(self.spec)
 
-    def check(self, case: Case, deadline: float | None = None, judge: Check | None = None) -> Outcome:
+    def check(self, case: Case, deadline: float | None = None, judge: CaseCheck | None = None) -> Outcome:
         """Judge ``case`` with ``judge`` (default: this proxy's) in the worker within its case
         timeout, or until the monotonic ``deadline`` if that comes first (then a case still running
         is ``OutOfTime``). A check travels by name (``pa_oracle.fuzz.checks.base.Check.__reduce__``)."""
@@ -538,7 +538,7 @@ class IsolatedBackend:
     def pending_ids(self) -> list[str]:
         return self.worker.pending_ids
 
-    def submit(self, case: Case, deadline: float | None = None, judge: Check | None = None) -> None:
+    def submit(self, case: Case, deadline: float | None = None, judge: CaseCheck | None = None) -> None:
         """Queue ``case`` in the worker (``Worker.submit``); ``collect`` returns its outcome."""
         started = time.monotonic()
         try:
@@ -582,7 +582,7 @@ def isolated_by_default(backend: Any) -> bool:
 @contextmanager
 def case_judge(
     backend: Any, *, isolate: bool | None = None, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
-    first_case_factor: float = FIRST_CASE_FACTOR, keep_output: bool = False, judge: Check = ORACLE,
+    first_case_factor: float = FIRST_CASE_FACTOR, keep_output: bool = False, judge: CaseCheck = ORACLE,
 ) -> Iterator[Callable[[Case], Outcome]]:
     """A function judging cases on ``backend`` with ``judge`` (default: the oracle comparison): in
     a worker process when ``isolate`` (default: ``isolated_by_default``) and the backend can be

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any
 
 from pa_oracle.fuzz.run.isolation import CASE_TIMEOUT, FIRST_CASE_FACTOR, STARTUP_SECONDS, OutOfTime, Worker
-from pa_oracle.fuzz.run.runner import Check, OracleDisagreement, Outcome, engine_from_env
+from pa_oracle.fuzz.run.runner import CaseCheck, OracleDisagreement, Outcome, engine_from_env
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.errors import BadInput, env_count
 from pa_oracle.oracle.tolerance import Tolerance
@@ -100,7 +100,7 @@ class WorkerPool:
     def case_limit(self, spec: str) -> float:
         return max(worker.case_limit(spec) for worker in self.workers)
 
-    def submit(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+    def submit(self, spec: str, capabilities: Any, case: Case, judge: CaseCheck, keep_output: bool,
                deadline: float | None = None, *, pass_errors: bool = True) -> float:
         """``Worker.submit`` to the process with the fewest cases pending (the first, on a tie)."""
         started = time.monotonic()
@@ -151,7 +151,7 @@ class WorkerPool:
             order.append(owner)
         self._order = order
 
-    def check(self, spec: str, capabilities: Any, case: Case, judge: Check, keep_output: bool,
+    def check(self, spec: str, capabilities: Any, case: Case, judge: CaseCheck, keep_output: bool,
               deadline: float | None = None, *, pass_errors: bool = True) -> tuple[Outcome, float]:
         """``Worker.check``: one case, judged alone."""
         if self._order:

@@ -1,6 +1,6 @@
 """Run one case on one backend and judge it: tensors -> (oracle, control, kernel) -> verdict.
 
-Every check a campaign runs is a ``Check`` (name, what it needs from the backend, ``judge``) that
+Every check a campaign runs is a ``CaseCheck`` (name, what it needs from the backend, ``judge``) that
 returns one ``Outcome``; the comparison with the oracle is one of them (``ORACLE``), the
 metamorphic, plan and graph checks are the others (``pa_oracle.fuzz.checks``).
 
@@ -86,10 +86,13 @@ def _output_on_cpu(output: KernelOutput) -> KernelOutput:
     return KernelOutput(output.out.detach().cpu(), None if output.lse is None else output.lse.detach().cpu())
 
 
-class Check(Protocol):
-    """A check a campaign runs on drawn cases. It must pickle (an isolated worker runs it)."""
+class CaseCheck(Protocol):
+    """What a campaign runs on drawn cases: the comparison with the oracle (``OracleCheck``) or a check of
+    ``pa_oracle.fuzz.checks`` (their base class is ``pa_oracle.fuzz.checks.base.Check``). It must pickle (an
+    isolated worker runs it)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def capabilities(self, backend: Backend) -> Capabilities | str:
         """What to draw for ``backend`` (what the check needs from it), or why it cannot apply."""
@@ -235,6 +238,7 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
             return outcome
         failures = [f"{CONTRACT}: {text}" for text in breaches] + [f"and the kernel then raised: {outcome.message.splitlines()[0]}"]
         return Outcome(case, backend.name, "fail", "FAIL: " + "; ".join(failures), Verdict(False, failures))
+    assert result is not None  # (nothing was raised: the call returned its output)
     problem = problem_of(result, tensors.q.device)
     if problem is None and not breaches and elsewhere:
         verdict, keep_output = Verdict(True, []), True  # compared by the parent
