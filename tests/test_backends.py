@@ -48,9 +48,19 @@ def test_every_registered_adapter_describes_itself_and_agrees_with_the_oracle(na
     limits = Limits(max_batch=2, max_kv_len=24, max_qo_len=4, max_kv_heads=2, max_qo_heads=4)
     case = data.draw(cases(backend.capabilities, limits), label="case")
     outcome = check_case(backend, case)
+    if outcome.status == "fail" and (entry := _known(backend, case)) is not None:
+        pytest.xfail(f"{name}: known finding {entry.name} at its installed versions: {outcome.message[:200]}")
     assert outcome.status in ("pass", "unsupported"), f"{name}: {outcome.message}"
     if outcome.status == "unsupported":
         assert outcome.message.strip(), f"{name}: a declined case says why"
+
+
+def _known(backend: Backend, case: Case):  # type: ignore[no-untyped-def]
+    """The ledger entry that covers ``case`` on ``backend`` at its installed versions (a known finding: the H100
+    drew flashinfer-cascade's empty-request LSE sentinel, flashinfer#4401, here on 0.6.18.post1), else None."""
+    from pa_oracle.fuzz.campaign.ledger import GOLDEN, known_finding, load_ledger
+
+    return known_finding(load_ledger(GOLDEN / "ledger.json"), case, backend.name, backend.versions(), backend.kernel_family)
 
 
 @pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash"])
