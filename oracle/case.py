@@ -41,7 +41,9 @@ Semantics (every backend adapter converts *from* these, the oracle follows them 
 * MLA (``Heads.mla``): one latent KV head; the cache row is ``[ckv | kpe]`` of ``head_dim_qk``
   dims and V is a view of its first ``head_dim_vo`` (``d_ckv``) dims (``v_cache`` is
   ``k_cache[..., :head_dim_vo]``). q's first ``d_ckv`` dims are ``q_nope`` (absorbed), the rest
-  ``q_pe``. The attention math is MQA's: ``s = sm_scale * (q_nope.ckv + q_pe.kpe)``.
+  ``q_pe``. The attention math is MQA's: ``s = sm_scale * (q_nope.ckv + q_pe.kpe)``. With ``rope``
+  (DeepSeek's split) only ``q_pe`` and ``kpe`` rotate (``Rope.span``: ``rotary_dim`` counts within the
+  ``d_kpe`` dims); ``q_nope``, ``ckv`` and so V never do.
 * ``storage`` (``Storage``, optional): where the tensors lie in memory (combined K/V, HND pages, q a
   view of a fused QKV buffer, caches at an offset in a larger pool). It changes addresses only, never
   a value or the meaning above: indexing is always as if NHD.
@@ -357,6 +359,12 @@ class Rope:
         """How many leading dims of a ``head_dim`` head rotate."""
         return head_dim if self.rotary_dim is None else self.rotary_dim
 
+    def span(self, heads: Heads) -> tuple[int, int]:
+        """The ``[start, stop)`` dims of a q or K row that rotate: the first ``dims(head_dim_qk)``; for MLA the
+        first ``dims(d_kpe)`` of the rope part ``q_pe`` / ``kpe`` (from ``d_ckv`` on), never ``q_nope`` / ``ckv``."""
+        start = heads.d_ckv if heads.mla else 0
+        return start, start + self.dims(heads.head_dim_qk - start)
+
 
 @dataclass(frozen=True)
 class Options:
@@ -663,8 +671,9 @@ class Case:
             raise CaseError("options.q_dtype: an fp8 q with a custom mask or the MLA layout is not modelled")
         rope = self.options.rope
         if rope is not None:
-            if self.heads.mla:
-                raise CaseError("options.rope: rotary embedding of the MLA latent layout is not modelled (rope is off for MLA)")
+            if self.heads.mla and rope.dims(self.heads.d_kpe) > self.heads.d_kpe:
+                raise CaseError(f"options.rope.rotary_dim={rope.rotary_dim} exceeds the MLA rope dims d_kpe={self.heads.d_kpe} "
+                                "(only q_pe / kpe rotate)")
             if rope.dims(self.heads.head_dim_qk) > self.heads.head_dim_qk:
                 raise CaseError(f"options.rope.rotary_dim={rope.rotary_dim} exceeds head_dim_qk={self.heads.head_dim_qk}")
         for name in ("alibi_slopes", "sinks"):

@@ -7,6 +7,10 @@ and key ``j`` at ``j``: the positions FlashInfer's in-kernel RoPE uses (``vec_ap
 explicit ``positions`` (``Case.positions``: EAGLE's ``prefix + depth`` of a draft tree) rotates query ``i``
 at its position, and the request's last ``qo_len`` keys, its queries' own, at their queries' positions.
 
+An MLA case (DeepSeek's split, ``Heads.mla``) rotates only the rope part of each row, ``q_pe`` and ``kpe``
+(``Rope.span``: from ``d_ckv`` on, the frequencies over its ``dims(d_kpe)`` dims); ``q_nope`` and the latent
+``ckv``, which is also V, are never rotated.
+
 ``kernel_rotated`` rotates as a correct float32 RoPE kernel does, for the tolerance model's RoPE controls
 (``pa_oracle.oracle.tolerance``): float32 angles, float32 rotation, the result stored in the input dtype
 (or kept in float32).
@@ -19,6 +23,8 @@ at its position, and the request's last ``qo_len`` keys, its queries' own, at th
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -50,6 +56,18 @@ def _rotate_pairs(x: torch.Tensor, angle: torch.Tensor, style: str, dims: int) -
     a, b = x[..., first], x[..., second]
     out[..., first], out[..., second] = a * cos - b * sin, b * cos + a * sin
     return out
+
+
+def _in_span(rotate_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, case: Case) -> torch.Tensor:
+    """``x`` [N, ..., head_dim_qk] with ``rotate_fn`` applied to the dims of ``case``'s ``Rope.span`` alone (its
+    dtype the result's); the other dims converted to that dtype unchanged. A new tensor."""
+    rope = case.options.rope
+    assert rope is not None, "a RoPE case"
+    start, stop = rope.span(case.heads)
+    if (start, stop) == (0, x.shape[-1]) or not case.heads.mla:
+        return rotate_fn(x)  # the rotary_dim of a normal head counts from dim 0 (``rotate``)
+    part = rotate_fn(x[..., start:])  # rotary_dim counts within q_pe / kpe
+    return torch.cat([x[..., :start].to(part.dtype), part], dim=-1)
 
 
 def _rotate32(x: torch.Tensor, positions: torch.Tensor, rope: Rope, store: torch.dtype) -> torch.Tensor:
@@ -111,11 +129,12 @@ def rotated(case: Case, tensors: Tensors) -> Tensors:
         return tensors
     device = tensors.q.device
     as_tensor = lambda a: torch.from_numpy(a).to(device=device, dtype=torch.float64)  # noqa: E731
-    q = rotate(tensors.q.to(torch.float64), as_tensor(query_positions(case)), rope)
-    k_cache = tensors.k_cache.to(torch.float64)
+    q_pos, k_pos = as_tensor(query_positions(case)), as_tensor(key_positions(case))
+    q = _in_span(lambda x: rotate(x, q_pos, rope), tensors.q.to(torch.float64), case)
+    k_cache = tensors.k_cache.to(torch.float64, copy=True)  # never the caller's (nor MLA's V) memory
     pages, slots = (t.to(device) for t in token_addresses(case))
     if len(pages):
-        k_cache[pages, slots] = rotate(k_cache[pages, slots], as_tensor(key_positions(case)), rope)
+        k_cache[pages, slots] = _in_span(lambda x: rotate(x, k_pos, rope), k_cache[pages, slots], case)
     return Tensors(q, k_cache, tensors.v_cache)
 
 
@@ -128,11 +147,13 @@ def kernel_rotated(case: Case, tensors: Tensors, store: bool = True) -> Tensors:
     assert rope is not None, "kernel_rotated needs a RoPE case"
     device = tensors.q.device
     as_tensor = lambda a: torch.from_numpy(a).to(device=device)  # noqa: E731
-    q = _rotate32(tensors.q, as_tensor(query_positions(case)), rope, operand_dtype(tensors.q.dtype, store))
+    q_pos, k_pos = as_tensor(query_positions(case)), as_tensor(key_positions(case))
+    q_store = operand_dtype(tensors.q.dtype, store)
+    q = _in_span(lambda x: _rotate32(x, q_pos, rope, q_store), tensors.q, case).to(q_store)
     k_cache = tensors.k_cache.to(operand_dtype(tensors.k_cache.dtype, store))  # a copy when the dtype changes
     if k_cache is tensors.k_cache:
         k_cache = k_cache.clone()
     pages, slots = (t.to(device) for t in token_addresses(case))
     if len(pages):
-        k_cache[pages, slots] = _rotate32(tensors.k_cache[pages, slots], as_tensor(key_positions(case)), rope, k_cache.dtype)
+        k_cache[pages, slots] = _in_span(lambda x: _rotate32(x, k_pos, rope, k_cache.dtype), tensors.k_cache[pages, slots], case)
     return Tensors(q, k_cache, tensors.v_cache)

@@ -123,9 +123,11 @@ def test_bad_rope_is_named(rope: dict, message: str) -> None:
         Case.from_json(data)
 
 
-def test_rope_on_mla_is_refused() -> None:
-    with pytest.raises(CaseError, match="MLA"):
-        Case(Layout.from_lengths([1], [3], page_size=2), Heads(4, 1, 12, 8, mla=True), Options(rope=Rope()))
+def test_rope_on_mla_rotates_its_rope_dims_and_refuses_a_rotary_dim_beyond_them() -> None:  # tests/oracle/test_mla_rope.py
+    case = Case(Layout.from_lengths([1], [3], page_size=2), Heads(4, 1, 12, 8, mla=True), Options(rope=Rope()))
+    assert case.options.rope is not None and case.options.rope.span(case.heads) == (8, 12)
+    with pytest.raises(CaseError, match="MLA rope dims d_kpe=4"):
+        case.replace(options=Options(rope=Rope(rotary_dim=6)))
 
 
 def test_the_first_pair_turns_by_the_position_over_the_scale() -> None:
