@@ -183,8 +183,8 @@ class Capabilities:
              f"mla dims {heads.head_dim_qk}/{heads.head_dim_vo}"),
             ("rope", (opts.rope is not None) in self.rope, f"rope={opts.rope is not None}"),
             ("rope_styles", opts.rope is None or opts.rope.style in self.rope_styles, f"rope style {opts.rope and opts.rope.style}"),
-            ("rope_partial", self.rope_partial or opts.rope is None or opts.rope.dims(heads.head_dim_qk) == heads.head_dim_qk,
-             f"rotary_dim {opts.rope and opts.rope.rotary_dim} < head_dim_qk"),
+            ("rope_partial", self.rope_partial or opts.rope is None or opts.rope.span(heads)[1] == heads.head_dim_qk,
+             f"rotary_dim {opts.rope and opts.rope.rotary_dim} < {'d_kpe' if heads.mla else 'head_dim_qk'}"),
             ("rope_positions", self.rope_positions or case.positions is None, "RoPE positions other than the index ones"),
             # the default storage always runs ("contiguous" left out only keeps it from being drawn)
             ("storages", case.storage is None or set(case.storage.features) <= set(self.storages),

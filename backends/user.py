@@ -25,7 +25,9 @@ byte offsets; None for a case without a mask. ``@declare(mla=(True,))`` asks for
 one latent KV head, ``v_cache`` the view ``k_cache[..., :d_ckv]``, q's first ``d_ckv`` dims
 ``q_nope``, the rest ``q_pe``; every declared ``mla_dims`` pair is drawn (a malformed one is refused by name). A function that names ``rope`` is also given RoPE cases: ``rope`` is
 the case's ``pa_oracle.oracle.case.Rope`` (style, theta, scale, rotary_dim) or None, and the function
-rotates q and k itself by absolute position (``pa_oracle.oracle.rope``). One that also names ``positions`` (or
+rotates q and k itself by absolute position (``pa_oracle.oracle.rope``); an MLA function that names ``rope`` gets
+MLA RoPE cases (DeepSeek's split): q and the latent cache unrotated, and it rotates only ``q_pe`` and ``kpe`` (the dims
+from ``d_ckv`` on; ``rotary_dim`` counts within them, None: all ``d_kpe``), never ``q_nope`` or ``ckv`` (V). One that also names ``positions`` (or
 ``tree_parents``) is given the draft-tree RoPE cases of EAGLE and Medusa, node ``n`` at ``prefix + depth(n)``
 (``Case.positions``): ``positions`` (int32 [total_q]) the queries' RoPE positions (``kv_len - qo_len + i`` but for
 such a case), ``key_positions`` (int32 [sum of kv_lens], request-major) the keys' (a request's last ``qo_len`` keys,

@@ -8,6 +8,9 @@ so masks meet windows and fp8, and MLA meets sinks and q_len > 1.
 
 - MLA: one latent KV head, (head_dim_qk, head_dim_vo) from ``MLA_DIMS`` (DeepSeek's absorbed
   decode 576/512, its prefill 192/128, and small pairs for CPU), within ``caps.mla_dims``.
+- MLA with RoPE (DeepSeek's split): a kernel that declares both ``rope`` and ``mla`` keeps the drawn
+  ``Rope`` on its MLA cases, rotating only ``q_pe`` / ``kpe`` (``Rope.span``); a partial ``rotary_dim`` is
+  drawn again within ``d_kpe``. Kernels without ``rope`` (the library MLA adapters) never draw it.
 - Trees: per request a draft tree of depth 1-8 and width 1-4 (at most ``MAX_TREE_NODES``
   nodes, q_len_per_req up to 16) behind a prefix of keys; the queries are the tree's nodes. A RoPE
   tree case of a kernel that takes positions (``Capabilities.rope_positions``) rotates node ``n`` at
@@ -29,7 +32,7 @@ import numpy as np
 from hypothesis import strategies as st
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.fuzz.draw import built
-from pa_oracle.oracle.case import Case, CustomMask, Heads, Layout, Options, tree_positions
+from pa_oracle.oracle.case import Case, CustomMask, Heads, Layout, Options, Rope, tree_positions
 
 MLA_DIMS = ((12, 8), (576, 512), (192, 128), (24, 16), (80, 64))  # (head_dim_qk, head_dim_vo): shrinks to small
 MAX_TREE_DEPTH, MAX_TREE_WIDTH, MAX_TREE_NODES = 8, 4, 16
@@ -75,6 +78,16 @@ def _mla_heads(draw: st.DrawFn, case: Case, caps: Capabilities, pinned: Mapping[
     return Heads(case.heads.num_qo_heads, 1, qk, vo, mla=True)
 
 
+def _mla_rope(draw: st.DrawFn, rope: Rope, d_kpe: int, caps: Capabilities) -> Rope:
+    """``rope`` on an MLA case, whose ``rotary_dim`` counts within the ``d_kpe`` rope dims: the whole of them when
+    ``rope`` rotates its whole head, else a partial ``rotary_dim`` drawn as ``strategies`` draws one for a head."""
+    if rope.rotary_dim is None or not caps.rope_partial:
+        return dataclasses.replace(rope, rotary_dim=None)
+    partial = sorted({d for d in range(2, d_kpe, 2) if d in (d_kpe // 2, d_kpe // 4, 2) or d == d_kpe - 2}, reverse=True)
+    rotary_dim = draw(built.sampled_from(partial), label="mla rotary_dim") if partial else None
+    return dataclasses.replace(rope, rotary_dim=rotary_dim)
+
+
 def _tree_case(draw: st.DrawFn, case: Case, caps: Capabilities, max_prefix: int) -> Case:
     """``case``'s requests replaced by draft trees behind prefixes (same batch size and pages size)."""
     lay = case.layout
@@ -106,7 +119,11 @@ def extend(
     ``pinned`` values (its ``mla`` and head dims) when the campaign draws inside one."""
     mla = pinned["mla"] if "mla" in pinned else True in caps.mla and (False not in caps.mla or draw(built.booleans(), label="mla"))
     if mla:
-        case = case.replace(heads=_mla_heads(draw, case, caps, pinned))
+        heads = _mla_heads(draw, case, caps, pinned)
+        rope = case.options.rope
+        if rope is not None:  # drawn only for a kernel declaring rope: no other kernel's seeds change
+            rope = _mla_rope(draw, rope, heads.d_kpe, caps)
+        case = case.replace(heads=heads, options=dataclasses.replace(case.options, rope=rope))
         if case.options.is_fp8:  # one latent cache holds V too: one scale
             case = case.replace(options=_same_scale(case))
     if True in caps.custom_mask and (False not in caps.custom_mask or draw(built.booleans(), label="custom mask")):
