@@ -72,6 +72,21 @@ def load_for_gate(choice: ModelChoice) -> LoadedModel:
         raise click.UsageError(f"cannot load model {choice.model_path}: {exc}") from None
 
 
+class _NoVerdict(click.ClickException):
+    """The gate could not judge the backend (exit 3, as ``pa_oracle.fuzz.exits.TOOL_FAILED``)."""
+
+    exit_code = 3
+
+
+def _kernel_failed(gate_name: str, exc: Any, backend: str) -> None:
+    """A backend broke its contract inside the model (``swap.KernelFailed``): the gate fails (exit 1) when it is
+    the backend under the gate; the reference's (or another's) failure is no verdict (exit 3)."""
+    if exc.backend != backend:
+        raise _NoVerdict(f"{gate_name}: no verdict on {backend}: {exc}")
+    click.echo(f"{gate_name} FAILED: {exc}", err=True)
+    sys.exit(1)
+
+
 def _usage_error(exc: BaseException) -> click.UsageError:
     """A refusal (a bad backend name, a setting the gate cannot run) as a usage error (exit 2), with
     its message as written (``str()`` of a KeyError quotes it)."""
@@ -159,7 +174,7 @@ def run_logits(opts: LogitsOptions) -> None:
 
     from pa_oracle.gates.data import read_gsm8k
     from pa_oracle.gates.logits import gsm8k_texts, run_logit_gate, write_result
-    from pa_oracle.gates.swap import SwapError
+    from pa_oracle.gates.swap import KernelFailed, SwapError
 
     try:
         texts = gsm8k_texts(read_gsm8k(opts.data_dir, split=opts.split, limit=opts.limit))
@@ -178,6 +193,8 @@ def run_logits(opts: LogitsOptions) -> None:
         with forward_progress("scoring") as progress:
             result = run_logit_gate(loaded.model, loaded.tokenizer, texts, config, model_name=loaded.source,
                                     progress=progress)
+    except KernelFailed as exc:
+        _kernel_failed("logit gate", exc, opts.backend)
     except (SwapError, KeyError, ValueError, ImportError) as exc:
         raise _usage_error(exc) from None
     if opts.out_dir is not None:
@@ -455,7 +472,7 @@ def run_gsm8k_gate(ctx: click.Context, opts: Gsm8kOptions) -> None:
     import importlib.util
 
     from pa_oracle.gates import gsm8k as g
-    from pa_oracle.gates.swap import SwapError
+    from pa_oracle.gates.swap import KernelFailed, SwapError
 
     if importlib.util.find_spec("lm_eval") is None:
         raise click.UsageError("the GSM8k gate needs lm-eval: pip install 'paged-attention-oracle[eval]'")
@@ -480,6 +497,8 @@ def run_gsm8k_gate(ctx: click.Context, opts: Gsm8kOptions) -> None:
                 loaded.model, loaded.tokenizer, attn_implementation=implementation, label=label,
                 settings=plan.settings, questions=questions, batch_size=batch_size,
             )
+        except KernelFailed as exc:
+            _kernel_failed(f"gsm8k gate ({label})", exc, opts.backend)
         except (g.GateInputError, SwapError) as exc:
             raise click.ClickException(f"{label}: {exc}") from None
         run = saved.outcomes[label]

@@ -41,6 +41,16 @@ class SwapError(RuntimeError):
     """The model's attention call cannot be expressed as (or run as) a canonical paged case."""
 
 
+class KernelFailed(SwapError):
+    """A backend raised, or returned an output of the wrong shape, inside the model's forward (``backend``: its
+    name). The backend under the gate broke its contract: the gate fails (exit 1), as ``pa-oracle fuzz`` counts
+    both as findings; any other (the reference) failing is no verdict on it (exit 3)."""
+
+    def __init__(self, message: str, backend: str) -> None:
+        super().__init__(message)
+        self.backend = backend
+
+
 class OracleBackend(Backend):
     """The float64 oracle as a backend, its output cast to the model's dtype (not in the fuzz
     registry: fuzzing the oracle against itself proves nothing)."""
@@ -260,10 +270,14 @@ class PagedAttention:
             runner = self.prefill
         plan = self._plan(runner, case, query.device, type(module).__name__)
         tensors = Tensors(query[paging.query_batch, :, paging.query_column], paging.pool(key), paging.pool(value))
-        result = runner.run(plan, tensors).out
+        try:
+            result = runner.run(plan, tensors).out
+        except Exception as exc:  # noqa: BLE001 - the kernel's own failure, named; the gate fails
+            raise KernelFailed(f"backend {runner.name} raised {type(exc).__name__}: {exc}", runner.name) from exc
         expected = (case.layout.total_q, case.heads.num_qo_heads, case.heads.head_dim_vo)
-        if tuple(result.shape) != expected:
-            raise SwapError(f"backend {runner.name} returned out {tuple(result.shape)}, expected {expected}")
+        if tuple(getattr(result, "shape", ())) != expected:
+            shape = tuple(result.shape) if hasattr(result, "shape") else type(result).__name__
+            raise KernelFailed(f"backend {runner.name} returned out {shape}, expected {expected}", runner.name)
         self.prefill_calls += runner is not self.backend
         out = query.new_zeros(batch, q_len, query.shape[1], value.shape[-1])
         out[paging.query_batch, paging.query_column] = result.to(query.dtype)
