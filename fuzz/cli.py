@@ -346,7 +346,7 @@ def write_summary(out_dir: Path, results: list[BackendResult]) -> None:
 def _print_results(opts: FuzzOptions, results: list[BackendResult], left_out: dict[str, str], wall: float) -> None:
     """The run's results on stdout: JSON, or each finding, each pair's line, the time line and the coverage table."""
     from pa_oracle.fuzz.campaign.coverage import coverage_table
-    from pa_oracle.fuzz.campaign.findings import finding_ratio, ratio_words
+    from pa_oracle.fuzz.campaign.findings import allowed_clause
 
     if opts.as_json:
         rows = [_result_json(r) if opts.kind == "campaign" else _check_result_json(r) for r in results]
@@ -354,9 +354,7 @@ def _print_results(opts: FuzzOptions, results: list[BackendResult], left_out: di
         return
     for r in results:
         for f in r.findings:
-            ratio = finding_ratio(f.message)
-            at = f" (at {ratio_words(ratio)}x the allowed error)" if ratio is not None else ""
-            click.echo(f"\nFINDING in {r.key}{at}: {f.message}\n  minimal case: {f.case}")
+            click.echo(f"\nFINDING in {r.key}{allowed_clause([f.message])}: {f.message}\n  minimal case: {f.case}")
             click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}\n")
     click.echo("\n".join(r.line() for r in results))
     for name, why in left_out.items():

@@ -14,6 +14,7 @@ the next chunk saved after a kill, drawing the same cases.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -102,7 +103,7 @@ class BackendRun:
     def __init__(self, backend: Backend, config: CampaignConfig, *, check: CaseCheck, resume: BackendResult | None,
                  shared: Shared, hooks: Hooks) -> None:
         self.backend, self.config, self.check, self.shared, self.hooks = backend, config, check, shared, hooks
-        self.kernel_spec = backend.name if isinstance(backend, UserKernel) else None  # what a repro command imports
+        self.kernel_spec = _kernel_spec(backend)
         self.result = resume if resume is not None else BackendResult(backend.name, check=check.name)
         self.result.finding = self.result.finding_dir = self.result.repro = None  # this run's finding only
         self.seen = set(self.result.seen)
@@ -433,6 +434,11 @@ def _count_clean_chunk(
     return True, cut
 
 
+def _kernel_spec(backend: Backend) -> str | None:
+    """What a repro command imports for ``backend``: a user kernel's MODULE:NAME (a registered backend: None)."""
+    return backend.name if isinstance(backend, UserKernel) else None
+
+
 def _saved_at(outcome: Outcome, backend: Backend, out_dir: Path | None, kernel_spec: str | None) -> str:
     """Where a case the oracle could not judge was saved (``save_unjudged``), or why it was not, as a
     clause of the note: saving it is a courtesy, the tool error is what the campaign reports."""
@@ -574,8 +580,7 @@ class Campaign:
                 self._say(f"{_doing(backend, check)} ..." + (f" (turn {turns})" if turn.again else ""))
                 if plan is not None:
                     plan.announce = self.progress
-                turn_shared = Shared(deadline=turn.deadline, cutoff=shared.cutoff, workers=shared.workers,
-                                     drawers=shared.drawers, variants=plan)
+                turn_shared = dataclasses.replace(shared, deadline=turn.deadline, variants=plan)
                 fuzz_backend(backend, pair_config, check=check, resume=results[key], shared=turn_shared, hooks=self.hooks)
                 if plan is not None:
                     results[key].coverage.variants = plan.lines()
@@ -623,7 +628,7 @@ def judge_one(backend: Backend, check: CaseCheck, case: Case, config: CampaignCo
     if isinstance(capabilities, str):
         result.not_applicable = capabilities
         return result
-    kernel_spec = backend.name if isinstance(backend, UserKernel) else None
+    kernel_spec = _kernel_spec(backend)
     start = time.monotonic()
     with case_judge(backend, isolate=config.isolate, timeout=config.case_timeout, tolerance=config.tolerance,
                     judge=check) as judge:

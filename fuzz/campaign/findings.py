@@ -22,6 +22,7 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -109,6 +110,13 @@ def finding_ratio(message: str) -> float | None:
             continue
         ratios.append(err / lim if lim > 0 else math.inf if err > 0 else 0.0)
     return max(ratios) if ratios else None
+
+
+def allowed_clause(messages: Iterable[str]) -> str:
+    """``' (at 250x the allowed error)'``: the worst of ``messages``' ``finding_ratio``, as result and finding lines
+    say it; '' when none states an error over its allowed one (a crash, a hang)."""
+    ratios = [r for message in messages if (r := finding_ratio(message)) is not None]
+    return f" (at {ratio_words(max(ratios))}x the allowed error)" if ratios else ""
 
 
 def ratio_words(ratio: float) -> str:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from pa_oracle.fuzz.campaign.coverage import Coverage
-from pa_oracle.fuzz.campaign.findings import finding_ratio, ratio_words
+from pa_oracle.fuzz.campaign.findings import allowed_clause
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.oracle.case import read_json
@@ -157,8 +157,7 @@ class BackendResult:
         """Where the findings' errors stand against the allowed error, on the scale of ``worst_allowed`` (so that
         ``1 FINDING(S)`` is never read beside only the passes' 0.00): ``' (at 250x the allowed error)'``, the worst
         finding's; '' when no finding's message states an error over its allowed one (a crash, a hang)."""
-        ratios = [r for f in self.findings if (r := finding_ratio(f.message)) is not None]
-        return f" (at {ratio_words(max(ratios))}x the allowed error)" if ratios else ""
+        return allowed_clause(f.message for f in self.findings)
 
     def _why_incomplete(self) -> str:
         if self.status in ("done", "finding", "running") and (nothing := self.judged_nothing()) is not None:

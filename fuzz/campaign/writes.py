@@ -34,13 +34,12 @@ from pa_oracle.fuzz.campaign.outdir import publish_folder
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.checks.append import WriteOutcome, judge_write
 from pa_oracle.fuzz.draw.appends import append_cases
-from pa_oracle.fuzz.run.isolation import STARTUP_SECONDS, check_timeout
+from pa_oracle.fuzz.run.isolation import OUT_OF_TIME, STARTUP_SECONDS, check_timeout
 from pa_oracle.oracle.append import AppendCase
 from pa_oracle.oracle.errors import BadInput
 
 CHUNK = 25  # examples per Hypothesis run, as the attention engine
 STATE_FILE = "writes-state.json"
-OUT_OF_TIME = "the time budget ran out"
 DIED = "the worker process died"
 
 

@@ -432,8 +432,8 @@ def _judged_here(sent: _Sent, outcome: Outcome, tolerance: Tolerance) -> Outcome
     worker returned (the worker compares nothing: ``Request.raw``). What the worker found counts only
     against the kernel (its failures are kept: a write to an input, a broken contract, a changed judge),
     so nothing the kernel changed in the worker's process (the judge's code, torch's numerics switches,
-    the tolerance) can make it pass."""
-    if sent.check.name != ORACLE_CHECK or outcome.status not in ("pass", "fail"):
+    the tolerance) can make it pass. Only for a case sent with ``raw`` (an oracle case, ``verdict_in_parent``)."""
+    if outcome.status not in ("pass", "fail"):
         return outcome
     if outcome.output is None or outcome.verdict is None:
         if outcome.status == "fail":
