@@ -18,7 +18,7 @@ from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.quality import planted
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.fuzz.triage.cli import triage
-from pa_oracle.fuzz.triage.upstream import EMBED_LIMIT, HAND_WRITTEN, NoUpstreamRepro, Seen, repro_script, write_upstream
+from pa_oracle.fuzz.triage.upstream import EMBED_LIMIT, HAND_WRITTEN, NoUpstreamRepro, Seen, issue_markdown, repro_script, write_upstream
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
 from pa_oracle.oracle.tensors import load_case
 
@@ -182,8 +182,11 @@ def test_each_golden_report_is_complete_and_regenerates_identically(report: str,
     case_id = re.search(r"from case (\w+)\.", repro).group(1)
     (case_path,) = [p for p in (GOLDEN / "cases").glob("*.json") if load_case(p).case_id == case_id]
     case = load_case(case_path)
-    again, _ = repro_script(case, discover()[backend_name](), _seen(case))
+    backend = discover()[backend_name]()
+    again, _ = repro_script(case, backend, _seen(case))
     _same_but_for_the_cpu_rounding(again, repro)
+    options = re.compile(r"^- options: .*$", re.M)  # every option of the case by value, as golden report writes it now
+    assert options.findall(issue_markdown(case, backend, _seen(case))) == options.findall(issue)
 
 
 _FLOAT = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
