@@ -21,6 +21,15 @@ one() {  # name tree env... [-- extra args]
   (cd /tmp/$tree && env PYTHONPATH=/tmp/site:/tmp/$tree "$@" timeout $((S + 60)) python3 benchmarks/cold_campaign.py \
     --time-budget $S --caches /tmp/wc $B $EXTRA --log "$OUT/m/$name.log" 2>&1 | grep -E "cold campaign|split of" )
 }
+if [ "${ROUND:-1}" = 2 ]; then  # the second call: the two close ones again, alternating with the defaults
+  EXTRA="" one warmup new X=1
+  for r in 1 2; do
+    EXTRA="" one default_$r new X=1
+    EXTRA="" one judge_threads_1_$r new PA_ORACLE_JUDGE_THREADS=1
+    EXTRA="" one draw_ahead_off_$r new PA_ORACLE_DRAW_AHEAD=off
+  done
+  exit 0
+fi
 EXTRA="" one warmup new X=1
 EXTRA="" one default new X=1
 EXTRA="" one judge_threads_1 new PA_ORACLE_JUDGE_THREADS=1
