@@ -216,22 +216,25 @@ def worst_location(case: Case, rows: torch.Tensor, out_diff: torch.Tensor) -> Lo
     return locate(case, int(rows[row]), head, dim, float(out_diff.flatten()[index]))
 
 
-def judge_relation(
-    check: str,
-    backend: Backend,
-    *,
-    case: Case,
-    tensors: Tensors,
-    expected: KernelOutput,
-    actual: KernelOutput,
-    rows: torch.Tensor,
-    exact_required: bool,
-    cases: Sequence[tuple[str, Case, Tensors | None]],
-    tolerance: Tolerance = Tolerance(),
-    note: str = "",
-) -> Outcome:
-    """The verdict of one relation: ``actual`` (from derived cases) against ``expected`` (the
-    kernel's output on ``case``, restricted to ``rows``)."""
+@dataclass(frozen=True)
+class Relation:
+    """One relation's two sides: the kernel's output on ``case`` restricted to ``rows`` (``expected``) and what
+    the derived cases gave (``actual``); ``cases`` are every case the relation ran, named, for the report."""
+
+    case: Case
+    tensors: Tensors
+    expected: KernelOutput
+    actual: KernelOutput
+    rows: torch.Tensor
+    cases: Sequence[tuple[str, Case, Tensors | None]]
+
+
+def judge_relation(check: str, backend: Backend, relation: Relation, *, exact_required: bool,
+                   tolerance: Tolerance = Tolerance(), note: str = "") -> Outcome:
+    """The verdict of one relation: ``relation.actual`` against ``relation.expected`` (bit for bit where
+    ``exact_required``, else within twice the oracle's error limit)."""
+    case, tensors, expected, actual, rows, cases = (relation.case, relation.tensors, relation.expected, relation.actual,
+                                                    relation.rows, relation.cases)
     comparison = compare_outputs(expected, actual)
     worst = worst_location(case, rows, comparison.out_diff)
     prefix = f"{note}; " if note else ""

@@ -34,6 +34,7 @@ from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.checks.base import (
     Check,
     case_key,
+    Relation,
     judge_relation,
     owned,
     run_supported,
@@ -177,8 +178,8 @@ def _reorder(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     whole = run_supported(backend, case, tensors, "original")
     permuted = run_supported(backend, reordered, moved, "reordered")
     return judge_relation(
-        "reorder", backend, case=case, tensors=tensors, expected=_rows_of(whole, rows), actual=permuted, rows=rows,
-        exact_required=False, cases=cases, tolerance=tolerance, note=f"request order {order}",
+        "reorder", backend, Relation(case, tensors, _rows_of(whole, rows), permuted, rows, cases),
+        exact_required=False, tolerance=tolerance, note=f"request order {order}",
     )
 
 
@@ -200,8 +201,8 @@ def _relabel(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     rows = torch.arange(case.layout.total_q)
     note = "" if deterministic else "the kernel is not deterministic run to run: judged within tolerance"
     return judge_relation(
-        "relabel", backend, case=case, tensors=tensors, expected=first, actual=other, rows=rows,
-        exact_required=deterministic, cases=cases, tolerance=tolerance, note=note,
+        "relabel", backend, Relation(case, tensors, first, other, rows, cases),
+        exact_required=deterministic, tolerance=tolerance, note=note,
     )
 
 
@@ -228,8 +229,8 @@ def _alone(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
         None if any(x is None for x in lses) or not lses else torch.cat(lses),  # type: ignore[arg-type]
     )
     return judge_relation(
-        "alone", backend, case=case, tensors=tensors, expected=_rows_of(whole, all_rows), actual=together, rows=all_rows,
-        exact_required=False, cases=cases, tolerance=tolerance,
+        "alone", backend, Relation(case, tensors, _rows_of(whole, all_rows), together, all_rows, cases),
+        exact_required=False, tolerance=tolerance,
     )
 
 
@@ -266,9 +267,8 @@ def _merge(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     out[split_rows], lse[split_rows.to(lse.device)] = part.out.to(out.dtype), part.lse.to(lse.dtype)
     cuts = {p.request: p.stop for p in prefix}
     return judge_relation(
-        "merge", backend, case=case, tensors=tensors, expected=whole, actual=KernelOutput(out, lse),
-        rows=torch.arange(lay.total_q), exact_required=False, cases=cases, tolerance=tolerance,
-        note=f"keys cut at {cuts} (request: prefix length)",
+        "merge", backend, Relation(case, tensors, whole, KernelOutput(out, lse), torch.arange(lay.total_q), cases),
+        exact_required=False, tolerance=tolerance, note=f"keys cut at {cuts} (request: prefix length)",
     )
 
 
@@ -311,8 +311,8 @@ def _window(backend: Backend, case: Case, tolerance: Tolerance) -> Outcome:
     per_row = run_supported(backend, sliced, sliced_tensors, "sliced")
     rows = torch.tensor([p.rows.start for p in pieces], dtype=torch.long)
     return judge_relation(
-        "window", backend, case=case, tensors=tensors, expected=_rows_of(whole, rows), actual=per_row, rows=rows,
-        exact_required=False, cases=cases, tolerance=tolerance, note=f"window_left {case.options.window_left}",
+        "window", backend, Relation(case, tensors, _rows_of(whole, rows), per_row, rows, cases),
+        exact_required=False, tolerance=tolerance, note=f"window_left {case.options.window_left}",
     )
 
 
