@@ -266,6 +266,7 @@ class Backend:
     name: str
     capabilities: Capabilities = Capabilities()
     description: ClassVar[str] = ""
+    kind: ClassVar[str] = "attention"  # the kind of kernel: "attention", or "write" (``pa_oracle.backends.writes.WriteBackend``)
     package: ClassVar[str | None] = None  # the kernel library's import name, if any
     extra: ClassVar[str | None] = None  # the pip extra that installs it
     cuda_graphs: ClassVar[bool] = False  # True: ``capture_graph`` is implemented

@@ -1,14 +1,15 @@
 """KV-cache write kernels, one file each: they append tokens to a paged pool in place, and are
-judged byte for byte by ``pa_oracle.oracle.append`` (a backend kind of its own, with its own
-registry: an attention campaign never sees these). Found as attention adapters are
+judged byte for byte by ``pa_oracle.oracle.append`` (the "write" kind of kernel:
+``pa_oracle.backends.get_backend`` serves them as ``WriteBackend``s, and the campaign engine runs them
+with the write check, ``pa_oracle.fuzz.checks.append.WRITE``). Found as attention adapters are
 (``pa_oracle.backends``): every module of this package, then every module named by a
 ``pa_oracle.backends.writes`` entry point; a user's ``--kernel MODULE:NAME`` is loaded by the same
 ``load_kernel`` (``pa_oracle.backends.writes.user``)."""
 
 from __future__ import annotations
 
-from pa_oracle.backends.base import import_adapters
-from pa_oracle.backends.writes.base import CAPABILITY_FIELDS, WriteCapabilities, WriteKernel
+from pa_oracle.backends.base import Backend, import_adapters
+from pa_oracle.backends.writes.base import CAPABILITY_FIELDS, WRITE_SPEC, WriteBackend, WriteCapabilities, WriteKernel
 
 ENTRY_POINTS = "pa_oracle.backends.writes"  # the entry-point group of third-party write kernels
 
@@ -79,5 +80,28 @@ def resolve(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[
     return chosen
 
 
-__all__ = ["CAPABILITY_FIELDS", "ENTRY_POINTS", "WriteCapabilities", "WriteKernel", "available", "discover",
-           "get_write_kernel", "register", "resolve"]
+def resolve_backends(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[Backend]:
+    """``resolve``'s kernels as the engine runs them (``WriteBackend``; a ``--kernel`` one marked the user's).
+    A name of an attention kernel is refused by name (``BackendSpecError``)."""
+    from pa_oracle.backends import BackendSpecError, discover as discover_attention
+
+    if attention := [n for n in names if n in discover_attention()]:
+        raise BackendSpecError(f"{', '.join(attention)}: an attention kernel, not a write kernel: "
+                               f"pa-oracle fuzz -b {attention[0]} fuzzes it")
+    chosen = resolve(names, kernels)
+    return [WriteBackend(k, user=i >= len(names)) if names or kernels else WriteBackend(k) for i, k in enumerate(chosen)]
+
+
+def load_write_backend(spec: str) -> WriteBackend:
+    """The write kernel ``WriteBackend.spec`` names (``write-kernel=NAME``: registered, or ``MODULE:NAME``), as a
+    worker process loads it."""
+    from pa_oracle.backends.writes.user import user_write_kernel
+
+    name = spec.removeprefix(WRITE_SPEC)
+    if ":" in name:
+        return WriteBackend(user_write_kernel(name), user=True)
+    return WriteBackend(get_write_kernel(name))
+
+
+__all__ = ["CAPABILITY_FIELDS", "ENTRY_POINTS", "WRITE_SPEC", "WriteBackend", "WriteCapabilities", "WriteKernel", "available",
+           "discover", "get_write_kernel", "load_write_backend", "register", "resolve", "resolve_backends"]
