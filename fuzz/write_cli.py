@@ -235,3 +235,37 @@ def read_write_case(path: Path) -> AppendCase:
                         f"page_size {case.page_size} x num_kv_heads {case.num_kv_heads} x head_dim {case.head_dim} x "
                         f"{case.dtype}), more than the {MAX_POOL_BYTES >> 30} GiB a write case may use")
     return case
+
+
+def write_finding_file(path: Path) -> Path | None:
+    """A write finding's ``writes.json`` (``path`` itself, or the one in the folder ``path``), else None."""
+    from pa_oracle.fuzz.campaign.findings import WRITE_FINDING
+
+    path = Path(path)
+    if path.is_dir():
+        return path / WRITE_FINDING if (path / WRITE_FINDING).is_file() else None
+    return path if path.name == WRITE_FINDING else None
+
+
+def replay_write_finding(saved: Path, names: tuple[str, ...], kernels: tuple[str, ...]) -> tuple[str, int]:
+    """``pa-oracle replay`` of a write finding: (the verdict's line, the exit code: 1 a finding, 3 no verdict, 0 a
+    pass). The kernel is ``names``/``kernels``, else the registered one its record names (a user kernel named
+    there is never imported: bad input asking for ``--kernel``)."""
+    from pa_oracle.backends import resolve
+    from pa_oracle.fuzz.campaign.finding_record import read_meta
+    from pa_oracle.fuzz.run.isolation import default_case_timeout
+
+    case = read_write_case(saved)
+    if not names and not kernels:
+        data = json.loads(saved.read_text())
+        meta = read_meta(data.get("meta") or {}, saved)
+        if meta.kernel:
+            raise click.UsageError(f"{saved} was found on the user write kernel {meta.kernel}; a case file imports no "
+                                   f"code by itself: to replay it there, pass --kernel {meta.kernel}")
+        if not meta.backend:
+            raise click.UsageError(f"{saved} names no kernel that found it (meta.found_by.backend): give --backend NAME")
+        names = (meta.backend,)
+    backend = resolve(names, kernels, kind="write")[0]
+    outcome = judge_saved_write(backend, case, None, default_case_timeout())
+    code = FINDING if outcome.is_finding else 3 if outcome.status in ("error", "unsupported") else NO_FINDING
+    return f"{backend.name}: {outcome.status.upper()}: {outcome.message}", code

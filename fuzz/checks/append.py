@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, cast
 from pa_oracle.backends.base import Backend, exception_text
 from pa_oracle.backends.writes import WriteBackend, WriteCapabilities, WriteKernel
 from pa_oracle.fuzz.run.runner import Outcome, Status, call_kernel, finished
-from pa_oracle.oracle.append import AppendCase, AppendVerdict, compare_pools, make_inputs
+from pa_oracle.oracle.append import CACHE_DTYPES, DTYPES, LAYOUTS, AppendCase, AppendVerdict, compare_pools, make_inputs
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import same_bits
 from pa_oracle.oracle.tolerance import Tolerance
@@ -106,3 +106,23 @@ class WriteCheck:
 
 
 WRITE = WriteCheck()
+
+
+# what a ledger entry of the write check may match (``pa_oracle.fuzz.campaign.ledger``: ``matches``): a feature's
+# type, or the values it takes
+WRITE_FEATURES: dict[str, Any] = {
+    "dtype": CACHE_DTYPES, "append_dtype": DTYPES, "kv_layout": LAYOUTS, "combined": bool, "page_size": int,
+    "num_kv_heads": int, "head_dim": int, "batch_size": int, "padding": bool, "quantised": bool, "scaled": bool,
+    "empty_append": bool,
+}
+
+
+def write_features(case: AppendCase) -> dict[str, Any]:
+    """The features of a write case that ``WRITE_FEATURES`` names: ``padding`` (some padding row), ``scaled``
+    (a scale other than 1), ``empty_append`` (some request appends nothing), ``append_dtype`` (the appended values')."""
+    return {
+        "dtype": case.dtype, "append_dtype": case.source_dtype, "kv_layout": case.kv_layout, "combined": case.combined,
+        "page_size": case.page_size, "num_kv_heads": case.num_kv_heads, "head_dim": case.head_dim,
+        "batch_size": case.batch_size, "padding": case.padding > 0, "quantised": case.quantised,
+        "scaled": (case.k_scale, case.v_scale) != (1.0, 1.0), "empty_append": 0 in case.append_lens,
+    }
