@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pa_oracle.backends.base import (
     Backend,
+    BackendSpecError,
     Capabilities,
     KernelOutput,
     Unsupported,
@@ -20,7 +21,6 @@ from pa_oracle.backends.base import (
     register,
     registered,
 )
-from pa_oracle.oracle.errors import BadInput
 
 _discovered = False
 
@@ -62,10 +62,6 @@ def get_backend(name: str) -> Backend:
     raise KeyError(f"unknown backend {name!r}{hint} (known: {', '.join(known)})")
 
 
-class BackendSpecError(BadInput):
-    """A ``-b NAME`` that is not registered or not usable here, or a ``--kernel MODULE:FUNCTION``
-    that cannot be loaded."""
-
 
 def available(kind: str | None = "attention") -> tuple[list[Backend], dict[str, str]]:
     """(every registered backend of ``kind`` usable here, {name: why not} for the rest); ``kind`` None: both
@@ -97,6 +93,9 @@ def resolve(names: tuple[str, ...] = (), kernels: tuple[str, ...] = (), kind: st
     if kind == "write":
         from pa_oracle.backends.writes import resolve_backends
 
+        if attention := [n for n in names if n in discover()]:
+            raise BackendSpecError(f"{', '.join(attention)}: an attention kernel, not a write kernel: "
+                                   f"pa-oracle fuzz -b {attention[0]} fuzzes it")
         return resolve_backends(names, kernels)
     discover()
     try:

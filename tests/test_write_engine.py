@@ -16,7 +16,7 @@ from pa_oracle.backends import available, get_backend, names
 from pa_oracle.backends.writes import WriteBackend
 from pa_oracle.backends.writes.user import user_write_kernel
 from pa_oracle.cli import main
-from pa_oracle.fuzz.campaign.engine import CampaignConfig, Shared, fuzz_backend, run_campaign
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, fuzz_backend, run_campaign
 from pa_oracle.fuzz.campaign.state import CampaignState
 from pa_oracle.fuzz.checks.append import WRITE
 from pa_oracle.fuzz.quality import planted_writes

@@ -56,9 +56,8 @@ def available() -> tuple[list[WriteKernel], dict[str, str]]:
 def resolve(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[WriteKernel]:
     """The write kernels a command line names: registered ``names`` and user ``kernels`` (``MODULE:NAME``,
     ``pa_oracle.backends.writes.user``); every usable registered one when both are empty. Raises
-    ``pa_oracle.backends.BackendSpecError`` (bad input) for one that cannot be used here."""
-    from pa_oracle.backends import BackendSpecError
-    from pa_oracle.backends.base import exception_text
+    ``BackendSpecError`` (bad input) for one that cannot be used here."""
+    from pa_oracle.backends.base import BackendSpecError, exception_text
     from pa_oracle.backends.writes.user import user_write_kernel
 
     registry = discover()
@@ -82,12 +81,7 @@ def resolve(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[
 
 def resolve_backends(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[Backend]:
     """``resolve``'s kernels as the engine runs them (``WriteBackend``; a ``--kernel`` one marked the user's).
-    A name of an attention kernel is refused by name (``BackendSpecError``)."""
-    from pa_oracle.backends import BackendSpecError, discover as discover_attention
-
-    if attention := [n for n in names if n in discover_attention()]:
-        raise BackendSpecError(f"{', '.join(attention)}: an attention kernel, not a write kernel: "
-                               f"pa-oracle fuzz -b {attention[0]} fuzzes it")
+    (``pa_oracle.backends.resolve(kind="write")`` refuses an attention kernel's name first.)"""
     chosen = resolve(names, kernels)
     return [WriteBackend(k, user=i >= len(names)) if names or kernels else WriteBackend(k) for i, k in enumerate(chosen)]
 

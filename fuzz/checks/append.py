@@ -40,7 +40,11 @@ def judge_write(case: AppendCase, kernel: WriteKernel) -> WriteOutcome:
     read_only = {name: getattr(inputs, name).clone() for name in
                  ("append_k", "append_v", "kv_indices", "kv_indptr", "kv_last_page_len", "batch_indices", "positions",
                   "slot_mapping")}
-    _, raised = call_kernel(lambda: finished(kernel.append(case, inputs), inputs.k_pool.device))
+    def write() -> None:
+        kernel.append(case, inputs)
+        finished(None, inputs.k_pool.device)  # a fault the device reports late is the kernel's crash too
+
+    _, raised = call_kernel(write)
     if raised is not None:
         return WriteOutcome(case, kernel.name, "crash", f"{type(raised).__name__}: {exception_text(raised)}")
     changed = [name for name, kept in read_only.items() if not same_bits(kept, getattr(inputs, name))]
