@@ -169,8 +169,8 @@ def render(info: dict[str, Any]) -> list[str]:
                     ("inductor", info["caches"]["inductor"])]),
         ("golden corpus", [("root", f"{gold['root']} ({gold['from']})" + ("" if gold["exists"] else ": MISSING")),
                            ("content", f"{gold['cases']} cases, ledger.json " + ("present" if gold["ledger"] else "MISSING"))]),
-        ("backends", [(name, f"{e['kind']}, " + (f"available on {e['device']}" if e["available"] else f"unavailable: {e['why']}"))
-                      for name, e in sorted(info["backends"].items())]),
+        ("backends", [(name, (f"available on {e['device']}" if e["available"] else f"unavailable: {e['why']}")
+                       + f" ({e['kind']} kernel)") for name, e in sorted(info["backends"].items())]),
     ]
     width = max(len(key) for _, rows in sections for key, _ in rows)
     lines: list[str] = []

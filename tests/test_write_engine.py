@@ -152,6 +152,9 @@ def test_one_registry_knows_both_kinds() -> None:
     both, _ = available(None)
     assert {"torch-scatter", "sdpa-math"} <= {b.name for b in both}
     assert all(b.kind == "attention" for b in available()[0])
+    env = CliRunner().invoke(main, ["env"])
+    assert env.exit_code == 0 and any(line.split()[:1] == ["torch-scatter"] and line.endswith("(write kernel)")
+                                      for line in env.output.splitlines()), env.output
 
 
 def test_a_kernel_of_the_other_kind_is_refused_by_name(tmp_path: Path) -> None:
