@@ -16,6 +16,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 from pa_oracle.oracle.case import CAP_THEN_ALIBI, FP8_DTYPES, Q_DTYPES, ROPE_STYLES, SOFT_CAP_ALIBI_ORDERS, Case, storage_features
+from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.tensors import Tensors
 
 
@@ -44,6 +45,11 @@ def raw_lse(raw: RawOutput) -> torch.Tensor:
         raise ContractViolation("the kernel returned no LSE where the call asked for it")
     return lse
 
+
+
+class BackendSpecError(BadInput):
+    """A ``-b NAME`` that is not registered or not usable here (or of the other kind of kernel), or a
+    ``--kernel MODULE:FUNCTION`` that cannot be loaded."""
 
 
 def import_adapters(package: str, path: list[str], group: str, private: frozenset[str] = frozenset({"base", "user"})) -> None:
@@ -266,6 +272,7 @@ class Backend:
     name: str
     capabilities: Capabilities = Capabilities()
     description: ClassVar[str] = ""
+    kind: ClassVar[str] = "attention"  # the kind of kernel: "attention", or "write" (``pa_oracle.backends.writes.WriteBackend``)
     package: ClassVar[str | None] = None  # the kernel library's import name, if any
     extra: ClassVar[str | None] = None  # the pip extra that installs it
     cuda_graphs: ClassVar[bool] = False  # True: ``capture_graph`` is implemented

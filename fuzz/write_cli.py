@@ -1,20 +1,31 @@
 """``pa-oracle writes``: fuzz KV-cache write kernels (``pa_oracle.backends.writes``: ``-b NAME``, a
 ``pa_oracle.backends.writes`` entry point, or ``--kernel MODULE:NAME``) against the byte-for-byte write
-oracle in a write campaign (``pa_oracle.fuzz.campaign.writes``: isolation, budgets, resume), or replay a
-saved write case. Exit codes as every command (``pa_oracle.fuzz.exits``): 0 no finding, 1 a finding,
-2 bad input, 3 nothing could be judged or the run stopped early."""
+oracle, or replay a saved write case. The campaign is the engine's (``pa_oracle.fuzz.campaign.engine``,
+``run_campaign``) with the write check (``pa_oracle.fuzz.checks.append.WRITE``): the same chunks and seeds,
+rejection of cases drawn before, budgets, isolation, ledger skips (``--ledger``), resume (the state in
+``--out/writes-state.json``) and finding folders (``pa_oracle.fuzz.campaign.findings.publish_write_finding``).
+An attention kernel's name is refused (exit 2: ``pa-oracle fuzz`` runs it). Exit codes as every command
+(``pa_oracle.fuzz.exits``): 0 no finding, 1 a finding, 2 bad input, 3 nothing could be judged or the run
+stopped early."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import click
 import msgspec
 
 from pa_oracle.fuzz.exits import FINDING, NO_FINDING, campaign_exit_code, remember_out_dir
 from pa_oracle.oracle.errors import BadInput
+
+if TYPE_CHECKING:
+    from pa_oracle.backends import Backend
+    from pa_oracle.fuzz.campaign.state import BackendResult
+    from pa_oracle.oracle.append import AppendCase
+
+STATE_FILE = "writes-state.json"  # the write campaign's state in --out (the engine's ``CampaignState``)
 
 # what a saved write case may ask for: a pool (K and V, float32 at most) beyond this is refused before
 # anything is allocated; far above what `writes` draws (tens of pages) and what a test device holds
@@ -47,12 +58,14 @@ class WriteCase(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SavedWrite(msgspec.Struct, forbid_unknown_fields=True):
-    """A ``writes.json`` that ``writes`` saved: the case, the kernel and what it did."""
+    """A ``writes.json`` that ``writes`` saved: the case, the kernel, what it did and the finding record (``meta``,
+    read by ``pa_oracle.fuzz.campaign.finding_record.read_meta``)."""
 
     case: WriteCase
     kernel: Optional[str] = None
     status: Optional[str] = None
     detail: Optional[str] = None
+    meta: Optional[dict[str, Any]] = None
 
 
 @click.command()
@@ -73,40 +86,73 @@ class SavedWrite(msgspec.Struct, forbid_unknown_fields=True):
               help="Run cases in a restartable worker process (default: on for --kernel, library and CUDA kernels).")
 @click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True, max=86400), default=60.0, show_default=True,
               help="Seconds before an isolated case counts as a hang.")
+@click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Skip drawn cases a ledger entry of the write check covers (its 'matches' over write-case fields).")
 def writes(names: tuple[str, ...], kernels: tuple[str, ...], examples: int, time_budget: float | None, seed: int,
            case_file: Path | None, out_dir: Path, resume: bool, overwrite: bool, isolate: bool | None,
-           case_timeout: float) -> None:
+           case_timeout: float, ledger_file: Path | None) -> None:
     """Append ragged batches into canary-filled paged pools and compare every byte: the appended
     slots must hold the appended values (an fp8 cache: quantised once with the case's scale), padding
     rows (slot -1) nothing, and everything else must be unchanged."""
-    from pa_oracle.backends.writes import resolve
-    from pa_oracle.fuzz.campaign.writes import STATE_FILE, WriteCampaign, load_state, run_write_campaign
+    from pa_oracle.backends import resolve
+    from pa_oracle.fuzz.campaign.config import CampaignConfig
+    from pa_oracle.fuzz.campaign.engine import run_campaign
+    from pa_oracle.fuzz.campaign.ledger import load_ledger
+    from pa_oracle.fuzz.checks.append import WRITE
 
     ctx = click.get_current_context()
-    chosen = [(k, ("kernel", k.name) if ":" in k.name and k.name in kernels else ("name", k.name))
-              for k in resolve(names, kernels)]
+    chosen = resolve(names, kernels, kind="write")
     if not chosen:
         raise BadInput("no write kernel can run here (pa-oracle env lists what is missing)")
-    config = WriteCampaign(examples=examples, seed=seed, time_budget=time_budget, case_timeout=case_timeout,
-                           out_dir=out_dir, isolate=isolate)
+    ledger = load_ledger(ledger_file) if ledger_file is not None else None
+    config = CampaignConfig(examples=examples, seed=seed, checks=(WRITE,), isolate=isolate, case_timeout=case_timeout,
+                            time_budget=time_budget, pipeline=False, ledger=ledger)
     if case_file is not None:
-        ctx.exit(_replay(chosen, read_write_case(case_file), config, isolate))
+        ctx.exit(_replay(chosen, read_write_case(case_file), config))
     out_dir = _out_for_this_run(ctx, out_dir, resume, overwrite)
     remember_out_dir(ctx, out_dir)
-    state_file = out_dir / STATE_FILE
-    config = WriteCampaign(**{**config.__dict__, "out_dir": out_dir})
-    saved = load_state(state_file, config) if resume else None
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = run_write_campaign(chosen, config, state_file, resume=saved)
+    state = _state(out_dir / STATE_FILE, seed, resume, chosen)
+    results = run_campaign(chosen, state, out_dir / STATE_FILE, config.replace(out_dir=out_dir))
     for result in results:
-        click.echo(result.line())
+        click.echo(result_line(result))
         for finding in result.findings:
-            if finding["folder"]:
-                click.echo(f"    saved {finding['folder']}; replay: {finding['repro']}")
+            if finding.dir:
+                click.echo(f"    saved {finding.dir}; replay: {finding.repro}")
     code, why = campaign_exit_code(results, may_be_empty=time_budget is not None)
     for line in why:
         click.echo(f"pa-oracle: {line}", err=True)
     ctx.exit(code)
+
+
+def _state(path: Path, seed: int, resume: bool, chosen: list[Backend]) -> Any:
+    """A new campaign state, or the one in ``path`` to continue with ``seed`` (another seed: bad input)."""
+    from pa_oracle.fuzz.campaign.state import CampaignState
+
+    if not resume:
+        return CampaignState({"seed": seed, "kind": "writes", "backends": [b.name for b in chosen]})
+    state = CampaignState.load(path)
+    if state.config.get("seed") != seed:
+        raise BadInput(f"{path}: config.seed is {state.config.get('seed')!r}, this run's --seed is {seed}: it cannot continue it")
+    return state
+
+
+def result_line(result: BackendResult) -> str:
+    """A write kernel's line: ``NAME ok   N examples[ (time budget)], S s``, ``NAME FAIL STATUS (after N
+    examples): DETAIL`` (STATUS: fail, mutated, crash or hang) or ``NAME INCOMPLETE after N examples: WHY``."""
+    from pa_oracle.fuzz.checks.append import MUTATED
+
+    name = f"{result.backend:28s}"
+    if result.findings:
+        f = result.findings[-1]
+        status = "hang" if f.message.startswith("hang:") else "mutated" if f.message.startswith(MUTATED) else f.status
+        detail = f.message.removeprefix(MUTATED)
+        return f"{name} FAIL {status} (after {result.examples} examples): {detail}"
+    if not result.is_complete:
+        why = result.judged_nothing() or (result.notes[-1] if result.notes else result.status)
+        return f"{name} INCOMPLETE after {result.examples} examples: {why}"
+    budget = " (time budget)" if result.status == "running" else ""
+    return f"{name} ok   {result.examples} examples{budget}, {result.seconds:.1f} s"
 
 
 def _out_for_this_run(ctx: click.Context, out_dir: Path, resume: bool, overwrite: bool) -> Path:
@@ -117,7 +163,6 @@ def _out_for_this_run(ctx: click.Context, out_dir: Path, resume: bool, overwrite
     from click.core import ParameterSource
 
     from pa_oracle.fuzz.campaign.outdir import OutDirConflict
-    from pa_oracle.fuzz.campaign.writes import STATE_FILE
 
     if resume and overwrite:
         raise click.UsageError("--resume continues the write campaign in --out and --overwrite starts a new one: give one of them")
@@ -138,28 +183,28 @@ def _out_for_this_run(ctx: click.Context, out_dir: Path, resume: bool, overwrite
     return folder
 
 
-def _replay(chosen: list, case, config, isolate: bool | None) -> int:  # type: ignore[no-untyped-def]
+def _replay(chosen: list[Backend], case: AppendCase, config: Any) -> int:
     """Judge the saved ``case`` with each kernel (isolated as a campaign runs it: a crash replays as a crash)."""
-    from pa_oracle.fuzz.campaign.writes import WriteWorker, isolated_by_default
-    from pa_oracle.fuzz.checks.append import judge_write
-
     found = False
-    for kernel, spec in chosen:
-        if isolated_by_default(kernel, spec) if isolate is None else isolate:
-            worker = WriteWorker(spec, config.case_timeout)
-            try:
-                status, detail = worker.judge(case, None)
-            finally:
-                worker.close()
-        else:
-            outcome = judge_write(case, kernel)
-            status, detail = outcome.status, outcome.detail
-        click.echo(f"{kernel.name:28s} {status.upper()}: {detail}")
-        found |= status != "pass"
+    for backend in chosen:
+        outcome = judge_saved_write(backend, case, config.isolate, config.case_timeout)
+        status = "hang" if outcome.status == "crash" and outcome.message.startswith("hang:") else outcome.status
+        click.echo(f"{backend.name:28s} {status.upper()}: {outcome.message}")
+        found |= outcome.is_finding
     return FINDING if found else NO_FINDING
 
 
-def read_write_case(path: Path):  # type: ignore[no-untyped-def]
+def judge_saved_write(backend: Backend, case: AppendCase, isolate: bool | None, timeout: float) -> Any:
+    """The write check's ``Outcome`` for ``case`` on ``backend``, isolated as a campaign runs it
+    (``pa_oracle.fuzz.run.isolation.case_judge``; ``isolate`` None: the kernel's default)."""
+    from pa_oracle.fuzz.checks.append import WRITE, engine_case
+    from pa_oracle.fuzz.run.isolation import case_judge
+
+    with case_judge(backend, isolate=isolate, timeout=timeout, judge=WRITE) as judge:
+        return judge(engine_case(case))
+
+
+def read_write_case(path: Path) -> AppendCase:
     """The write case in ``path`` (a saved ``writes.json``, or the case object alone), strictly: no float or
     bool for an int, no unknown field, bounded sizes, and a pool of at most ``MAX_POOL_BYTES``; anything else
     is a ``CaseError`` (exit 2) naming the file and the field, before a tensor is allocated."""
@@ -171,7 +216,12 @@ def read_write_case(path: Path):  # type: ignore[no-untyped-def]
     if not isinstance(data, dict):
         raise CaseError(f"{path}: expected a JSON object (a write case), got {type(data).__name__} {json.dumps(data)[:60]}")
     if isinstance(data, dict) and "case" in data:
-        fields = msgspec.structs.asdict(convert(data, SavedWrite, where=str(path), error=CaseError).case)
+        saved = convert(data, SavedWrite, where=str(path), error=CaseError)
+        if saved.meta is not None:
+            from pa_oracle.fuzz.campaign.finding_record import read_meta
+
+            read_meta(saved.meta, path)  # the finding record, strictly (a FindingError names the file and field)
+        fields = msgspec.structs.asdict(saved.case)
     else:
         fields = msgspec.structs.asdict(convert(data, WriteCase, where=str(path), error=CaseError))
     try:
@@ -185,3 +235,37 @@ def read_write_case(path: Path):  # type: ignore[no-untyped-def]
                         f"page_size {case.page_size} x num_kv_heads {case.num_kv_heads} x head_dim {case.head_dim} x "
                         f"{case.dtype}), more than the {MAX_POOL_BYTES >> 30} GiB a write case may use")
     return case
+
+
+def write_finding_file(path: Path) -> Path | None:
+    """A write finding's ``writes.json`` (``path`` itself, or the one in the folder ``path``), else None."""
+    from pa_oracle.fuzz.campaign.findings import WRITE_FINDING
+
+    path = Path(path)
+    if path.is_dir():
+        return path / WRITE_FINDING if (path / WRITE_FINDING).is_file() else None
+    return path if path.name == WRITE_FINDING else None
+
+
+def replay_write_finding(saved: Path, names: tuple[str, ...], kernels: tuple[str, ...]) -> tuple[str, int]:
+    """``pa-oracle replay`` of a write finding: (the verdict's line, the exit code: 1 a finding, 3 no verdict, 0 a
+    pass). The kernel is ``names``/``kernels``, else the registered one its record names (a user kernel named
+    there is never imported: bad input asking for ``--kernel``)."""
+    from pa_oracle.backends import resolve
+    from pa_oracle.fuzz.campaign.finding_record import read_meta
+    from pa_oracle.fuzz.run.isolation import default_case_timeout
+
+    case = read_write_case(saved)
+    if not names and not kernels:
+        data = json.loads(saved.read_text())
+        meta = read_meta(data.get("meta") or {}, saved)
+        if meta.kernel:
+            raise click.UsageError(f"{saved} was found on the user write kernel {meta.kernel}; a case file imports no "
+                                   f"code by itself: to replay it there, pass --kernel {meta.kernel}")
+        if not meta.backend:
+            raise click.UsageError(f"{saved} names no kernel that found it (meta.found_by.backend): give --backend NAME")
+        names = (meta.backend,)
+    backend = resolve(names, kernels, kind="write")[0]
+    outcome = judge_saved_write(backend, case, None, default_case_timeout())
+    code = FINDING if outcome.is_finding else 3 if outcome.status in ("error", "unsupported") else NO_FINDING
+    return f"{backend.name}: {outcome.status.upper()}: {outcome.message}", code

@@ -23,6 +23,8 @@ two tensors or one ``[pages, 2, ...]`` tensor whose halves are non-contiguous vi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -118,6 +120,25 @@ class AppendCase:
     @property
     def total_appended(self) -> int:
         return sum(self.append_lens)
+
+    @property
+    def case_id(self) -> str:
+        """12 hex digits of the sha256 of its JSON (sorted keys): the id a write campaign draws, rejects,
+        resumes and names its findings by (the same as ``writes.case_id`` gave before the engine ran writes)."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def summary(self) -> str:
+        """One line: ``batch 2, before (3, 0), append (1, 5), page 16, Hkv 2, D 64, bfloat16 NHD``, plus what is set."""
+        extra = [name for name, on in (("combined", self.combined), (f"{self.padding} padding rows", self.padding)) if on]
+        if self.quantised:
+            extra.append(f"from {self.source_dtype}, k_scale {self.k_scale:g}, v_scale {self.v_scale:g}")
+        return (f"batch {self.batch_size}, before {self.seq_lens_before}, append {self.append_lens}, page {self.page_size}, "
+                f"Hkv {self.num_kv_heads}, D {self.head_dim}, {self.dtype} {self.kv_layout}"
+                + "".join(f", {text}" for text in extra))
+
+    def replace(self, **changes: Any) -> AppendCase:
+        """Another case with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON; the fp8 and padding fields only when set (a case without them reads as before)."""

@@ -127,7 +127,10 @@ def environment() -> dict[str, Any]:
     import torch
     from pa_oracle.backends import available
 
-    usable, missing = available()
+    from pa_oracle.backends import names
+
+    usable, missing = available(None)  # both kinds of kernel: attention (pa-oracle fuzz) and write (pa-oracle writes)
+    kinds = names()
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -140,9 +143,9 @@ def environment() -> dict[str, Any]:
         "golden": golden_in_use(),
         "settings": {name: os.environ.get(name) for name in SETTINGS},
         "settings_unset": {name: _when_unset(name) for name in SETTINGS},
-        "backends": {b.name: {"available": True, "device": b.device, "versions": b.versions()} for b in usable},
+        "backends": {b.name: {"kind": b.kind, "available": True, "device": b.device, "versions": b.versions()} for b in usable},
     }
-    info["backends"].update({name: {"available": False, "why": why} for name, why in missing.items()})
+    info["backends"].update({name: {"kind": kinds[name], "available": False, "why": why} for name, why in missing.items()})
     return info
 
 
@@ -166,8 +169,8 @@ def render(info: dict[str, Any]) -> list[str]:
                     ("inductor", info["caches"]["inductor"])]),
         ("golden corpus", [("root", f"{gold['root']} ({gold['from']})" + ("" if gold["exists"] else ": MISSING")),
                            ("content", f"{gold['cases']} cases, ledger.json " + ("present" if gold["ledger"] else "MISSING"))]),
-        ("backends", [(name, f"available on {e['device']}" if e["available"] else f"unavailable: {e['why']}")
-                      for name, e in info["backends"].items()]),
+        ("backends", [(name, (f"available on {e['device']}" if e["available"] else f"unavailable: {e['why']}")
+                       + f" ({e['kind']} kernel)") for name, e in sorted(info["backends"].items())]),
     ]
     width = max(len(key) for _, rows in sections for key, _ in rows)
     lines: list[str] = []

@@ -235,7 +235,7 @@ def test_real_library_fp8_writes(name: str) -> None:
     kernel = get_write_kernel(name)
     if reason := kernel.unavailable_reason():
         pytest.skip(f"{name}: {reason}")
-    if kernel.device() != "cuda":
+    if kernel.device != "cuda":
         pytest.skip(f"{name}: no CUDA here (its CPU run is tested above)")
 
     @settings(max_examples=60, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))

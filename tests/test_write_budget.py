@@ -7,7 +7,9 @@ from __future__ import annotations
 from click.testing import CliRunner
 from pa_oracle.backends.writes.user import user_write_kernel
 from pa_oracle.cli import main
-from pa_oracle.fuzz.campaign.writes import WriteCampaign, WriteResult, fuzz_write_kernel
+from pa_oracle.backends.writes import WriteBackend
+from pa_oracle.fuzz.campaign.engine import CampaignConfig, Shared, fuzz_backend
+from pa_oracle.fuzz.checks.append import WRITE
 
 SPEC = "tests.slow_writes:slow_but_correct"
 
@@ -15,9 +17,9 @@ SPEC = "tests.slow_writes:slow_but_correct"
 def test_the_budget_ending_mid_case_is_no_failure(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    kernel = user_write_kernel(SPEC)
-    config = WriteCampaign(examples=500, isolate=True, case_timeout=60, out_dir=tmp_path)
-    result = fuzz_write_kernel(kernel, ("kernel", SPEC), config, WriteResult(SPEC), time.monotonic() + 6.0)
+    kernel = WriteBackend(user_write_kernel(SPEC), user=True)
+    config = CampaignConfig(examples=500, isolate=True, case_timeout=60, out_dir=tmp_path, checks=(WRITE,), pipeline=False)
+    result = fuzz_backend(kernel, config, check=WRITE, shared=Shared(deadline=time.monotonic() + 6.0))
     assert result.status == "running" and not result.findings, (result.status, result.notes)
     assert 0 < result.examples < 500
 

@@ -1,14 +1,15 @@
 """KV-cache write kernels, one file each: they append tokens to a paged pool in place, and are
-judged byte for byte by ``pa_oracle.oracle.append`` (a backend kind of its own, with its own
-registry: an attention campaign never sees these). Found as attention adapters are
+judged byte for byte by ``pa_oracle.oracle.append`` (the "write" kind of kernel:
+``pa_oracle.backends.get_backend`` serves them as ``WriteBackend``s, and the campaign engine runs them
+with the write check, ``pa_oracle.fuzz.checks.append.WRITE``). Found as attention adapters are
 (``pa_oracle.backends``): every module of this package, then every module named by a
 ``pa_oracle.backends.writes`` entry point; a user's ``--kernel MODULE:NAME`` is loaded by the same
 ``load_kernel`` (``pa_oracle.backends.writes.user``)."""
 
 from __future__ import annotations
 
-from pa_oracle.backends.base import import_adapters
-from pa_oracle.backends.writes.base import CAPABILITY_FIELDS, WriteCapabilities, WriteKernel
+from pa_oracle.backends.base import Backend, import_adapters
+from pa_oracle.backends.writes.base import CAPABILITY_FIELDS, WRITE_SPEC, WriteBackend, WriteCapabilities, WriteKernel
 
 ENTRY_POINTS = "pa_oracle.backends.writes"  # the entry-point group of third-party write kernels
 
@@ -55,9 +56,8 @@ def available() -> tuple[list[WriteKernel], dict[str, str]]:
 def resolve(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[WriteKernel]:
     """The write kernels a command line names: registered ``names`` and user ``kernels`` (``MODULE:NAME``,
     ``pa_oracle.backends.writes.user``); every usable registered one when both are empty. Raises
-    ``pa_oracle.backends.BackendSpecError`` (bad input) for one that cannot be used here."""
-    from pa_oracle.backends import BackendSpecError
-    from pa_oracle.backends.base import exception_text
+    ``BackendSpecError`` (bad input) for one that cannot be used here."""
+    from pa_oracle.backends.base import BackendSpecError, exception_text
     from pa_oracle.backends.writes.user import user_write_kernel
 
     registry = discover()
@@ -79,5 +79,23 @@ def resolve(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[
     return chosen
 
 
-__all__ = ["CAPABILITY_FIELDS", "ENTRY_POINTS", "WriteCapabilities", "WriteKernel", "available", "discover",
-           "get_write_kernel", "register", "resolve"]
+def resolve_backends(names: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> list[Backend]:
+    """``resolve``'s kernels as the engine runs them (``WriteBackend``; a ``--kernel`` one marked the user's).
+    (``pa_oracle.backends.resolve(kind="write")`` refuses an attention kernel's name first.)"""
+    chosen = resolve(names, kernels)
+    return [WriteBackend(k, user=i >= len(names)) if names or kernels else WriteBackend(k) for i, k in enumerate(chosen)]
+
+
+def load_write_backend(spec: str) -> WriteBackend:
+    """The write kernel ``WriteBackend.spec`` names (``write-kernel=NAME``: registered, or ``MODULE:NAME``), as a
+    worker process loads it."""
+    from pa_oracle.backends.writes.user import user_write_kernel
+
+    name = spec.removeprefix(WRITE_SPEC)
+    if ":" in name:
+        return WriteBackend(user_write_kernel(name), user=True)
+    return WriteBackend(get_write_kernel(name))
+
+
+__all__ = ["CAPABILITY_FIELDS", "ENTRY_POINTS", "WRITE_SPEC", "WriteBackend", "WriteCapabilities", "WriteKernel", "available",
+           "discover", "get_write_kernel", "load_write_backend", "register", "resolve", "resolve_backends"]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar
+
+from pa_oracle.backends.base import Backend
+from pa_oracle.oracle.case import Case
 
 from pa_oracle.oracle.append import CACHE_DTYPES, DTYPES, LAYOUTS, AppendCase, AppendInputs
 
@@ -38,6 +42,7 @@ CAPABILITY_FIELDS = frozenset(f.name for f in fields(WriteCapabilities))
 class WriteKernel:
     """Appends ``inputs.append_k``/``append_v`` into ``inputs.pool`` in place, as its library does."""
 
+    kind = "write"
     name: str = ""
     package: str | None = None  # the module that must import for this kernel to run
     capabilities = WriteCapabilities()
@@ -51,6 +56,7 @@ class WriteKernel:
             return f"{self.package} is not installed"
         return None
 
+    @property
     def device(self) -> str:
         import torch
 
@@ -58,3 +64,50 @@ class WriteKernel:
 
     def append(self, case: AppendCase, inputs: AppendInputs) -> None:
         raise NotImplementedError
+
+
+WRITE_SPEC = "write-kernel="  # how a worker process is told to load a write kernel: ``write-kernel=NAME`` (never a module name)
+
+
+class WriteBackend(Backend):
+    """A write kernel as the campaign engine and the one registry (``pa_oracle.backends.get_backend``) hold it:
+    ``kind`` "write", its name, device, package and versions the kernel's; judged by the write check
+    (``pa_oracle.fuzz.checks.append.WRITE``), never by an attention check (every attention case is unsupported).
+    ``user``: a ``MODULE:NAME`` kernel of the user's (isolated by default, named by ``--kernel`` in a repro)."""
+
+    kind: ClassVar[str] = "write"
+
+    def __init__(self, kernel: WriteKernel, *, user: bool = False) -> None:
+        self.kernel, self.name, self.user = kernel, kernel.name, user
+
+    @property
+    def library(self) -> str | None:
+        """The module that must import for the kernel to run (``WriteKernel.package``)."""
+        return self.kernel.package
+
+    def unavailable_reason(self) -> str | None:
+        return self.kernel.unavailable_reason()
+
+    @property
+    def device(self) -> str | None:
+        return self.kernel.device
+
+    def versions(self) -> dict[str, str]:
+        versions: dict[str, str] = {"torch": torch_version()}
+        if self.kernel.package is not None:
+            versions[self.kernel.package] = getattr(importlib.import_module(self.kernel.package), "__version__", "?")
+        return versions
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        return f"unsupported: {self.name} is a write kernel (pa-oracle writes judges it)"
+
+    @property
+    def spec(self) -> str:
+        """What a worker process loads it from (``pa_oracle.fuzz.run.serve``)."""
+        return WRITE_SPEC + self.name
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)

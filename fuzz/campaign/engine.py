@@ -23,13 +23,13 @@ from typing import Any
 
 from hypothesis import reject
 from hypothesis.errors import Flaky, Unsatisfiable
-from pa_oracle.backends.base import Backend
+from pa_oracle.backends.base import Backend, Capabilities
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.compile_plan import CompilePlan
 from pa_oracle.fuzz.campaign.config import CampaignConfig, Hooks, Shared
 from pa_oracle.fuzz.campaign.coverage import declared
 from pa_oracle.fuzz.campaign.drawers import SENT_IDS, Drawers, DrawSpec, KnownFindings, campaign_settings, draw_processes, run_chunk
-from pa_oracle.fuzz.campaign.findings import publish_finding, save_finding, save_unjudged
+from pa_oracle.fuzz.campaign.findings import publish_finding, publish_write_finding, save_finding, save_unjudged
 from pa_oracle.fuzz.campaign.ledger import Entry
 from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk, queue_drawn
 from pa_oracle.fuzz.campaign.requests import fewer_requests
@@ -37,7 +37,8 @@ from pa_oracle.fuzz.campaign.schedule import Schedule
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
 from pa_oracle.fuzz.campaign.tally import count, settle_judged_nothing
 from pa_oracle.fuzz.campaign.variants import VariantPlan
-from pa_oracle.fuzz.draw.strategies import cases
+from pa_oracle.fuzz.checks.append import is_write_case
+from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.fuzz.run.isolation import OUT_OF_TIME, OutOfTime, WorkerStartError, isolatable, isolated_by_default
 from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE, CaseCheck, OracleDisagreement, Outcome
@@ -124,13 +125,13 @@ class BackendRun:
                 self.hooks.checkpoint(result)
             return result
         self.capabilities = capabilities
-        result.declared = declared(capabilities, config.limits)
+        result.declared = declared(capabilities, config.limits) if isinstance(capabilities, Capabilities) else {}
         versions = self.backend.versions() if config.ledger else {}
         self.is_known = _known_test(config.ledger, self.backend, self.check, versions)
         self.isolated = self._isolated()
         variants = self.shared.variants
-        self.strategy = variants.strategy(config.limits) if variants is not None else cases(capabilities, config.limits)
-        if config.pipeline and self.isolated is not None:
+        self.strategy = variants.strategy(config.limits) if variants is not None else _strategy(self.check, capabilities, config.limits)
+        if config.pipeline and self.isolated is not None and getattr(self.check, "pipelined", True):
             self.prefetch = Prefetch(self.isolated, self.check)
         changed_before = self.isolated.worker.rejudged_changed if self.isolated is not None else 0
         try:
@@ -381,8 +382,9 @@ class BackendRun:
         if self.failing:
             result.status = "finding"
             first = self.failing[0]  # the first failing case of the search, kept beside the minimal one
-            self.failing[-1] = fewer_requests(self.failing[-1], self._judge, self.is_known)
-            result.coverage.add(self.failing[-1].case)  # the minimal case was judged too (while shrinking): its features ran
+            if not is_write_case(self.failing[-1].case):  # (a write case has no requests to drop, no attention features)
+                self.failing[-1] = fewer_requests(self.failing[-1], self._judge, self.is_known)
+                result.coverage.add(self.failing[-1].case)  # the minimal case was judged too (while shrinking): its features ran
             _record_finding(result, self.failing[-1], self.backend, self.config.out_dir, self.kernel_spec, first=first)
         elif broke is not None and not broke.startswith(OUT_OF_TIME):
             result.status = "incomplete"
@@ -434,6 +436,13 @@ def _count_clean_chunk(
     return True, cut
 
 
+def _strategy(check: CaseCheck, capabilities: Any, limits: Limits) -> Any:
+    """What a pair draws: the check's own strategy if it has one (the write check's write cases), else attention
+    cases within ``capabilities``."""
+    own = getattr(check, "strategy", None)
+    return own(capabilities, limits) if own is not None else cases(capabilities, limits)
+
+
 def _kernel_spec(backend: Backend) -> str | None:
     """What a repro command imports for ``backend``: a user kernel's MODULE:NAME (a registered backend: None)."""
     return backend.name if isinstance(backend, UserKernel) else None
@@ -458,7 +467,9 @@ def _record_finding(
     result.finding = outcome
     result.finding_dir = result.repro = None
     case_id = outcome.case.case_id
-    if out_dir is not None:
+    if out_dir is not None and is_write_case(outcome.case):
+        result.finding_dir, result.repro = publish_write_finding(outcome, backend, out_dir)
+    elif out_dir is not None:
         result.finding_dir, case_id, result.repro = publish_finding(outcome, backend, out_dir, kernel_spec, first=first)
     result.findings.append(
         FindingRecord(

@@ -278,3 +278,38 @@ def format_check_report(outcome: Outcome, repro: str | None = None, case_id: str
     if outcome.status == "crash":
         lines += ["", "## Crash", "", "```", outcome.message, "```"]
     return "\n".join(lines) + "\n"
+
+
+WRITE_FINDING = "writes.json"  # a write finding's one file: the case, the kernel, its verdict and the record (``meta``)
+
+
+def write_repro(folder: Path, backend: Backend) -> str:
+    """``pa-oracle writes --case FOLDER/writes.json`` on the kernel that failed it (``-b NAME`` or ``--kernel``)."""
+    flag = "--kernel" if getattr(backend, "user", False) else "-b"
+    return shlex.join(["pa-oracle", "writes", flag, backend.name, "--case", str(folder / WRITE_FINDING)])
+
+
+def publish_write_finding(outcome: Outcome, backend: Backend, out_dir: Path) -> tuple[Path, str]:
+    """A write check's finding (``pa_oracle.fuzz.checks.append.WRITE``) as ``OUT/KERNEL-CASE_ID/writes.json`` (the
+    case as ``AppendCase.to_json``, ``kernel``, ``status``, ``detail`` as before the engine ran writes, and ``meta``:
+    the finding record, ``FindingMeta``, as a case.json's) + ``report.md``; (folder, repro). Never overwrites one."""
+    from pa_oracle.fuzz.checks.append import write_case
+
+    case = write_case(outcome)
+    user = getattr(backend, "user", False)
+    meta = FindingMeta(found_by=FoundBy(
+        command="pa-oracle writes", check=outcome.check, backend=backend.name, kernel=backend.name if user else None,
+        status=outcome.status, message=first_line(outcome.message),
+        versions={k: str(v) for k, v in backend.versions().items()}, date=today(),
+        generated_from=GeneratedFrom(case.seed)), check=outcome.check)
+    body = json.dumps({"kernel": backend.name, "case": case.to_json(), "status": outcome.status, "detail": outcome.message,
+                       "meta": meta.to_json()}, indent=1, sort_keys=True)
+
+    def write(tmp: Path, final: Path) -> None:
+        (tmp / WRITE_FINDING).write_text(body + "\n")
+        (tmp / "report.md").write_text(
+            f"# {backend.name}: write {outcome.status}\n\n{outcome.message}\n\nCase {case.case_id}: {case.summary()}\n\n"
+            f"```\n{write_repro(final, backend)}\n```\n")
+
+    folder = publish_folder(Path(out_dir), f"{safe_name(backend.name)}-{case.case_id}", write)
+    return folder, write_repro(folder, backend)

@@ -26,6 +26,10 @@ campaigns only, an entry of the oracle to the oracle's and to those of the check
 run against the oracle (``Check.expect == "oracle"``: a case that fails the oracle fails them too),
 not to the relations between two outputs (bit-exact or within tolerance of each other).
 
+An entry of the write check (``"check": "write"``, ``pa_oracle.fuzz.checks.append``) covers write kernels' cases
+(``pa-oracle writes --ledger``): its ``matches`` is over write-case features (``WRITE_FEATURES``: ``dtype``,
+``kv_layout``, ``page_size``, ``padding``, ``scaled``, ...); an attention entry never covers a write case.
+
 An entry may also carry ``matches``, a predicate over drawn cases (``pa_oracle.fuzz.draw.features``): every key
 is a feature name, a scalar value must equal the case's feature and a list must contain it, e.g.
 ``{"kv_len_0_with_queries": true}`` or ``{"alibi": true, "logits_soft_cap": true}`` or
@@ -45,9 +49,11 @@ from urllib.parse import urlparse
 import msgspec
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+from pa_oracle.fuzz.checks.append import WRITE_CHECK, WRITE_FEATURES, write_features
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.draw.features import FEATURES, Feature, case_features
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK
+from pa_oracle.oracle.append import AppendCase
 from pa_oracle.oracle.case import Case, CaseError, read_json
 from pa_oracle.oracle.schema import convert
 
@@ -97,11 +103,14 @@ class Entry:
         """The pinned packages whose installed version is outside the range (or not installed)."""
         return {k: versions.get(k, "not installed") for k, spec in self.versions.items() if not _within(versions.get(k), spec)}
 
-    def matches_case(self, case: Case) -> bool:
-        """True if the ``matches`` predicate holds for ``case`` (False for an entry without one)."""
+    def matches_case(self, case: Case | AppendCase) -> bool:
+        """True if the ``matches`` predicate holds for ``case`` (False for an entry without one). A write case
+        (``AppendCase``) is matched by an entry of the write check only, over ``WRITE_FEATURES``."""
         if not self.matches:
             return False
-        features = case_features(case)
+        if isinstance(case, AppendCase) != (self.check == WRITE_CHECK):
+            return False  # an attention entry never covers a write case, nor a write entry an attention case
+        features = write_features(case) if isinstance(case, AppendCase) else case_features(case)
         return all(
             features[name] in want if isinstance(want, tuple) else features[name] == want
             for name, want in self.matches.items()
@@ -202,8 +211,10 @@ def _entry(raw: Any, where: str, version: int = SCHEMA_VERSION) -> Entry:
             specifier(spec)
         except InvalidSpecifier:
             raise CaseError(f"{where} versions[{package!r}]: {spec!r} is no version or PEP 440 specifier (e.g. '>=0.6.18.post1,<0.7.2.post1')") from None
-    matches = None if entry.matches is None else _predicate(entry.matches, where)
-    check_name(entry.check, f"{where} check", CaseError)
+    features = WRITE_FEATURES if entry.check == WRITE_CHECK else FEATURES
+    matches = None if entry.matches is None else _predicate(entry.matches, where, features)
+    if entry.check != WRITE_CHECK:
+        check_name(entry.check, f"{where} check", CaseError)
     status: Literal["tolerated", "quarantine"] = "tolerated" if entry.status == "tolerated" else "quarantine"
     return Entry(entry.case, tuple(entry.backends), dict(entry.versions), status, entry.reason, entry.issue or None, matches,
                  tuple(entry.families), entry.report, entry.check)
@@ -247,19 +258,20 @@ def _tracking(entry: _EntryFile, where: str) -> None:
                         "(or 'reported': false with a 'report')")
 
 
-def _predicate(raw: Any, where: str) -> dict[str, Feature | tuple[Feature, ...]]:
+def _predicate(raw: Any, where: str, known: dict[str, Any] = FEATURES) -> dict[str, Feature | tuple[Feature, ...]]:
+    """``matches`` over the features ``known`` (an attention entry's ``FEATURES``, a write entry's ``WRITE_FEATURES``)."""
     if not isinstance(raw, dict) or not raw:
         raise CaseError(f"{where} 'matches' must be a non-empty object of feature: value")
     predicate: dict[str, Feature | tuple[Feature, ...]] = {}
     for name, want in raw.items():
-        if name not in FEATURES:
-            close = difflib.get_close_matches(name, FEATURES, n=2)
-            hint = f"; did you mean {' or '.join(close)}?" if close else f" (known: {', '.join(FEATURES)})"
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=2)
+            hint = f"; did you mean {' or '.join(close)}?" if close else f" (known: {', '.join(known)})"
             raise CaseError(f"{where} 'matches' names unknown feature {name!r}{hint}")
         values = want if isinstance(want, list) else [want]
         if not values:
             raise CaseError(f"{where} 'matches' {name}: an empty list matches nothing")
-        kind = FEATURES[name]
+        kind = known[name]
         for value in values:
             ok = value in kind if isinstance(kind, tuple) else type(value) is kind
             if not ok:

@@ -9,7 +9,7 @@ COMPLETE_STATUSES = ("pending", "running", "done", "finding")
 
 
 def why_incomplete(result: Any, *, may_be_empty: bool = False) -> str | None:
-    """Why a campaign result (an attention pair's ``BackendResult``, a write kernel's ``WriteResult``) is no
+    """Why a campaign result (an attention pair's ``BackendResult``, a write kernel's too) is no
     verdict (exit 3), or None: the one definition of "complete" (``BackendResult.is_complete`` asks it). No
     verdict: it stopped for another reason than its example count, time budget or a finding (a status
     outside ``COMPLETE_STATUSES``), it ran no example although it should have (``may_be_empty``: the time

@@ -11,9 +11,10 @@ from typing import Callable
 
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
+from pa_oracle.backends.writes import WriteBackend
 from pa_oracle.fuzz.campaign.engine import CampaignConfig, Shared, fuzz_backend
+from pa_oracle.fuzz.checks.append import WRITE
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
-from pa_oracle.fuzz.campaign.writes import WriteCampaign, WriteResult, fuzz_write_kernel
 from pa_oracle.fuzz.quality import (
     planted,
     planted_composed,
@@ -70,11 +71,12 @@ def _fuzz_one(module: object, name: str, examples: int, seed: int, deadline: flo
               shrink_seconds: float) -> tuple[bool, int, str]:
     """(found, examples judged, the finding's first line) for one selftest kernel."""
     target = getattr(module, name)
-    if module is WRITES:  # in-process, as the attention kernels below
-        result = fuzz_write_kernel(target(), ("kernel", f"{module.__name__}:{name}"),
-                                   WriteCampaign(examples=examples, seed=seed, isolate=False),
-                                   WriteResult(f"{module.__name__}:{name}"), deadline)
-        return bool(result.findings), result.examples, result.findings[-1]["detail"] if result.findings else ""
+    if module is WRITES:  # in-process, as the attention kernels below, through the engine's write check
+        writer = target()
+        writer.name = f"{module.__name__}:{name}"
+        config = CampaignConfig(examples=examples, seed=seed, isolate=False, checks=(WRITE,), shrink_seconds=shrink_seconds)
+        result = fuzz_backend(WriteBackend(writer, user=True), config, check=WRITE, shared=Shared(deadline=deadline))
+        return bool(result.findings), result.examples, result.findings[-1].message if result.findings else ""
     kernel = target() if isinstance(target, type) and issubclass(target, Backend) else UserKernel(target, name=f"{module.__name__}:{name}")  # type: ignore[attr-defined]
     check = ALL_CHECKS[getattr(module, "CHECKS", {}).get(name, "oracle")]
     # in-process: the planted kernels are this project's own torch code (a worker each: ~3 s more per kernel)

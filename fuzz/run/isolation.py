@@ -562,7 +562,10 @@ def isolatable(backend: Any) -> str | None:
     """The spec a worker loads ``backend`` from, or None when it cannot (a user kernel that is not
     importable by its name, e.g. a function defined inside another)."""
     from pa_oracle.backends.user import UserKernel, load_kernel
+    from pa_oracle.backends.writes import WriteBackend
 
+    if isinstance(backend, WriteBackend):
+        return backend.spec  # (a user's write kernel that does not import by its name fails to load there: a start error)
     if not isinstance(backend, UserKernel):
         return backend.name
     try:
@@ -575,7 +578,10 @@ def isolated_by_default(backend: Any) -> bool:
     """Crash isolation is the default for user kernels, backends of a native kernel library and
     anything on CUDA; pure-torch CPU backends (they cannot segfault or hang) run in-process."""
     from pa_oracle.backends.user import UserKernel
+    from pa_oracle.backends.writes import WriteBackend
 
+    if isinstance(backend, WriteBackend):  # likewise: a user's, a library's or a CUDA write kernel
+        return backend.user or backend.library is not None or backend.device == "cuda"
     return isinstance(backend, UserKernel) or backend.package is not None or backend.device == "cuda"
 
 

@@ -190,7 +190,13 @@ def warm_math() -> None:
 def _load_backend(spec: str, capabilities: Any) -> Any:
     from pa_oracle.backends import get_backend
     from pa_oracle.backends.user import UserKernel
+    from pa_oracle.backends.writes import WRITE_SPEC, load_write_backend
 
+    if spec.startswith(WRITE_SPEC):  # a write kernel (``WriteBackend.spec``): its own capabilities, its library imported
+        writer = load_write_backend(spec)
+        if writer.library is not None:
+            importlib.import_module(writer.library)
+        return writer
     backend = UserKernel.from_spec(spec) if ":" in spec else get_backend(spec)
     backend.capabilities = capabilities  # the parent's (narrowed by --only)
     if backend.package is not None:  # the library's import (seconds, once a process) is loading, not its first cases' judging
@@ -381,8 +387,8 @@ class _Server:
             return
         with self.requests.mutex:
             following = self.requests.queue[0] if self.requests.queue else None
-        if not isinstance(following, Request) or self._pooled(following):
-            return  # judged in the pool: nothing there takes a draw
+        if not isinstance(following, Request) or not isinstance(following.case, Case) or self._pooled(following):
+            return  # judged in the pool (nothing there takes a draw), or a write case (no attention tensors)
         device = getattr(self.backends.get(following.spec), "device", None)
         if not AHEAD.wanted(device):
             return
