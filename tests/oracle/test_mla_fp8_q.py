@@ -8,7 +8,7 @@ import pytest
 import torch
 from pa_oracle.oracle.case import Case, CaseError, CustomMask, Heads, Layout, Options, Rope
 from pa_oracle.oracle.reference import FP8_DOT_BITS, fp8_logit_noise, plain_controls, reference
-from pa_oracle.oracle.tensors import make_tensors, query_values, token_addresses
+from pa_oracle.oracle.tensors import load_case, load_tensors, make_tensors, query_values, raw_bits, save_case, token_addresses
 
 GOLDEN = sorted((Path(__file__).resolve().parents[2] / "golden" / "cases").glob("*.json"))
 E4M3 = "float8_e4m3fn"
@@ -128,6 +128,18 @@ def test_an_mla_fp8_q_case_round_trips_and_a_bf16_one_is_written_as_before() -> 
     assert "mla" in case.summary() and "q_scale=0.5 o=bfloat16" in case.summary()
     plain = Case(LAYOUT, MLA, Options(q_dtype="bfloat16", kv_dtype="bfloat16"), seed=5)
     assert not {"q_scale", "o_dtype"} & set(plain.to_json()["options"])
+
+
+def test_an_mla_fp8_q_case_with_a_sidecar_loads_its_codes_bit_for_bit(tmp_path: Path) -> None:
+    case = Case(LAYOUT, MLA, _fp8_q(), seed=5)
+    tensors = make_tensors(case)
+    saved = save_case(case, tmp_path, tensors)
+    loaded = load_case(tmp_path / "case.json")
+    again = load_tensors(loaded, tmp_path / str(loaded.tensors_file))
+    assert loaded.case_id == saved.case_id
+    assert loaded.options == case.options and again.q.dtype == torch.float8_e4m3fn and again.v_is_latent_view()
+    assert torch.equal(raw_bits(again.q), raw_bits(tensors.q)) and torch.equal(raw_bits(again.k_cache), raw_bits(tensors.k_cache))
+    torch.testing.assert_close(reference(loaded, again).out, reference(case, tensors).out, rtol=0, atol=0)
 
 
 def test_every_golden_mla_case_keeps_its_id() -> None:
