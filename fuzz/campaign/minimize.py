@@ -5,14 +5,15 @@ Hypothesis with a few runs and the requests pass only (``fewer_requests``: ``B=6
 kv_lens=[0,0,0,0,0,1]`` becomes ``B=1`` before the finding is saved); triage with its full budget and
 every pass (``minimize``).
 
-Why two stages and not three: Hypothesis's shrinking is the search's own shrinker. It works on the
-choice sequence inside the search, so it keeps every case drawable (within the backend's
-capabilities and the compiled variants) and rejects ledger findings as it goes, but it cannot go
-where the strategy does not draw (dropping a request from the middle, renumbering pages, fewer heads
-at the same dims) and may stop on a case where one more step would do. Everything after it works on
-the ``Case`` and needs one kernel run per candidate and one notion of "the same failure": that is
-this module, with one budget that the caller sets. A second post-search shrinker (the campaign's
-own greedy request dropper, status-only) could keep a case that fails another way than the finding.
+Why two stages and not three: Hypothesis's shrinking is the search's own shrinker and stays. It
+works on the choice sequence inside the search, where every shrunk case is one the strategy draws
+(within the capabilities and the compiled variants) and ledger entries are rejected as they come;
+but it cannot make a reduction that the choice sequence does not express: drop one request while
+the others keep their pages and data, renumber pages, keep fewer heads of the same group. Those
+work on the ``Case``, cost a kernel run per candidate and need a notion of "the same failure". The
+campaign's request dropper and triage's delta debugger did this twice, with two notions (status
+only; status and failure kinds), so a saved case could fail another way than the one Hypothesis
+found. One stage after the search, with the caller's budget and passes, is all it takes.
 
 Verification model: a candidate is kept only if it is a valid case (``pa_oracle.oracle.case``), the backend
 supports it (``unsupported_reason``), no ledger entry covers it (``known``), it is strictly smaller
