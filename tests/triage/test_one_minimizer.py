@@ -11,13 +11,13 @@ import torch
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.drawers import KnownFindings
 from pa_oracle.fuzz.campaign.ledger import Entry
-from pa_oracle.fuzz.campaign.minimize import CAMPAIGN_RUNS, fewer_requests, minimize, signature
-from pa_oracle.fuzz.campaign.workload import Workload
+from pa_oracle.fuzz.campaign.minimize import CAMPAIGN_RUNS, fewer_requests, minimize, signature, size, smaller
+from pa_oracle.fuzz.campaign.workload import Workload, keep_requests
 from pa_oracle.fuzz.quality import planted
 from pa_oracle.fuzz.run.runner import Outcome, check_case
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
-from .conftest import kernel
+from .conftest import kernel, mixed_case
 
 
 def five_requests(kv_lens: list[int]) -> Case:
@@ -96,3 +96,12 @@ def test_a_candidate_that_fails_another_way_is_not_taken(alone: str) -> None:
     assert campaign.case.layout.batch_size == 2 and signature(found).reproduced_by(signature(campaign)), campaign.message
     triaged = minimize(backend, Workload(case), budget=40)
     assert triaged.work.case.layout.batch_size == 2 and triaged.signature.reproduced_by(signature(triaged.outcome))
+
+
+@pytest.mark.parametrize("case", [five_requests([5, 3, 9, 6, 2]), mixed_case()], ids=["pages in order", "shuffled"])
+def test_dropping_requests_is_always_smaller(case: Case) -> None:
+    work = Workload(case)  # in order: the requests after a dropped one keep pages that no longer start at 0
+    batch = case.layout.batch_size
+    for keep in [[b for b in range(batch) if b != drop] for drop in range(batch)] + [[batch - 1]]:
+        candidate = keep_requests(work, keep)
+        assert smaller(candidate, work), (keep, size(candidate), size(work))
