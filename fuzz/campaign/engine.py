@@ -32,7 +32,7 @@ from pa_oracle.fuzz.campaign.drawers import SENT_IDS, Drawers, DrawSpec, KnownFi
 from pa_oracle.fuzz.campaign.findings import publish_finding, publish_write_finding, save_finding, save_unjudged
 from pa_oracle.fuzz.campaign.ledger import Entry
 from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk, queue_drawn
-from pa_oracle.fuzz.campaign.requests import fewer_requests
+from pa_oracle.fuzz.campaign.minimize import fewer_requests
 from pa_oracle.fuzz.campaign.schedule import Schedule
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
 from pa_oracle.fuzz.campaign.tally import count, settle_judged_nothing
