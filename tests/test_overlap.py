@@ -1,4 +1,4 @@
-"""Drawing the next chunk while the worker judges this one (``pa_oracle.fuzz.campaign.overlap``)
+"""Drawing the next chunk while the worker judges this one (``pa_oracle.fuzz.campaign.chunks``)
 must not change what a campaign draws, counts or finds: the same seed gives the same cases, the
 same counts and the same shrunk finding with the pipeline on and off."""
 

@@ -12,7 +12,8 @@ from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.finding_record import FIRST_FAILING, FindingMeta, FoundBy, meta_of, read_first_failing, today
 from pa_oracle.fuzz.campaign.findings import first_line, repro_command
-from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
+from pa_oracle.fuzz.run.isolation import default_case_timeout
+from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.triage.localize import Localization, capture, localize
 from pa_oracle.fuzz.triage.minimize import Minimized, minimize
