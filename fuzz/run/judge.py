@@ -284,8 +284,9 @@ class InProcessJudge(Judge):
 
     def _receive(self, deadline: float | None) -> Got:
         if deadline is not None and time.monotonic() > deadline:
+            late = self._sent[0].case_id
             self._sent.clear()  # as a worker stopped at the budget's end: nothing queued is judged
-            raise OutOfTime(f"{OUT_OF_TIME} before case {self._sent[0].case_id}")
+            raise OutOfTime(f"{OUT_OF_TIME} before case {late}")
         case = self._sent.popleft()
         started = time.monotonic()
         return self._run(case), time.monotonic() - started
