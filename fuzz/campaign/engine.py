@@ -167,16 +167,8 @@ class BackendRun:
 
     # -- judging one case
 
-    def _judge_timed(self, case: Case) -> tuple[Outcome, float | None]:
-        """(outcome, seconds the worker spent on it if it was judged ahead in the pipeline, else None)."""
-        return self.judge.outcome(case, self.shared.stop_at)
-
     def _judge(self, case: Case) -> Outcome:
-        return self._judge_timed(case)[0]
-
-    def _start_clock(self) -> float:
-        """Seconds this backend's worker spent starting and loading so far (0 in-process)."""
-        return self.judge.start_seconds
+        return self.judge.judge(case, self.shared.stop_at)
 
     def _prop(self, case: Case) -> None:
         """The Hypothesis test function of a chunk: judge ``case``; raise ``_Finding`` on a failure."""
@@ -229,20 +221,20 @@ class BackendRun:
         """Judge ``case`` (``announce``: tell the variant plan first), counting the worker's start and the
         variant's compile; ``_Stop`` when it could not be judged."""
         result, variants = self.result, self.shared.variants
-        starting = self._start_clock()
+        starting = self.judge.start_seconds
         if announce and variants is not None:
             variants.before(case)
         try:
             judging = time.monotonic()
-            outcome, ahead_seconds = self._judge_timed(case)
-            started = self._start_clock() - starting
+            outcome, ahead_seconds = self.judge.outcome(case, self.shared.stop_at)
+            started = self.judge.start_seconds - starting
             result.start_seconds += started
             if variants is not None and searching:
                 took = ahead_seconds if ahead_seconds is not None else time.monotonic() - judging - started
                 result.compile_seconds += variants.observe(case, took)
             return outcome
         except (OutOfTime, WorkerStartError) as exc:
-            result.start_seconds += self._start_clock() - starting
+            result.start_seconds += self.judge.start_seconds - starting
             self.stopped.append(str(exc))
             if searching:
                 result.seen.pop()  # not judged: a resume draws it again
@@ -318,7 +310,7 @@ class BackendRun:
         in the judge (``pa_oracle.fuzz.campaign.chunks``); then send the next chunks to the helpers (``after``:
         the examples left after this chunk)."""
         index, deadline, stop_at = chunk.index, self.shared.deadline, self.shared.stop_at
-        starting = self._start_clock()
+        starting = self.judge.start_seconds
         announce = self.shared.variants.before if self.shared.variants is not None else None
         drawers = self.shared.drawers
         helpers = drawers if drawers is not None and drawers.active else None
@@ -336,7 +328,7 @@ class BackendRun:
             for j in range(1, helpers.count + 1):
                 if (size := min(CHUNK, after - CHUNK * (j - 1))) > 0:
                     helpers.send(spec, index + j, size, drawn)
-        self.result.start_seconds += self._start_clock() - starting
+        self.result.start_seconds += self.judge.start_seconds - starting
         return chunk
 
     def _settle(self, before: int, chunk_start: float, broke: str | None) -> bool:
