@@ -19,6 +19,7 @@ time budget (``OutOfTime``) drops every queued case.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from contextlib import contextmanager
 from collections.abc import Callable, Iterator
@@ -85,7 +86,7 @@ def judge_for(backend: Any, check: CaseCheck = ORACLE, settings: JudgeSettings =
     return IsolatedJudge(isolated, check, ahead=settings.ahead)
 
 
-class Judge:
+class Judge(ABC):
     """Cases judged in the order submitted, their outcomes kept by case id until taken. Subclasses say how
     a case is sent (``_send``), how the oldest sent case's outcome comes back (``_receive``), what is still
     sent and not answered (``_waiting_ids``), and how one case is judged alone (``_alone``)."""
@@ -102,27 +103,31 @@ class Judge:
 
     # -- what an implementation provides
 
+    @abstractmethod
     def _send(self, case: Case, deadline: float | None) -> None:
-        raise NotImplementedError
+        """Send ``case`` to be judged after those sent before."""
 
+    @abstractmethod
     def _receive(self, deadline: float | None) -> Got:
-        raise NotImplementedError
+        """The oldest sent case's (outcome, seconds), waiting for it until ``deadline`` (``OutOfTime``)."""
 
     @property
+    @abstractmethod
     def _waiting(self) -> int:
         """Cases sent and not answered (fewer than queued: a death or a hang dropped some)."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def _waiting_ids(self) -> list[str]:
-        raise NotImplementedError
+        """The ids of the cases sent and not answered, oldest first."""
 
+    @abstractmethod
     def _alone(self, case: Case, deadline: float | None) -> Outcome:
-        raise NotImplementedError
+        """``case`` judged now, with nothing sent before it waiting."""
 
+    @abstractmethod
     def _stop(self) -> None:
         """Stop judging what was sent, without waiting for it (it is not judged)."""
-        raise NotImplementedError
 
     @property
     def processes(self) -> int:
