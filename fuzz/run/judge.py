@@ -83,7 +83,8 @@ def judge_for(backend: Any, check: CaseCheck = ORACLE, settings: JudgeSettings =
     isolated = IsolatedBackend(backend, spec, timeout=settings.timeout, tolerance=settings.tolerance,
                                first_case_factor=settings.first_case_factor, keep_output=settings.keep_output,
                                judge=check, worker=worker, pass_errors=settings.pass_errors)
-    return IsolatedJudge(isolated, check, ahead=settings.ahead)
+    ahead = settings.ahead and getattr(check, "pipelined", True)  # (a check whose cases no chunk draws says False)
+    return IsolatedJudge(isolated, check, ahead=ahead)
 
 
 class Judge(ABC):
