@@ -14,7 +14,8 @@ from pa_oracle.fuzz.campaign.finding_record import FIRST_FAILING, FindingMeta, F
 from pa_oracle.fuzz.campaign.findings import first_line, repro_command
 from pa_oracle.fuzz.campaign.minimize import HANG, TRIAGE_RUNS, Minimized, minimize
 from pa_oracle.fuzz.campaign.workload import Workload
-from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
+from pa_oracle.fuzz.run.isolation import default_case_timeout
+from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.triage.localize import Localization, capture, localize
 from pa_oracle.fuzz.triage.necessity import necessary_options
