@@ -15,11 +15,9 @@ wait on the device (a host read: ``.item()``, a boolean-mask index, a copy to th
 many are not views (on a GPU, about the kernel launches): each operator costs the host ~5-20 us
 and each wait a stream sync, so these counts transfer from the CPU to the GPU (the kernel's own
 are not counted: it runs outside the counting mode, which a compiled kernel cannot run under).
-``--ahead`` times the judge pass again with the next case's host tensors drawn in a background
-thread while a case is judged (as an isolated worker does: ``pa_oracle.fuzz.run.ahead``), against
-the same pass without, alternating; ``--isolated`` judges through a campaign's worker process with
+``--isolated`` judges through a campaign's worker process with
 ``--queue`` cases queued (the cases a campaign would not skip as known), in fresh workers judging one
-case at a time (drawing the next ahead) and ``--worker-threads`` cases side by side
+case at a time and ``--worker-threads`` cases side by side
 (``pa_oracle.fuzz.run.serve``), with the verdicts compared. ``--threads N``
 judges the cases in N threads, the kernel calls one at a time (a design question: does the host work of
 two judged cases overlap?), against one thread, and says whether every verdict is the same.
@@ -47,7 +45,6 @@ from pa_oracle.fuzz.campaign.variants import plan_variants
 from pa_oracle.fuzz.cli import narrow
 from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
-from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.fuzz.run.isolation import IsolatedBackend, Worker, isolatable
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.fuzz.run.serve import NO_CASE, KernelLock, KernelTurns
@@ -121,43 +118,6 @@ def measure(backend: Backend, drawn: list[Case], profile: int = 0) -> tuple[floa
     return judge, time.perf_counter() - start, len(supported)
 
 
-def judge_pass(backend: Backend, supported: list[Case], ahead: bool) -> tuple[float, float]:
-    """(wall seconds, this thread's CPU seconds) of one pass of ``check_case`` over ``supported``;
-    with ``ahead``, each case's next is prepared (``AHEAD.prepare``) before the case is judged, as
-    the worker prepares the next case it was sent. The CPU seconds are the judge's own host work
-    (the background thread's are not counted): what a busy machine cannot hide in its wall time."""
-    device = backend.device or "cpu"
-    AHEAD.clear()
-    AHEAD.enabled = ahead
-    sync(device)
-    start, cpu = time.perf_counter(), time.thread_time()
-    for i, case in enumerate(supported):
-        if ahead and i + 1 < len(supported):
-            AHEAD.prepare(supported[i + 1], backend.device)
-        check_case(backend, case)
-    sync(device)
-    seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
-    AHEAD.clear()
-    return seconds, cpu
-
-
-def compare_ahead(backend: Backend, drawn: list[Case], passes: int = 2) -> tuple[tuple[float, float], tuple[float, float], int]:
-    """((wall, thread CPU) seconds without drawing ahead, the same with, draws taken in the last pass
-    with), each the best of ``passes`` alternating pairs of judge passes (kernels warm from ``measure``)."""
-    supported = [case for case in drawn if backend.unsupported_reason(case) is None]
-    mode = AHEAD.mode
-    off, on, taken = [], [], 0
-    try:
-        for _ in range(passes):
-            off.append(judge_pass(backend, supported, ahead=False))
-            before = AHEAD.taken
-            on.append(judge_pass(backend, supported, ahead=True))
-            taken = AHEAD.taken - before
-    finally:
-        AHEAD.mode = mode
-    return (min(w for w, _ in off), min(c for _, c in off)), (min(w for w, _ in on), min(c for _, c in on)), taken
-
-
 def _one_kernel_at_a_time(backend: Backend) -> Callable[[Case, int], Any]:
     """``check_case`` on ``backend`` with its kernel calls one at a time, in the cases' order (the worker's
     ``KernelLock``); the turn is given up when a case returns or raises."""
@@ -176,21 +136,17 @@ def _one_kernel_at_a_time(backend: Backend) -> Callable[[Case, int], Any]:
 
 def threaded_pass(backend: Backend, supported: list[Case], threads: int) -> tuple[float, list[tuple[str, str]]]:
     """(wall seconds, each case's (status, message)) of judging ``supported`` in ``threads`` threads,
-    the kernel calls one at a time (``KernelLock``), no drawing ahead: whether the host work of
+    the kernel calls one at a time (``KernelLock``): whether the host work of
     two judged cases overlaps (torch releases the GIL in its operators) enough to be worth a design."""
     device = backend.device or "cpu"
     judge_case: Callable[[Case, int], Any] = (_one_kernel_at_a_time(backend) if threads > 1
                                               else (lambda case, _: check_case(backend, case)))
-    mode, AHEAD.enabled = AHEAD.mode, False
-    try:
-        sync(device)
-        start = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            outcomes = list(pool.map(judge_case, supported, range(len(supported))))
-        sync(device)
-        return time.perf_counter() - start, [(o.status, o.message) for o in outcomes]
-    finally:
-        AHEAD.mode = mode
+    sync(device)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        outcomes = list(pool.map(judge_case, supported, range(len(supported))))
+    sync(device)
+    return time.perf_counter() - start, [(o.status, o.message) for o in outcomes]
 
 
 def campaign_cases(backend: Backend, drawn: list[Case]) -> list[Case]:
@@ -367,8 +323,6 @@ def main() -> None:
                         help="seconds of compiles the drawn variants may cost (default 0: the built ones, at least one); -1: no restriction")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions of the judge pass")
     parser.add_argument("--stages", action="store_true", help="print ms, torch operators and device waits per case, by stage")
-    parser.add_argument("--ahead", action="store_true",
-                        help="time the judge pass with and without drawing the next case's host tensors ahead")
     parser.add_argument("--isolated", action="store_true",
                         help="time the cases through a worker process: one at a time against --worker-threads side by side")
     parser.add_argument("--queue", type=int, default=8, help="cases queued in the worker with --isolated (default 8)")
@@ -391,14 +345,6 @@ def main() -> None:
             f"-> the kernel is {kernel / judge:.1%} of the time, the oracle and checks the rest",
             flush=True,
         )
-        if args.ahead:
-            (off, off_cpu), (on, on_cpu), taken = compare_ahead(backend, drawn)
-            print(
-                f"  drawing ahead (in this process): {judged / on:.1f} cases/s ({on / judged * 1e3:.1f} ms a case, "
-                f"{taken} of {judged} drawn ahead), without: {judged / off:.1f} cases/s ({off / judged * 1e3:.1f} ms) "
-                f"-> {off / on:.2f}x; the judge thread's CPU {on_cpu / judged * 1e3:.2f} vs {off_cpu / judged * 1e3:.2f} ms a case",
-                flush=True,
-            )
         if args.isolated:
             unknown = campaign_cases(backend, drawn)
             alone_seconds, alone, _ = isolated_rate(backend, unknown, 1, args.queue)

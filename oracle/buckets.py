@@ -225,7 +225,7 @@ def _to_device(arrays: list[np.ndarray], device: torch.device) -> list[torch.Ten
 
 
 class HostPlan(NamedTuple):
-    """``plan_buckets``' host half (numpy only, no device: it can be made in a background thread)."""
+    """``plan_buckets``' host half (numpy only, no device)."""
 
     device_type: str  # the device type it was planned for (the padding budget differs)
     buckets: list[_HostBucket]
@@ -246,11 +246,9 @@ def host_plan(case: Case, device_type: str) -> HostPlan:
     return HostPlan(device_type, host, arrays, rows_with_keys < case.layout.total_q)
 
 
-def plan_buckets(case: Case, device: torch.device, host: HostPlan | None = None) -> Plan:
-    """Every index of the call, built on the host (or ``host``, its ``host_plan`` made earlier for
-    this device type) and moved to ``device`` at once."""
-    if host is None or host.device_type != device.type:
-        host = host_plan(case, device.type)
+def plan_buckets(case: Case, device: torch.device) -> Plan:
+    """Every index of the call, built on the host (``host_plan``) and moved to ``device`` at once."""
+    host = host_plan(case, device.type)
     slots, *moved = _to_device(host.arrays, device)
     buckets, at = [], 0
     for hb in host.buckets:

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from pa_oracle.oracle.buckets import Bucket, HostPlan, Plan, plan_buckets
+from pa_oracle.oracle.buckets import Bucket, Plan, plan_buckets
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.result import LOG2_E, Reference, RopeControl
 from pa_oracle.oracle.rope import kernel_rotated, rotated
@@ -401,12 +401,11 @@ def _reference(
     return Reference(out, lse * LOG2_E if lse_base == "2" else lse, noise)
 
 
-def shared_plan(case: Case, tensors: Tensors, host: HostPlan | None = None) -> Plan | None:
+def shared_plan(case: Case, tensors: Tensors) -> Plan | None:
     """The bucket plan that ``reference`` and ``plain_controls`` of ``case`` on ``tensors`` would
     each build (host work and one copy to the device), to build once and pass to both; None for a
-    custom-mask case, computed one request at a time without one. ``host``: its ``host_plan``, if
-    made earlier (e.g. in a background thread)."""
-    return None if case.custom_mask is not None else plan_buckets(case, tensors.q.device, host)
+    custom-mask case, computed one request at a time without one."""
+    return None if case.custom_mask is not None else plan_buckets(case, tensors.q.device)
 
 
 def plain_attention(

@@ -178,36 +178,26 @@ def _master(gen: torch.Generator, shape: tuple[int, ...], distribution: str, rol
     return x
 
 
-def make_tensors(case: Case, device: str | torch.device = "cpu", *, draw: HostDraw | None = None) -> Tensors:
+def make_tensors(case: Case, device: str | torch.device = "cpu") -> Tensors:
     """The case's tensors on ``device``: from its npz sidecar, or generated from its seed, in the
-    case's ``storage`` (the same values whatever the storage). ``draw`` is the case's ``host_draw``
-    made earlier (e.g. in a background thread while another case ran); the tensors are the same."""
+    case's ``storage`` (the same values whatever the storage)."""
     if case.tensors_file is not None:
         return in_storage(case, load_tensors(case, case.tensors_file).to(device))
-    if draw is not None and draw.key != draw_key(case):
-        raise ValueError(f"a host draw made for another case was given for case {case.case_id}")
-    return in_storage(case, placed(case, draw if draw is not None else host_draw(case), device))
+    return in_storage(case, placed(case, host_draw(case), device))
 
 
 @dataclass(frozen=True)
 class HostDraw:
     """The host half of a seeded case's tensors (``host_draw``): q in its dtype, K and V as the
     pool stores them (divided by their scale, in the kv dtype; V None for MLA, a view of the
-    latent cache) in logical token order, and every key token's (page, slot). ``key`` is the
-    ``draw_key`` of the case it was drawn for; ``placed`` makes the device tensors from it."""
+    latent cache) in logical token order, and every key token's (page, slot); ``placed`` makes the
+    device tensors from it."""
 
-    key: tuple
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor | None
     pages: torch.Tensor
     slots: torch.Tensor
-
-
-def draw_key(case: Case) -> tuple:
-    """Everything of ``case`` its ``host_draw`` reads: two cases with one key draw the same values."""
-    opts = case.options
-    return (case.seed, case.distribution, case.layout, case.heads, opts.q_dtype, opts.kv_dtype, opts.q_scale, opts.k_scale, opts.v_scale)
 
 
 def host_draw(case: Case) -> HostDraw:
@@ -225,7 +215,7 @@ def host_draw(case: Case) -> HostDraw:
     pages, slots = token_addresses(case)
     if opts.q_is_fp8:  # stored as q / q_scale, as an fp8 cache stores k / k_scale
         q = (q / opts.q_scale).to(torch.float32)
-    return HostDraw(draw_key(case), q.to(torch_dtype(opts.q_dtype)), stored(k, opts.k_scale),
+    return HostDraw(q.to(torch_dtype(opts.q_dtype)), stored(k, opts.k_scale),
                     None if v is None else stored(v, opts.v_scale), pages, slots)
 
 

@@ -30,7 +30,6 @@ SETTINGS = {
     "PA_ORACLE_WORKER_PROCESSES": "isolated worker processes per accelerator backend; unset: by host cores",
     "PA_ORACLE_JUDGE_THREADS": "judge threads per worker; unset: by device",
     "PA_ORACLE_DRAW_PROCESSES": "processes drawing cases ahead for a campaign; unset: by host cores",
-    "PA_ORACLE_DRAW_AHEAD": "draw tensors ahead in a thread: on, off or auto; unset: auto, on for accelerator backends",
 }
 
 

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import torch
 from pa_oracle.backends.base import Backend, Capabilities, ContractViolation, KernelOutput, Unsupported, exception_text
 from pa_oracle.fuzz.run import boundary
-from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.reference import default_engine, fp8_logit_noise, plain_controls, reference, shared_plan
@@ -151,7 +150,7 @@ def judge(case: Case, tensors: Tensors, result: KernelOutput, tolerance: Toleran
     computed again against the torch reference, the definition, which alone decides a finding.
     """
     engine_from_env()
-    plan = shared_plan(case, tensors, AHEAD.take_plan(case))  # the reference's buckets, the controls' too (planned ahead, if it was)
+    plan = shared_plan(case, tensors)  # the reference's buckets, the controls' too
     ref = reference(case, tensors, logit_noise=True, plan=plan)
     controls = plain_controls(case, tensors, torch_dtype(case.options.out_dtype), plan=plan)
     empty_rows = None if plan is None else plan.empty_rows  # known on the host: saves the device a pass or a wait
@@ -220,7 +219,7 @@ def check_case(backend: Backend, case: Case, tolerance: Tolerance = Tolerance(),
     reason = backend.unsupported_reason(case)
     if reason:
         return Outcome(case, backend.name, "unsupported", reason)
-    tensors = make_tensors(case, backend.device or "cpu", draw=AHEAD.take(case))  # drawn ahead in a worker, if it was
+    tensors = make_tensors(case, backend.device or "cpu")
     seen = boundary.case_copy(case)  # what the kernel's side is handed: its writes never reach the case judged
     settings = boundary.judge_numerics()
     in_turns = getattr(backend, "in_turns", False) is True  # the worker's judge threads: checked in the kernel's turn

@@ -37,7 +37,6 @@ from typing import Any
 import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.run import boundary
-from pa_oracle.fuzz.run.ahead import AHEAD
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK, WATCH, check_case, exception_text, finished
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.errors import BadInput, env_count
@@ -330,7 +329,6 @@ class _Server:
             self.running.add(future)
             return future
         self.idle()
-        self._draw_next()
         return _answered(self.judge(request, backend))
 
     def _pooled(self, request: Request) -> bool:
@@ -378,24 +376,6 @@ class _Server:
                 backend.finish()
             elif self.slot is not None:
                 self.slot.value = NO_CASE
-
-    def _draw_next(self) -> None:
-        """Start drawing the host tensors of the next case received, in the background, while this one
-        is judged alone (where ``AHEAD.wanted`` for its backend's device). That case is the next one
-        dispatched (this thread alone takes requests), so no case is prepared twice."""
-        if not AHEAD.enabled:
-            return
-        with self.requests.mutex:
-            following = self.requests.queue[0] if self.requests.queue else None
-        if not isinstance(following, Request) or not isinstance(following.case, Case) or self._pooled(following):
-            return  # judged in the pool (nothing there takes a draw), or a write case (no attention tensors)
-        device = getattr(self.backends.get(following.spec), "device", None)
-        if not AHEAD.wanted(device):
-            return
-        try:
-            AHEAD.prepare(following.case, device)
-        except Exception:  # noqa: BLE001 - drawing ahead only saves time: the case's own turn draws and reports
-            pass
 
 
 def serve(tolerance: Tolerance, conn: Connection, threads: int | None = None, slot: Any = None) -> None:
