@@ -62,7 +62,7 @@ def run_triage_command(opts: TriageOptions) -> None:
     from pa_oracle.fuzz.triage.writes import write_finding_path
 
     if (saved := write_finding_path(opts.source)) is not None:  # a write kernel's finding
-        sys.exit(run_write_triage(opts, saved))
+        click.get_current_context().exit(run_write_triage(opts, saved))
     finding = read_finding(opts.source)  # bad input (a FindingError or CaseError naming the file) exits 2
     case = finding.case
     if opts.budget < 1:
