@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from pa_oracle.backends.base import Backend
     from pa_oracle.fuzz.campaign.finding_record import FindingMeta
     from pa_oracle.fuzz.triage.pipeline import Triage
+    from pa_oracle.fuzz.triage.writes import WriteTriage
 
 
 @click.command()
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
               help="Also write DIR/repro.py (standalone: torch, numpy and the kernel's library) and DIR/ISSUE.md.")
 def triage(**options: Any) -> None:
     """Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the
-    error and write triage.md / triage.html; exit 1 if any backend fails the case."""
+    error and write triage.md / triage.html; exit 1 if any backend fails the case. A write finding
+    (writes.json or its folder) is run on its one write kernel, minimized and localized the same way."""
     run_triage_command(TriageOptions(**options))
 
 
@@ -121,7 +123,7 @@ def run_write_triage(opts: TriageOptions, saved_path: Path) -> int:
     return 1 if result.reproduced else 0
 
 
-def _print_write_triage(result: Any, report: Path, as_json: bool) -> None:
+def _print_write_triage(result: WriteTriage, report: Path, as_json: bool) -> None:
     m, final = result.minimized, result.final_case
     replay = result.replay(result.minimized_path.parent) if result.minimized_path else None
     if as_json:

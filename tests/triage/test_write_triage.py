@@ -133,3 +133,18 @@ def test_a_user_kernel_is_named_never_imported_and_bad_input_is_exit_2(tmp_path:
     (broken / "writes.json").write_text(json.dumps(data))
     bad = CliRunner().invoke(main, ["triage", str(broken), "--kernel", f"{PLANTED}:PerTokenLoop"])
     assert bad.exit_code == 2 and str(broken / "writes.json") in bad.output, bad.output
+
+
+def test_a_library_write_kernel_its_record_names_is_run_by_name(tmp_path: Path) -> None:
+    """A finding whose record names a registered write kernel runs there without -b (torch-scatter is correct:
+    not reproduced, exit 0); -b names another one."""
+    folder = _saved(tmp_path, planted_writes.NextSlotLenModPage(), user=False)
+    data = json.loads((folder / "writes.json").read_text())
+    data["meta"]["found_by"]["backend"] = "torch-scatter"
+    (folder / "writes.json").write_text(json.dumps(data))
+    run = CliRunner().invoke(main, ["triage", str(folder), "--json"])
+    assert run.exit_code == 0, run.output
+    summary = json.loads(run.output[run.output.index("{"):])
+    assert summary["backend"] == "torch-scatter" and not summary["reproduced"] and summary["minimized"] is None
+    other = CliRunner().invoke(main, ["triage", str(folder), "-b", "sdpa-math"])
+    assert other.exit_code == 2 and "not a write kernel" in other.output, other.output
