@@ -31,6 +31,10 @@ def _localization_lines(label: str, case: AppendCase, loc: WriteLocalization) ->
     lines += [f"- **{kind}** ({sum(r.kind == kind for r in loc.rows)} rows): {_MEANING.get(kind, kind)}" for kind in loc.kinds]
     if "placement" in loc.kinds:
         lines += ["", "Placement: appended values were written, at a slot (or head, or tensor) they do not belong to."]
+    lost = [r for r in loc.rows if r.kind == "not written" and r.value_at is None]
+    if lost:
+        lines += ["", f"{len(lost)} appended rows are nowhere among the wrong bytes: written nowhere, or written and then "
+                  "overwritten by another token (a placement bug that lands two tokens on one slot reads so)."]
     lines += ["", "| tensor | page | slot | head | request | token | position | kind | expected | found | its value is at |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in loc.rows[:SHOWN]:

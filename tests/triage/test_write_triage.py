@@ -148,3 +148,37 @@ def test_a_library_write_kernel_its_record_names_is_run_by_name(tmp_path: Path) 
     assert summary["backend"] == "torch-scatter" and not summary["reproduced"] and summary["minimized"] is None
     other = CliRunner().invoke(main, ["triage", str(folder), "-b", "sdpa-math"])
     assert other.exit_code == 2 and "not a write kernel" in other.output, other.output
+
+
+CRASHY = '''
+from pa_oracle.fuzz.quality.planted_writes import PerTokenLoop
+
+
+class RaisesOnTwoTokens(PerTokenLoop):
+    name = "raises-on-two-tokens"
+
+    def append(self, case, inputs):
+        if case.total_appended >= 2:
+            raise ValueError("two tokens")
+        super().append(case, inputs)
+'''
+
+
+def test_a_crash_is_reproduced_and_minimized_as_the_same_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pa_oracle.backends.writes.user import user_write_kernel
+
+    module = f"write_triage_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(CRASHY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = f"{module}:RaisesOnTwoTokens"
+    backend = WriteBackend(user_write_kernel(spec), user=True)
+    outcome = as_outcome(judge_write(BIG, backend.kernel), backend.name)
+    assert outcome.status == "crash"
+    folder = publish_write_finding(outcome, backend, tmp_path / "o")[0]
+    run = CliRunner().invoke(main, ["triage", str(folder), "--kernel", spec, "--json"])
+    assert run.exit_code == 1, run.output
+    summary = json.loads(run.output[run.output.index("{"):])
+    assert summary["reproduced"] and summary["status"] == "crash" and summary["localization"] == {}
+    case = read_write_finding(folder / "triage" / "minimized" / "writes.json").case
+    assert case.batch_size == 1 and case.total_appended == 2, case.summary()
+    assert "ValueError" in (folder / "triage" / "triage.md").read_text()
