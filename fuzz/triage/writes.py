@@ -29,7 +29,7 @@ import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.campaign.finding_record import FindingError, FindingMeta, FoundBy, read_meta, today
 from pa_oracle.fuzz.campaign.findings import WRITE_FINDING, first_line
-from pa_oracle.fuzz.campaign.minimize import TRIAGE_RUNS, WRONG_BYTES, Minimized, WriteWork, minimize_write
+from pa_oracle.fuzz.campaign.minimize import HANG, TRIAGE_RUNS, WRONG_BYTES, Minimized, WriteWork, minimize_write
 from pa_oracle.fuzz.checks.append import MUTATED, WRITE, WRITE_CHECK, engine_case
 from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
 from pa_oracle.fuzz.run.runner import Outcome
@@ -241,7 +241,10 @@ def triage_write(saved: SavedWriteFinding, backend: Backend, out_dir: Path, *, m
     with write_judge(backend, say) as judge:
         say(f"running {backend.name} on {saved.path} ...")
         result = WriteTriage(saved, backend.name, bool(getattr(backend, "user", False)), judge(saved.case))
-        if not result.reproduced or result.outcome.message.startswith("hang:"):
+        if not result.reproduced:
+            return result
+        if result.outcome.message.startswith(HANG):
+            say("not minimizing a hang: every candidate that hangs costs a whole case timeout")
             return result
         if minimize_case:
             say(f"minimizing for {backend.name} (budget {budget} kernel runs) ...")
