@@ -5,6 +5,7 @@ minimizer to no more requests and tokens, localized to the right kind of wrong b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def test_a_reduction_that_fails_another_way_is_not_taken() -> None:
     with write_judge(backend, lambda _: None) as judge:
         outcome = judge(BIG)
     assert signature(outcome).kinds <= {"placement", "not written"} and "wrong bytes: " in outcome.message
+    kinds = lambda line: signature(dataclasses.replace(outcome, message=f"3 rows differ\n{line}"))  # noqa: E731
+    assert not kinds("wrong bytes: value").reproduced_by(kinds("wrong bytes: placement"))
+    assert kinds("wrong bytes: placement, not written").reproduced_by(kinds("wrong bytes: not written"))
+    assert not kinds("wrong bytes: placement").reproduced_by(signature(dataclasses.replace(outcome, message="mutated: x")))
     passing = BIG.replace(seq_lens_before=(3, 5, 0, 5, 9, 2))  # no request's last page is full
     with write_judge(backend, lambda _: None) as judge:
         assert judge(passing).status == "pass"
