@@ -23,17 +23,23 @@ the same exception type), so a reduction never swaps the bug for another one or 
 the end, when the budget was not spent and every pass ran, no single reduction of the result
 (``one_step_reductions``) reproduces the failure.
 
-EXTENDING: a reduction is a generator of ``(description, Workload)`` added to ``PASSES``.
+A write case (``pa_oracle.oracle.append.AppendCase``, judged byte for byte by the write check) is minimized
+by the same search (``minimize_write``): ddmin over its appended requests, then fewer appended tokens and padding
+rows (``WRITE_PASSES``), under the same ``Signature``; the kinds of a write failure are the kinds of its wrong bytes
+(``WRONG_BYTES``: a line its judge adds to the verdict's message, e.g. ``wrong bytes: placement, not written``).
+
+EXTENDING: a reduction is a generator of ``(description, Workload)`` added to ``PASSES`` (``WriteWork``: ``WRITE_PASSES``).
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.campaign.workload import (
@@ -47,6 +53,7 @@ from pa_oracle.fuzz.campaign.workload import (
     shrink_head_dims,
 )
 from pa_oracle.fuzz.run.runner import CONTRACT, Outcome, check_case
+from pa_oracle.oracle.append import AppendCase
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.tolerance import Tolerance
 
@@ -55,6 +62,8 @@ Candidates = Iterator[tuple[str, Callable[[], Workload]]]  # description, builde
 CAMPAIGN_RUNS = 16  # kernel runs the campaign's step may spend after Hypothesis
 TRIAGE_RUNS = 200  # triage's default budget (``--budget``), the first run of the case included
 HANG = "hang:"  # a hang costs a whole case timeout per candidate: neither step minimizes one
+WRONG_BYTES = "wrong bytes: "  # a write failure's line naming the kinds of its wrong bytes (``signature``)
+_WRITE_CHECK, _MUTATED = "write", "mutated: "  # pa_oracle.fuzz.checks.append's WRITE_CHECK and MUTATED
 
 # (substring of a Verdict failure line, its kind): the first match names the line's kind
 _FAILURE_KINDS = (
@@ -97,6 +106,8 @@ def signature(outcome: Outcome) -> Signature:
     check beyond the oracle (no verdict) by the check's name, or "contract" for a contract breach."""
     if outcome.status == "crash":
         return Signature("crash", frozenset({outcome.message.split(":", 1)[0].split(" (worker restarted)")[0]}))
+    if outcome.status == "fail" and outcome.check == _WRITE_CHECK:
+        return Signature("fail", _write_kinds(outcome.message))
     if outcome.status == "fail" and outcome.verdict is not None:
         kinds = set()
         for line in outcome.verdict.failures:
@@ -105,6 +116,17 @@ def signature(outcome: Outcome) -> Signature:
     if outcome.status == "fail":
         return Signature("fail", frozenset({"contract" if outcome.message.startswith(CONTRACT) else outcome.check}))
     return Signature(outcome.status, frozenset())
+
+
+def _write_kinds(message: str) -> frozenset[str]:
+    """A write failure's kinds: "mutated" (it changed its inputs), else the kinds its ``WRONG_BYTES`` line names
+    (placement, value, not written, canary written, padding written), else "wrong bytes"."""
+    if message.startswith(_MUTATED):
+        return frozenset({"mutated"})
+    for line in message.splitlines():
+        if line.startswith(WRONG_BYTES):
+            return frozenset(kind.strip() for kind in line.removeprefix(WRONG_BYTES).split(",") if kind.strip())
+    return frozenset({"wrong bytes"})
 
 
 def size(work: Workload) -> tuple[int, ...]:
@@ -285,10 +307,13 @@ class Step:
     summary: str  # the case after the step
 
 
+W = TypeVar("W")  # what is minimized: a ``Workload`` (an attention case) or a ``WriteWork``
+
+
 @dataclass
-class Minimized:
-    original: Workload
-    work: Workload
+class Minimized(Generic[W]):
+    original: W
+    work: W
     outcome: Outcome  # the minimized case's outcome
     signature: Signature
     steps: list[Step] = field(default_factory=list)
@@ -301,6 +326,20 @@ class Minimized:
         return bool(self.steps)
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """What the search needs of a kind of case: its request count, a subset of its requests, its partial order
+    and its passes after the requests."""
+
+    requests: Callable[[Any], int]
+    keep: Callable[[Any, list[int]], Any]
+    smaller: Callable[[Any, Any], bool]
+    passes: tuple[tuple[str, Callable[[Any], Iterator[tuple[str, Callable[[], Any]]]]], ...]
+
+
+_ATTENTION = _Shape(lambda work: work.case.layout.batch_size, keep_requests, smaller, PASSES[1:])
+
+
 class _Stop(Exception):
     """The budget is spent, or (the campaign's step) the judge could not run a candidate."""
 
@@ -310,7 +349,7 @@ class _Tester:
     """Runs candidates within a budget, caching by workload key; a candidate that is invalid, unsupported
     or known (a ledger entry covers it) is never run and never reproduces."""
 
-    check: Callable[[Case], Outcome]
+    check: Callable[[Any], Outcome]
     target: Signature
     budget: int
     folder: Path | None = None  # where explicit data is written (None: seed-generated cases only)
@@ -318,15 +357,16 @@ class _Tester:
     known: Callable[[Case], bool] = lambda _: False
     runs: int = 0
     seen: dict[str, Outcome | None] = field(default_factory=dict)
+    shape: _Shape = field(default_factory=lambda: _ATTENTION)  # the kind of case: attention (``Workload``) or write
 
-    def outcome(self, work: Workload) -> Outcome | None:
+    def outcome(self, work: Any) -> Outcome | None:
         """The candidate's outcome, or None if it is not a valid, supported, unknown case."""
         key = work.key()
         if key not in self.seen:
             self.seen[key] = self._run(work)
         return self.seen[key]
 
-    def _run(self, work: Workload) -> Outcome | None:
+    def _run(self, work: Any) -> Outcome | None:
         if self.unsupported(work.case) is not None or self.known(work.case):
             return None
         if self.runs >= self.budget:
@@ -341,14 +381,15 @@ class _Tester:
             return None
         return None if result.status == "unsupported" else result
 
-    def reproduces(self, work: Workload) -> bool:
+    def reproduces(self, work: Any) -> bool:
         outcome = self.outcome(work)
         return outcome is not None and self.target.reproduced_by(signature(outcome))
 
 
-def _ddmin_requests(work: Workload, tester: _Tester, steps: list[Step], say: Callable[[str], None]) -> Workload:
+def _ddmin_requests(work: Any, tester: _Tester, steps: list[Step], say: Callable[[str], None]) -> Any:
     """Zeller's ddmin over the request list (subsets, then complements, finer and finer)."""
-    items = list(range(work.case.layout.batch_size))
+    shape = tester.shape
+    items = list(range(shape.requests(work)))
     base, n = work, 2
     while len(items) >= 2:
         chunk = -(-len(items) // n)
@@ -358,10 +399,10 @@ def _ddmin_requests(work: Workload, tester: _Tester, steps: list[Step], say: Cal
         ]
         for subset, verb in tries:
             try:
-                candidate = keep_requests(base, subset)
+                candidate = shape.keep(base, subset)
             except ValueError:  # CaseError: e.g. a custom mask that does not follow the requests
                 continue
-            if smaller(candidate, work) and tester.reproduces(candidate):
+            if shape.smaller(candidate, work) and tester.reproduces(candidate):
                 shown = subset if verb == "keep requests" else [i for i in items if i not in subset]
                 steps.append(Step("requests", f"{verb} {shown} of {items}", candidate.case.summary()))
                 say(f"  requests: {steps[-1].description}")
@@ -375,14 +416,14 @@ def _ddmin_requests(work: Workload, tester: _Tester, steps: list[Step], say: Cal
     return work
 
 
-def _greedy(kind: str, make: Callable[[Workload], Candidates], result: Minimized, tester: _Tester,
+def _greedy(kind: str, make: Callable[[Any], Candidates], result: Minimized[Any], tester: _Tester,
             say: Callable[[str], None]) -> bool:
     """Take the first smaller candidate of ``make`` that reproduces, until none does; True if any did."""
     changed, progress_made = False, True
     while progress_made:
         progress_made = False
         for description, candidate in _valid(make(result.work)):
-            if smaller(candidate, result.work) and tester.reproduces(candidate):
+            if tester.shape.smaller(candidate, result.work) and tester.reproduces(candidate):
                 result.work = candidate
                 result.steps.append(Step(kind, description, candidate.case.summary()))
                 say(f"  {kind}: {description}")
@@ -391,7 +432,7 @@ def _greedy(kind: str, make: Callable[[Workload], Candidates], result: Minimized
     return changed
 
 
-def _search(result: Minimized, tester: _Tester, passes: tuple[str, ...], say: Callable[[str], None]) -> Minimized:
+def _search(result: Minimized[W], tester: _Tester, passes: tuple[str, ...], say: Callable[[str], None]) -> Minimized[W]:
     """Rounds of ddmin over the requests, then each other pass of ``passes``, until a round changes nothing."""
     try:
         changed = True
@@ -401,13 +442,14 @@ def _search(result: Minimized, tester: _Tester, passes: tuple[str, ...], say: Ca
                 reduced = _ddmin_requests(result.work, tester, result.steps, say)
                 changed |= reduced is not result.work
                 result.work = reduced
-            for kind, make in PASSES[1:]:
+            for kind, make in tester.shape.passes:
                 if kind in passes:
                     changed |= _greedy(kind, make, result, tester, say)
     except _Stop:
         result.exhausted = True
     result.runs = tester.runs
-    result.outcome = tester.seen.get(result.work.key()) or result.outcome
+    work: Any = result.work
+    result.outcome = tester.seen.get(work.key()) or result.outcome
     return result
 
 
@@ -421,7 +463,7 @@ def minimize(
     check: Callable[[Case], Outcome] | None = None,
     known: Callable[[Case], bool] | None = None,
     passes: tuple[str, ...] = ALL_PASSES,
-) -> Minimized:
+) -> Minimized[Workload]:
     """Triage's step: reduce ``work`` while it reproduces its failure on ``backend``, with at most
     ``budget`` kernel runs (the first run, of the original case, included). ``check`` judges a candidate
     (default: ``check_case`` in this process; triage passes an isolated one, so a candidate that
@@ -459,3 +501,85 @@ def fewer_requests(outcome: Outcome, judge: Callable[[Case], Outcome], known: Ca
     work = Workload(outcome.case)
     tester = _Tester(judged, signature(outcome), max_runs, known=known, seen={work.key(): outcome})
     return _search(Minimized(work, work, outcome, tester.target, budget=max_runs), tester, ("requests",), lambda _: None).outcome
+
+
+# --- write cases --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteWork:
+    """A write case as the search holds it: its data is always its seed's (``make_inputs``)."""
+
+    case: AppendCase
+    data: None = None
+
+    def key(self) -> str:
+        return json.dumps(self.case.to_json(), sort_keys=True)
+
+
+def keep_write_requests(work: WriteWork, keep: list[int]) -> WriteWork:
+    """The write case of the requests ``keep`` (in order): their lengths before and appended, the rest as it was."""
+    case = work.case
+    return WriteWork(case.replace(seq_lens_before=tuple(case.seq_lens_before[b] for b in keep),
+                                  append_lens=tuple(case.append_lens[b] for b in keep)))
+
+
+def write_size(work: WriteWork) -> tuple[int, ...]:
+    """Measures a write reduction may only lower: requests, appended tokens, the longest append, padding rows."""
+    case = work.case
+    return case.batch_size, case.total_appended, max(case.append_lens), case.padding
+
+
+def write_smaller(a: WriteWork, b: WriteWork) -> bool:
+    sa, sb = write_size(a), write_size(b)
+    return sa != sb and all(x <= y for x, y in zip(sa, sb))
+
+
+WriteCandidates = Iterator[tuple[str, Callable[[], WriteWork]]]
+
+
+def fewer_tokens(work: WriteWork) -> WriteCandidates:
+    """Fewer appended tokens: every request at once (halved, one less), then each request (halved, one less)."""
+    lens = work.case.append_lens
+
+    def appending(new: tuple[int, ...]) -> Callable[[], WriteWork]:
+        return lambda: WriteWork(work.case.replace(append_lens=new))
+
+    for name, cut in (("halved", lambda n: n // 2), ("one less", lambda n: max(n - 1, 0))):
+        if len(lens) > 1:
+            yield f"appended tokens of every request {name}: {lens}", appending(tuple(cut(n) for n in lens))
+        for b, n in enumerate(lens):
+            if n:
+                yield f"request {b} appends {cut(n)} tokens ({n} -> {cut(n)})", appending(lens[:b] + (cut(n),) + lens[b + 1:])
+
+
+def fewer_padding(work: WriteWork) -> WriteCandidates:
+    padding = work.case.padding
+    for fewer in dict.fromkeys((0, 1, padding // 2, padding - 1)):
+        if 0 <= fewer < padding:
+            yield f"padding rows {padding} -> {fewer}", partial(lambda n: WriteWork(work.case.replace(padding=n)), fewer)
+
+
+WRITE_PASSES: tuple[tuple[str, Callable[[WriteWork], WriteCandidates]], ...] = (("tokens", fewer_tokens), ("padding", fewer_padding))
+ALL_WRITE_PASSES = ("requests", *(kind for kind, _ in WRITE_PASSES))
+_WRITES = _Shape(lambda work: work.case.batch_size, keep_write_requests, write_smaller, WRITE_PASSES)
+
+
+def minimize_write(check: Callable[[AppendCase], Outcome], case: AppendCase, *, budget: int = TRIAGE_RUNS,
+                   progress: Callable[[str], None] | None = None, first: Outcome | None = None,
+                   passes: tuple[str, ...] = ALL_WRITE_PASSES) -> Minimized[WriteWork]:
+    """Triage's step for a write finding: reduce ``case`` while ``check`` (the write check, whose failures name
+    the kinds of their wrong bytes: ``WRONG_BYTES``) reproduces its failure, with at most ``budget`` runs (the
+    first, of ``case``, included unless ``first`` is its outcome already). ddmin over the requests, then
+    fewer appended tokens and padding rows, under the same ``Signature`` as an attention case."""
+    say = progress or (lambda _: None)
+    work = WriteWork(case)
+    tester = _Tester(check, Signature("pass", frozenset()), max(budget, 1), shape=_WRITES)
+    if first is not None:
+        tester.seen[work.key()], tester.runs = first, 1
+    outcome = tester.outcome(work)
+    if outcome is None or not outcome.is_finding:
+        raise ValueError(f"the kernel does not fail this write case ({'unsupported' if outcome is None else outcome.status}); "
+                         "nothing to minimize")
+    tester.target = signature(outcome)
+    return _search(Minimized(work, work, outcome, tester.target, budget=budget), tester, passes, say)

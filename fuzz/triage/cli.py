@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from pa_oracle.backends.base import Backend
     from pa_oracle.fuzz.campaign.finding_record import FindingMeta
     from pa_oracle.fuzz.triage.pipeline import Triage
+    from pa_oracle.fuzz.triage.writes import WriteTriage
 
 
 @click.command()
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
               help="Also write DIR/repro.py (standalone: torch, numpy and the kernel's library) and DIR/ISSUE.md.")
 def triage(**options: Any) -> None:
     """Run CASE.json or FINDING_DIR on the backends, minimize it for a failing one, locate the
-    error and write triage.md / triage.html; exit 1 if any backend fails the case."""
+    error and write triage.md / triage.html; exit 1 if any backend fails the case. A write finding
+    (writes.json or its folder) is run on its one write kernel, minimized and localized the same way."""
     run_triage_command(TriageOptions(**options))
 
 
@@ -59,7 +61,10 @@ def run_triage_command(opts: TriageOptions) -> None:
     from pa_oracle.fuzz.campaign.finding_record import read_finding
     from pa_oracle.fuzz.triage.pipeline import run_triage
     from pa_oracle.fuzz.triage.render import write_report
+    from pa_oracle.fuzz.triage.writes import write_finding_path
 
+    if (saved := write_finding_path(opts.source)) is not None:  # a write kernel's finding
+        click.get_current_context().exit(run_write_triage(opts, saved))
     finding = read_finding(opts.source)  # bad input (a FindingError or CaseError naming the file) exits 2
     case = finding.case
     if opts.budget < 1:
@@ -81,6 +86,70 @@ def run_triage_command(opts: TriageOptions) -> None:
         sys.exit(3)  # a backend the tool could not judge, or no verdict at all
     if result.failing:
         sys.exit(1)
+
+
+def run_write_triage(opts: TriageOptions, saved_path: Path) -> int:
+    """Triage of a write finding (``pa_oracle.fuzz.triage.writes``) on its kernel: ``-b NAME`` or ``--kernel``, else
+    the registered kernel its record names (a user kernel it names is never imported: bad input asking for
+    ``--kernel``). Exit 1 when it reproduces, 0 when it does not, 3 when it could not be judged."""
+    from pa_oracle.backends import BackendSpecError, resolve
+    from pa_oracle.fuzz.triage.write_report import write_write_report
+    from pa_oracle.fuzz.triage.writes import read_write_finding, triage_write
+
+    saved = read_write_finding(saved_path)
+    if opts.budget < 1:
+        raise click.UsageError("--budget must be >= 1")
+    names, kernels = opts.backend_names, opts.kernels
+    if not names and not kernels:
+        if saved.meta.kernel:
+            raise click.UsageError(f"{saved_path} was found on the user write kernel {saved.meta.kernel}; a finding imports "
+                                   f"no code by itself: to triage it there, pass --kernel {saved.meta.kernel}")
+        if not saved.meta.backend:
+            raise click.UsageError(f"{saved_path} names no kernel that found it (meta.found_by.backend): give -b NAME")
+        names = (saved.meta.backend,)
+    try:
+        backends = resolve(names, kernels, kind="write")
+    except BackendSpecError as exc:
+        raise click.UsageError(str(exc)) from None
+    if len(backends) != 1:
+        raise click.UsageError(f"a write finding is triaged on one kernel; {len(backends)} were given")
+    say = (lambda _: None) if opts.as_json else (lambda line: click.echo(line, err=True))
+    out_dir = opts.out_dir or saved_path.parent / "triage"
+    result = triage_write(saved, backends[0], out_dir, minimize_case=not opts.no_minimize, budget=opts.budget, progress=say)
+    report = write_write_report(result, out_dir)
+    _print_write_triage(result, report, opts.as_json)
+    if result.outcome.status in ("error", "unsupported"):
+        return 3
+    return 1 if result.reproduced else 0
+
+
+def _print_write_triage(result: WriteTriage, report: Path, as_json: bool) -> None:
+    m, final = result.minimized, result.final_case
+    replay = result.replay(result.minimized_path.parent) if result.minimized_path else None
+    if as_json:
+        click.echo(json.dumps({
+            "backend": result.backend, "reproduced": result.reproduced, "status": result.outcome.status,
+            "message": result.outcome.message, "case": result.saved.case.case_id,
+            "minimized": None if m is None else {"case": final.to_json(), "runs": m.runs, "budget": m.budget,
+                                                 "exhausted": m.exhausted, "steps": [s.description for s in m.steps],
+                                                 "path": str(result.minimized_path) if result.minimized_path else None},
+            "localization": {label: {"kinds": loc.kinds, "requests": loc.requests, "rows": len(loc.rows)}
+                             for label, _, loc in result.localized},
+            "replay": replay, "report": str(report)}, indent=1))
+        return
+    click.echo(f"{result.backend:32s} {'REPRODUCED' if result.reproduced else 'NOT REPRODUCED'}: "
+               f"{result.outcome.status}: {first_line_of(result.outcome.message)}")
+    if m is not None:
+        click.echo(f"minimized in {m.runs} runs: {final.summary()}")
+    for label, _, loc in result.localized:
+        click.echo(f"  [{label}] wrong bytes: {', '.join(loc.kinds)}; {len(loc.rows)} rows, requests {loc.requests}")
+    click.echo(f"\nreport: {report}")
+    if replay:
+        click.echo(f"replay: {replay}")
+
+
+def first_line_of(text: str) -> str:
+    return text.splitlines()[0] if text else ""
 
 
 def _triage_backends(opts: TriageOptions, case: Case, meta: FindingMeta,
