@@ -872,6 +872,47 @@ def metamorphic(ctx: click.Context, **options: Any) -> None:
     run_fuzz(ctx, FuzzOptions(**options, command="metamorphic"))
 
 
+@click.command()
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Write kernel name (repeatable). Default: every available one.")
+@click.option("--kernel", "kernels", multiple=True, metavar="MODULE:NAME",
+              help="A write function or WriteKernel class of your own (repeatable; pa_oracle.backends.writes.user).")
+@click.option("--examples", "-n", type=click.IntRange(min=1), default=200, show_default=True, help="Examples per kernel.")
+@click.option("--time-budget", type=click.FloatRange(min=0, min_open=True, max=1e9), default=None,
+              help="Seconds for the whole run, shared by the kernels.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
+@click.option("--case", "case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Replay one saved write case (writes.json) instead of fuzzing.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("pa-findings/writes"),
+              show_default=True, help="Where failing cases and the campaign's state are saved (findings never overwritten).")
+@click.option("--resume", is_flag=True, help="Continue the write campaign whose state is in --out.")
+@click.option("--overwrite", is_flag=True, help="Start again although --out holds a write campaign's state.")
+@click.option("--rerun-findings", is_flag=True, help="With --resume: fuzz again the kernels that stopped at a finding.")
+@click.option("--isolate/--no-isolate", default=None,
+              help="Run cases in a restartable worker process (default: on for --kernel, library and CUDA kernels).")
+@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True, max=86400), default=60.0, show_default=True,
+              help="Seconds before an isolated case counts as a hang.")
+@click.option("--skip-known/--no-skip-known", default=True, show_default=True,
+              help="Skip drawn cases that a ledger entry of the write check covers (--no-skip-known runs them).")
+@click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Skip drawn cases a ledger entry of the write check covers (its 'matches' over write-case fields; "
+                   "default: golden/ledger.json).")
+@click.option("--workers", type=click.IntRange(1, 4096), default=1, show_default=True,
+              help="Worker processes, one shard each (pinned to the GPUs round-robin), merged at the end.")
+@click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign; state in OUT/shards/.")
+@click.option("--merge", "merge_only", is_flag=True, help="Fuzz nothing: merge the shard states in --out and print the results.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+@click.pass_context
+def writes(ctx: click.Context, **options: Any) -> None:
+    """Append ragged batches into canary-filled paged pools and compare every byte: the appended
+    slots must hold the appended values (an fp8 cache: quantised once with the case's scale), padding
+    rows (slot -1) nothing, and everything else must be unchanged.
+
+    The same as ``pa-oracle fuzz --check write`` (with --out pa-findings/writes and a 60 s case
+    timeout): the state in OUT/writes-state.json (--resume, --overwrite), --workers N shards merged at
+    the end, --shard I/N and --merge, --json. Exit 1 on any finding."""
+    run_fuzz(ctx, FuzzOptions(**options, check_names=(WRITE_CHECK_NAME,), command="writes"))
+
+
 def _check_result_json(r: BackendResult) -> dict[str, Any]:
     finding = r.findings[-1] if r.findings else None
     return {
