@@ -16,7 +16,9 @@ function does not accept is held at its neutral value for it, never drawn):
   ``torch.dtype`` ``out`` must have). Naming both (with the KV scales) draws fp8 q too. An fp8 q of a
   function that does not name ``q_scale`` (one that declared fp8 ``q_dtypes``) gets it folded into
   ``sm_scale`` (exact: the logit is ``sm_scale * q_scale * (q_stored . k)``); without ``sm_scale`` either,
-  a case with ``q_scale != 1`` is unsupported for it.
+  a case with ``q_scale != 1`` is unsupported for it. An MLA function (below) with an fp8 q gets q as one fp8 row
+  ``[q_nope | q_pe]`` under the one ``q_scale`` (both parts quantised once, as vLLM and SGLang quantise an MLA q),
+  so folding it into ``sm_scale`` is exact there too.
 
 A function that names ``custom_mask`` (and ``mask_indptr``)
 is also given custom-mask cases: FlashInfer's packed form, each request's ``[qo_len, kv_len]``

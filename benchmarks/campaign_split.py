@@ -22,15 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 from pa_oracle import cli
-from pa_oracle.fuzz.campaign import drawers, engine, overlap, state
-from pa_oracle.fuzz.run import isolation, pool
+from pa_oracle.fuzz.campaign import drawers, engine, state
+from pa_oracle.fuzz.run import isolation, judge, pool
 
 # (owner, attribute, step): the campaign process's steps; a step's time excludes the steps it calls
 STEPS = [
     (drawers.Drawers, "take", "waiting for a draw process"),
     (engine, "draw_chunk", "drawing itself"),
-    (overlap.Prefetch, "submit", "queueing a case"),
-    (overlap.Prefetch, "_collect_one", "waiting for an outcome"),
+    (judge.Judge, "submit", "queueing a case"),
+    (judge.Judge, "_collect_one", "waiting for an outcome"),
     (state.CampaignState, "save", "saving the state"),
     (pool.WorkerPool, "ensure", "starting and loading workers"),
     (isolation.Worker, "ensure", "starting and loading workers"),

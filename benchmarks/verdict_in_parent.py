@@ -13,7 +13,7 @@ import time
 
 from pa_oracle.backends import get_backend
 from pa_oracle.backends.user import UserKernel
-from pa_oracle.fuzz.run.isolation import case_judge
+from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.oracle.case import Case, Heads, Layout
 
 BACKENDS = ("tests.reliability.bad_kernels:correct", "sdpa-math")

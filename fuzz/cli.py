@@ -663,7 +663,8 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
     backend = _select((backend_name,) if backend_name else (), (kernel,) if kernel else ())[0]
     from pa_oracle.fuzz.campaign.ledger import golden_check
     from pa_oracle.fuzz.checks.registry import ALL_CHECKS
-    from pa_oracle.fuzz.run.isolation import BadTimeout, case_judge, default_case_timeout
+    from pa_oracle.fuzz.run.isolation import BadTimeout, default_case_timeout
+    from pa_oracle.fuzz.run.judge import case_judge
 
     try:
         timeout = default_case_timeout()
@@ -709,7 +710,8 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
     from pa_oracle.backends import available
     from pa_oracle.fuzz.campaign import replay as corpus
     from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
-    from pa_oracle.fuzz.run.isolation import BadTimeout, case_judge, default_case_timeout
+    from pa_oracle.fuzz.run.isolation import BadTimeout, default_case_timeout
+    from pa_oracle.fuzz.run.judge import case_judge
     from pa_oracle.oracle.case import CaseError
 
     try:

@@ -92,9 +92,9 @@ def result_lines(results: list[BackendResult]) -> list[str]:
 
 def judge_saved_write(backend: Backend, case: AppendCase, isolate: bool | None, timeout: float) -> Any:
     """The write check's ``Outcome`` for ``case`` on ``backend``, isolated as a campaign runs it
-    (``pa_oracle.fuzz.run.isolation.case_judge``; ``isolate`` None: the kernel's default)."""
+    (``pa_oracle.fuzz.run.judge.case_judge``; ``isolate`` None: the kernel's default)."""
     from pa_oracle.fuzz.checks.append import WRITE, engine_case
-    from pa_oracle.fuzz.run.isolation import case_judge
+    from pa_oracle.fuzz.run.judge import case_judge
 
     with case_judge(backend, isolate=isolate, timeout=timeout, judge=WRITE) as judge:
         return judge(engine_case(case))

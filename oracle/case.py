@@ -29,7 +29,14 @@ Semantics (every backend adapter converts *from* these, the oracle follows them 
 * fp8 KV: the cache stores ``round(k / k_scale)`` in the fp8 dtype; the value is
   ``stored * k_scale`` (likewise V with ``v_scale``).
 * fp8 q (``q_dtype`` in ``FP8_DTYPES``): q is stored as ``round(q / q_scale)`` in that dtype, its value
-  ``stored * q_scale``; the output is in ``o_dtype`` (16 or 32 bits, required for an fp8 q).
+  ``stored * q_scale``; the output is in ``o_dtype`` (16 or 32 bits, required for an fp8 q). An MLA q is one
+  row ``[q_nope | q_pe]`` under one per-tensor ``q_scale``, both parts quantised once, as the engines that run
+  MLA with an fp8 q do: vLLM's ``MLAAttention`` quantises the concatenation (``_decode_concat_quant_fp8_op(
+  mqa_ql_nope, mqa_q_pe, self._q_scale)``, per tensor) and FlashMLA dequantises it by ``descale_q=layer._q_scale``;
+  SGLang 0.5.10.post1 (``flashmla_backend.py``) ``scaled_fp8_quant(reshape_q_2d, q_scale)`` of the whole 576-dim
+  row, then ``descale_q``; FlashInfer 0.6.18.post1's ``trtllm_batch_decode_with_kv_cache_mla`` and
+  ``xqa_batch_decode_with_kv_cache_mla`` take the concatenated fp8 query with ``bmm1_scale = q_scale * k_scale *
+  sm_scale``. (Its ``BatchMLAPagedAttentionWrapper`` takes no q scale: fp8 there is the latent cache alone.)
 * ``custom_mask`` (``CustomMask``, optional): per request a boolean ``[qo_len, kv_len]`` matrix,
   row ``i`` the request's query ``i``, column ``j`` its key ``j`` (so bottom-right aligned like
   every other mask). It is ANDed with ``causal`` and the window: a key is attended iff the mask,
@@ -667,8 +674,8 @@ class Case:
         sha = self.tensors_sha256
         if sha is not None and not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
             raise CaseError(f"tensors_sha256: expected 64 lowercase hex digits or null, got {_brief(sha)}")
-        if self.options.q_is_fp8 and (self.custom_mask is not None or self.heads.mla):
-            raise CaseError("options.q_dtype: an fp8 q with a custom mask or the MLA layout is not modelled")
+        if self.options.q_is_fp8 and self.custom_mask is not None:  # an fp8 q on MLA is modelled (module docstring)
+            raise CaseError("options.q_dtype: an fp8 q with a custom mask is not modelled")
         rope = self.options.rope
         if rope is not None:
             if self.heads.mla and rope.dims(self.heads.d_kpe) > self.heads.d_kpe:

@@ -480,7 +480,8 @@ def fp8_logit_noise(case: Case, tensors: Tensors) -> torch.Tensor:
     up to 2^-12.5 of ``A = sm_scale * sum_i |q_i k_i|`` (6,144 rows, 2026-12-01: ``benchmarks/h200/fp8_logits.py``).
     The bound is ``2^-FP8_DOT_BITS * sm_scale * |q_row| * max_j |k_j|`` (Euclidean norms; ``A`` is at most that,
     by Cauchy-Schwarz), the key norm's maximum over the case's keys of the row's KV head: an LSE is a p-weighted
-    mean of its logits, so it errs by no more than its worst logit."""
+    mean of its logits, so it errs by no more than its worst logit. The norms run over the whole logit dim: for MLA
+    ``[q_nope | q_pe]`` and the latent row ``[ckv | kpe]``, ``d_ckv + d_kpe`` dims (one dot, however a kernel splits it)."""
     heads = case.heads
     keys, _ = gather_kv(case, tensors, torch.float64)
     q = query_values(case, tensors, torch.float64)

@@ -10,11 +10,11 @@ from pa_oracle.fuzz.run.isolation import (
     BadTimeout,
     IsolatedBackend,
     OutOfTime,
-    case_judge,
     check_timeout,
     isolatable,
     isolated_by_default,
 )
+from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case, Heads, Layout
 from pa_oracle.oracle.tolerance import Tolerance

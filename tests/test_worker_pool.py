@@ -159,24 +159,24 @@ def test_a_bad_worker_process_count_is_bad_input(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_pipeline_keeps_each_outcome_with_its_own_case_when_a_process_dies() -> None:
-    """The campaign's queue of cases judged ahead (``Prefetch``) across a death in one of two processes: every
+    """The campaign's queue of cases judged ahead (``IsolatedJudge``) across a death in one of two processes: every
     collected outcome is its own case's, and the case dropped with the dead process has none."""
-    from pa_oracle.fuzz.campaign.overlap import Prefetch
     from pa_oracle.fuzz.run.isolation import IsolatedBackend
+    from pa_oracle.fuzz.run.judge import IsolatedJudge
 
     spec = "tests.quality.crashers:segfaults_on_many_pages"
     cases = [ONE_PAGE_MORE[0], ONE_PAGE_MORE[1], MANY_PAGES, *ONE_PAGE_MORE[2:5]]
     pool = WorkerPool(2, timeout=60, threads=1)
     try:
-        prefetch = Prefetch(IsolatedBackend(UserKernel.from_spec(spec), spec, worker=pool), ORACLE)
+        judge = IsolatedJudge(IsolatedBackend(UserKernel.from_spec(spec), spec, worker=pool), ORACLE)
         for case in cases:
-            prefetch.submit(case, None)
-        prefetch.drain(None)
+            judge.submit(case, None)
+        judge.drain(None)
     finally:
         pool.close()
-    done = {case_id: got[0].case.case_id for case_id, got in prefetch.done.items()}  # type: ignore[union-attr]
+    done = {case_id: got[0].case.case_id for case_id, got in judge.done.items()}  # type: ignore[union-attr]
     assert done == {case.case_id: case.case_id for i, case in enumerate(cases) if i != 4}
-    assert prefetch.done[MANY_PAGES.case_id][0].status == "crash"  # type: ignore[index]
+    assert judge.done[MANY_PAGES.case_id][0].status == "crash"  # type: ignore[index]
 
 
 def test_a_backend_that_kills_its_loading_process_leaves_the_pool_ready_for_the_next() -> None:

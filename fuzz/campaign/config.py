@@ -36,7 +36,7 @@ class CampaignConfig:
     ``pa_oracle.fuzz.run.isolation.isolated_by_default``), a case longer than ``case_timeout`` seconds a
     hang; ``ledger``: drawn cases an entry covers are skipped as known (None: none skipped); ``out_dir``:
     where findings are saved (None: not saved); ``pipeline``: an isolated backend's next cases are judged
-    while this one is counted (``pa_oracle.fuzz.campaign.overlap``); ``time_budget`` / ``compile_budget``:
+    while this one is counted (``pa_oracle.fuzz.campaign.chunks``); ``time_budget`` / ``compile_budget``:
     seconds for the whole run and for its builds (None: no bound); ``rerun_findings``: a resumed pair that
     stopped at a finding runs again; ``shrink_seconds``: a bound on shrinking a finding (the selftest asks
     "found?", not "how small")."""

@@ -28,14 +28,12 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import Unsatisfiable
 from pa_oracle.backends.base import Capabilities
 from pa_oracle.fuzz.campaign.ledger import Entry, known_finding
-from pa_oracle.fuzz.campaign.overlap import chunk_test
+from pa_oracle.fuzz.campaign.chunks import chunk_test, run_chunk
 from pa_oracle.fuzz.campaign.shard import Shard
 from pa_oracle.fuzz.campaign.variants import Steering
-from pa_oracle.fuzz.draw.determinism import seed_only_draws
 from pa_oracle.fuzz.draw.strategies import Limits, cases
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.errors import BadInput, env_count
@@ -60,21 +58,6 @@ def draw_processes(cores: int | None = None) -> int:
         cores = (os.cpu_count() or 1) if cores is None else cores
         return max(0, min(MAX_DEFAULT, cores - 4))
     return count
-
-
-def campaign_settings(max_examples: int) -> Any:
-    """The Hypothesis settings of every campaign run: no database (a case's seed is the record),
-    no deadline, no health checks (a kernel call is slow), generate and shrink only."""
-    return settings(
-        max_examples=max_examples, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
-        phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-    )
-
-
-def run_chunk(strategy: Any, shard: Shard, base_seed: int, index: int, n: int, test: Callable[[Any], None]) -> None:
-    """Chunk ``index``'s Hypothesis run (``n`` examples) of ``strategy`` with ``test``."""
-    with seed_only_draws():
-        campaign_settings(n)(seed(shard.chunk_seed(base_seed, index))(given(strategy)(test)))()
 
 
 @dataclass(frozen=True)
@@ -121,7 +104,7 @@ class HelperDraw:
 
 
 def draw_in_helper(spec: DrawSpec, index: int, n: int, seen: frozenset[str]) -> HelperDraw:
-    """Chunk ``index`` drawn as ``overlap.draw_chunk`` draws it (``chunk_test``), with no worker and no deadline."""
+    """Chunk ``index`` drawn as ``chunks.draw_chunk`` draws it (``chunk_test``), with no worker and no deadline."""
     draw = HelperDraw(index)
     test = chunk_test(seen, spec.known, draw.events, lambda case: draw.events.append(("new", case)))
     try:

@@ -28,19 +28,19 @@ from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.compile_plan import CompilePlan
 from pa_oracle.fuzz.campaign.config import CampaignConfig, Hooks, Shared
 from pa_oracle.fuzz.campaign.coverage import declared
-from pa_oracle.fuzz.campaign.drawers import SENT_IDS, Drawers, DrawSpec, KnownFindings, campaign_settings, draw_processes, run_chunk
+from pa_oracle.fuzz.campaign.chunks import Chunk, campaign_settings, count_clean_chunk, draw_chunk, queue_drawn
+from pa_oracle.fuzz.campaign.drawers import SENT_IDS, Drawers, DrawSpec, KnownFindings, draw_processes
 from pa_oracle.fuzz.campaign.findings import publish_finding, publish_write_finding, save_finding, save_unjudged
 from pa_oracle.fuzz.campaign.ledger import Entry
-from pa_oracle.fuzz.campaign.overlap import DrawnChunk, Prefetch, draw_chunk, queue_drawn
-from pa_oracle.fuzz.campaign.requests import fewer_requests
+from pa_oracle.fuzz.campaign.minimize import fewer_requests
 from pa_oracle.fuzz.campaign.schedule import Schedule
 from pa_oracle.fuzz.campaign.state import BackendResult, CampaignState, Checkpoints, FindingRecord
 from pa_oracle.fuzz.campaign.tally import count, settle_judged_nothing
-from pa_oracle.fuzz.campaign.variants import VariantPlan
 from pa_oracle.fuzz.checks.append import is_write_case
 from pa_oracle.fuzz.draw.strategies import Limits, cases
-from pa_oracle.fuzz.run.isolation import OUT_OF_TIME, OutOfTime, WorkerStartError, isolatable, isolated_by_default
-from pa_oracle.fuzz.run.pool import WorkerPool, worker_processes
+from pa_oracle.fuzz.run.isolation import OUT_OF_TIME, OutOfTime, WorkerStartError, isolatable
+from pa_oracle.fuzz.run.judge import Judge, JudgeSettings, isolates, judge_for
+from pa_oracle.fuzz.run.pool import worker_processes
 from pa_oracle.fuzz.run.runner import ORACLE, CaseCheck, OracleDisagreement, Outcome
 from pa_oracle.oracle.case import Case
 
@@ -111,9 +111,8 @@ class BackendRun:
         self.failing: list[Outcome] = []
         self.stopped: list[str] = []  # why a Hypothesis run was ended by _Stop
         self.internal: list[Exception] = []  # errors of the tool itself while judging a case
-        self.isolated: Any = None  # pa_oracle.fuzz.run.isolation.IsolatedBackend
-        self.prefetch: Prefetch | None = None
-        self.ahead: DrawnChunk | None = None  # the next chunk, drawn (and queued) while the worker judged this one
+        self.judge: Judge  # (``run`` chooses it: ``judge_for``)
+        self.ahead: Chunk | None = None  # the next chunk, drawn (and queued) while the worker judged this one
         self.shrinking_since: float | None = None  # when the first shrink step of a finding ran
 
     def run(self) -> BackendResult:
@@ -128,12 +127,10 @@ class BackendRun:
         result.declared = declared(capabilities, config.limits) if isinstance(capabilities, Capabilities) else {}
         versions = self.backend.versions() if config.ledger else {}
         self.is_known = _known_test(config.ledger, self.backend, self.check, versions)
-        self.isolated = self._isolated()
+        self.judge = self._judge_for()
         variants = self.shared.variants
         self.strategy = variants.strategy(config.limits) if variants is not None else _strategy(self.check, capabilities, config.limits)
-        if config.pipeline and self.isolated is not None and getattr(self.check, "pipelined", True):
-            self.prefetch = Prefetch(self.isolated, self.check)
-        changed_before = self.isolated.worker.rejudged_changed if self.isolated is not None else 0
+        changed_before = self.judge.rejudged_changed
         try:
             # (a chunk drawn ahead is judged even past the deadline: it was drawn only when expected to finish by it)
             while result.examples < config.examples and (self.shared.deadline is None or self.ahead is not None
@@ -143,71 +140,43 @@ class BackendRun:
             if settle_judged_nothing(result) and self.hooks.checkpoint:
                 self.hooks.checkpoint(result)
         except BaseException:
-            if self.prefetch is not None:
-                self.prefetch.abandon()  # e.g. a Ctrl-C in the middle of an exchange with the worker
+            self.judge.abandon()  # e.g. a Ctrl-C in the middle of an exchange with the worker
             raise
         finally:
             self._close(changed_before)
         return result
 
-    def _isolated(self) -> Any:
-        """The backend as its worker process runs it, or None to judge in this process."""
-        from pa_oracle.fuzz.run.isolation import IsolatedBackend
-
-        backend, config = self.backend, self.config
-        if not (isolated_by_default(backend) if config.isolate is None else config.isolate):
-            return None
-        spec = isolatable(backend)  # what a worker can load it from (kernel_spec is for repro commands)
-        if spec is None:
-            self.result.notes.append(f"{backend.name} is not importable by its name: its cases ran in this process")
-            return None
-        worker = None
-        if (workers := self.shared.workers) is not None:  # one worker per device, shared by every backend and check
-            device = backend.device or "cpu"
-            worker = workers.get(device) or workers.setdefault(
-                device, WorkerPool(worker_processes(device), timeout=config.case_timeout, tolerance=config.tolerance))
-        return IsolatedBackend(backend, spec, timeout=config.case_timeout, tolerance=config.tolerance, worker=worker)
+    def _judge_for(self) -> Judge:
+        """How this pair's cases are judged (``judge_for``: in this process or in the device's shared worker),
+        with the campaign's reason noted when a backend meant for a worker runs in this process."""
+        config = self.config
+        settings = JudgeSettings(config.isolate, config.case_timeout, config.tolerance, ahead=config.pipeline)
+        judge = judge_for(self.backend, self.check, settings, self.shared.workers)
+        if judge.note is not None:
+            self.result.notes.append(judge.note)
+        return judge
 
     def _close(self, changed_before: int) -> None:
-        if self.prefetch is not None:  # cases judged ahead and not counted: the worker must be idle for the next backend
-            self.prefetch.discard(self.shared.stop_at)
+        self.judge.discard(self.shared.stop_at)  # cases judged ahead and not counted: idle for the next backend
         if self.shared.drawers is not None:
             self.shared.drawers.forget()  # chunks drawn ahead and not taken: the next turn must not wait behind them
-        if self.isolated is not None and (changed := self.isolated.worker.rejudged_changed - changed_before):
+        if changed := self.judge.rejudged_changed - changed_before:
             self.result.notes.append(
                 f"{changed} case(s) judged beside another gave a verdict other than a pass and another verdict "
                 "judged again alone (the second is kept): a kernel whose result depends on what runs beside it, or flaky")
-        if self.isolated is not None and self.shared.workers is None:
-            self.isolated.close()
+        self.judge.close()  # (a worker of its own; the campaign closes the shared ones)
 
     # -- judging one case
 
-    def _judge_timed(self, case: Case) -> tuple[Outcome, float | None]:
-        """(outcome, seconds the worker spent on it if it was judged ahead in the pipeline, else None)."""
-        stop_at = self.shared.stop_at
-        if self.prefetch is not None:
-            got = self.prefetch.outcome(case, stop_at)
-            if got is not None:
-                return got
-            if stop_at is not None and time.monotonic() > stop_at:
-                raise OutOfTime(f"{OUT_OF_TIME} before case {case.case_id}")  # (its queued outcome was dropped)
-        if self.isolated is not None:
-            return self.isolated.check(case, stop_at, self.check), None
-        return self.check.judge(case, self.backend, self.config.tolerance), None
-
     def _judge(self, case: Case) -> Outcome:
-        return self._judge_timed(case)[0]
-
-    def _start_clock(self) -> float:
-        """Seconds this backend's worker spent starting and loading so far (0 in-process)."""
-        return self.isolated.start_seconds if self.isolated is not None else 0.0
+        return self.judge.judge(case, self.shared.stop_at)
 
     def _prop(self, case: Case) -> None:
         """The Hypothesis test function of a chunk: judge ``case``; raise ``_Finding`` on a failure."""
-        result, prefetch, variants, deadline = self.result, self.prefetch, self.shared.variants, self.shared.deadline
+        result, variants, deadline = self.result, self.shared.variants, self.shared.deadline
         searching = not self.failing  # False while Hypothesis shrinks a failure: nothing is counted then
         case = case.replace(seed=self.config.shard.case_seed(case.seed))
-        judged_ahead = prefetch is not None and searching and (case.case_id in prefetch.done or case.case_id in prefetch.queue)
+        judged_ahead = searching and self.judge.holds(case.case_id)
         if deadline is not None and time.monotonic() > deadline and not judged_ahead:
             self.stopped.append(_TURN_OVER if searching else "out of time while shrinking")
             raise _Stop  # at once (the finding so far is kept: a budget bounds shrinking too)
@@ -253,20 +222,20 @@ class BackendRun:
         """Judge ``case`` (``announce``: tell the variant plan first), counting the worker's start and the
         variant's compile; ``_Stop`` when it could not be judged."""
         result, variants = self.result, self.shared.variants
-        starting = self._start_clock()
+        starting = self.judge.start_seconds
         if announce and variants is not None:
             variants.before(case)
         try:
             judging = time.monotonic()
-            outcome, ahead_seconds = self._judge_timed(case)
-            started = self._start_clock() - starting
+            outcome, ahead_seconds = self.judge.outcome(case, self.shared.stop_at)
+            started = self.judge.start_seconds - starting
             result.start_seconds += started
             if variants is not None and searching:
                 took = ahead_seconds if ahead_seconds is not None else time.monotonic() - judging - started
                 result.compile_seconds += variants.observe(case, took)
             return outcome
         except (OutOfTime, WorkerStartError) as exc:
-            result.start_seconds += self._start_clock() - starting
+            result.start_seconds += self.judge.start_seconds - starting
             self.stopped.append(str(exc))
             if searching:
                 result.seen.pop()  # not judged: a resume draws it again
@@ -278,22 +247,22 @@ class BackendRun:
 
     # -- one chunk
 
-    def _chunk_run(self, index: int, n: int) -> Callable[[Callable[[Case], None]], None]:
-        """Chunk ``index``'s Hypothesis run (``n`` examples), given its test function."""
-        def run(fn: Callable[[Case], None]) -> None:
-            run_chunk(self.strategy, self.config.shard, self.config.seed, index, n, fn)
-
-        return run
+    def _chunk(self, index: int, n: int) -> Chunk:
+        """Chunk ``index`` of ``n`` examples, not drawn yet."""
+        return Chunk(index, n, self.config.shard, self.config.seed)
 
     def _one_chunk(self) -> bool:
-        """Run the next chunk and settle the result's status; True when the pair stops here."""
+        """Run the next chunk and settle the result's status; True when the pair stops here. A judge that works
+        while this process draws (``judge.ahead``) gets the chunk drawn ahead and counts it if every case passed
+        (``_draw_ahead``); otherwise, or when anything else happened, the chunk's own Hypothesis run judges it
+        case by case (``_prop``), taking the outcomes judged ahead."""
         result, config = self.result, self.config
         n = min(CHUNK, config.examples - result.examples)
         before, chunk_start = result.examples, time.monotonic()
-        run_it, broke = self._pipelined(n) if self.prefetch is not None else (True, None)
+        run_it, broke = self._pipelined(n) if self.judge.ahead else (True, None)
         try:
             if run_it:
-                self._chunk_run(result.chunks_done, n)(self._prop)
+                self._chunk(result.chunks_done, n).run(self.strategy, self._prop)
         except Unsatisfiable:
             pass  # every example of the chunk was rejected (out of time, or all drawn before)
         except _Finding:
@@ -312,20 +281,20 @@ class BackendRun:
         return self._settle(before, chunk_start, broke)
 
     def _pipelined(self, n: int) -> tuple[bool, str | None]:
-        """Take (or draw) this chunk drawn ahead and queued in the worker, draw the next one while the worker
-        judges it, and count it if every case passed: (whether the engine's own run must judge the chunk,
-        why the chunk broke off)."""
-        result, prefetch = self.result, self.prefetch
-        assert prefetch is not None
+        """Take (or draw) this chunk drawn ahead and queued in the judge, draw the next one while the judge works
+        on it, and count it if every case passed: (whether the engine's own run must judge the chunk, why the
+        chunk broke off)."""
+        result, judge = self.result, self.judge
         index, rest = result.chunks_done, self.config.examples - result.examples - n
         ahead, self.ahead = self.ahead, None
-        chunk = ahead if ahead is not None and ahead.index == index else self._draw_ahead(index, n, set(), rest)
-        if chunk.complete and rest > 0 and prefetch.will_finish_by(min(CHUNK, rest), self.shared.deadline):
-            self.ahead = self._draw_ahead(index + 1, min(CHUNK, rest), chunk.ids, rest - min(CHUNK, rest))  # while the worker judges `chunk`
+        chunk = ahead if ahead is not None and ahead.index == index else self._draw_ahead(self._chunk(index, n), set(), rest)
+        if chunk.complete and rest > 0 and judge.will_finish_by(min(CHUNK, rest), self.shared.deadline):
+            nxt = self._chunk(index + 1, min(CHUNK, rest))
+            self.ahead = self._draw_ahead(nxt, chunk.ids, rest - nxt.size)  # while the judge works on `chunk`
         # every case passed (or was unsupported): counted as drawn; else the engine's own run
         # judges the chunk (shrinking included), taking the outcomes judged so far
-        counted, broke = _count_clean_chunk(result, chunk, prefetch, self.seen, self.shared.variants, self.hooks.on_case,
-                                            self.shared.stop_at) if chunk.complete else (False, None)
+        counted, broke = count_clean_chunk(result, chunk, judge, self.seen, self.shared.variants, self.hooks.on_case,
+                                           self.shared.stop_at) if chunk.complete else (False, None)
         if chunk.error is not None and not chunk.queued:
             counted, broke = True, chunk.error  # the worker did not start (or the budget ran out first), as in _prop
         return not counted, broke
@@ -337,35 +306,30 @@ class BackendRun:
         return DrawSpec(self.backend.capabilities if variants is not None else self.capabilities, self.config.limits,
                         steering, self.is_known, self.config.shard, self.config.seed)
 
-    def _draw_ahead(self, index: int, n: int, also_seen: set[str], after: int) -> DrawnChunk:
-        """Draw chunk ``index`` (a helper's draw if one drew it and it is the engine's, else here) and queue
-        its cases in the worker (``pa_oracle.fuzz.campaign.overlap``); then send the next chunks to the
-        helpers (``after``: the examples left after this chunk)."""
-        assert self.prefetch is not None
-        shard, deadline, stop_at = self.config.shard, self.shared.deadline, self.shared.stop_at
-        starting = self._start_clock()
+    def _draw_ahead(self, chunk: Chunk, also_seen: set[str], after: int) -> Chunk:
+        """Draw ``chunk`` (a helper's draw if one drew it and it is the engine's, else here) and queue its cases
+        in the judge (``pa_oracle.fuzz.campaign.chunks``); then send the next chunks to the helpers (``after``:
+        the examples left after this chunk)."""
+        index, deadline, stop_at = chunk.index, self.shared.deadline, self.shared.stop_at
+        starting = self.judge.start_seconds
         announce = self.shared.variants.before if self.shared.variants is not None else None
         drawers = self.shared.drawers
         helpers = drawers if drawers is not None and drawers.active else None
         spec = self._draw_spec() if helpers is not None else None
         helped = None
         if helpers is not None and spec is not None:
-            helped = helpers.take(spec, index, n, lambda case_id: case_id in self.seen or case_id in also_seen)
+            helped = helpers.take(spec, index, chunk.size, lambda case_id: case_id in self.seen or case_id in also_seen)
         if helped is not None:
-            chunk = queue_drawn(index, helped.events, prefetch=self.prefetch, deadline=deadline, cutoff=stop_at,
-                                announce=announce)
+            queue_drawn(chunk, helped.events, self.judge, deadline=deadline, cutoff=stop_at, announce=announce)
         else:
-            chunk = draw_chunk(
-                index, lambda fn: self._chunk_run(index, n)(lambda c: fn(c.replace(seed=shard.case_seed(c.seed)))),
-                seen=self.seen | also_seen, known=self.is_known, prefetch=self.prefetch, deadline=deadline, cutoff=stop_at,
-                announce=announce,
-            )
+            draw_chunk(chunk, self.strategy, self.seen | also_seen, self.is_known, self.judge, deadline=deadline,
+                       cutoff=stop_at, announce=announce)
         if helpers is not None and spec is not None and chunk.complete:
             drawn = set(self.result.seen[-SENT_IDS:]) | also_seen | chunk.ids
             for j in range(1, helpers.count + 1):
                 if (size := min(CHUNK, after - CHUNK * (j - 1))) > 0:
                     helpers.send(spec, index + j, size, drawn)
-        self.result.start_seconds += self._start_clock() - starting
+        self.result.start_seconds += self.judge.start_seconds - starting
         return chunk
 
     def _settle(self, before: int, chunk_start: float, broke: str | None) -> bool:
@@ -398,42 +362,6 @@ class BackendRun:
         if self.hooks.progress:
             self.hooks.progress(result)
         return result.status in ("finding", "incomplete", "exhausted")
-
-
-def _count_clean_chunk(
-    result: BackendResult, chunk: DrawnChunk, prefetch: Prefetch, seen: set[str], variants: VariantPlan | None,
-    on_case: Callable[[BackendResult, bool], None] | None, deadline: float | None,
-) -> tuple[bool, str | None]:
-    """Count a drawn chunk as the engine's run would have, if every queued case passed or was
-    unsupported: (True, None); (True, why) when the budget's end cut it off (the cases judged before
-    are counted, as the engine's run counts them); (False, None) otherwise: nothing is counted and
-    the outcomes stay in ``prefetch`` for the engine's own run."""
-    cut = None
-    try:
-        for case in chunk.queued:  # in order; the first case that is not clean ends the wait
-            prefetch.collect_through([case.case_id], deadline)
-            got = prefetch.done.get(case.case_id)
-            if not isinstance(got, tuple) or got[0].status not in ("pass", "unsupported"):
-                return False, None  # a finding, an error, a dropped case: the engine's own run judges the chunk
-    except OutOfTime as exc:
-        cut = str(exc)
-    events = chunk.events
-    if cut is not None:  # the judged prefix: up to the first queued case without an outcome
-        missing = next((i for i, (kind, case) in enumerate(events) if kind == "queued" and case.case_id not in prefetch.done), len(events))
-        events = events[:missing]
-    for kind, case in events:  # (every queued case of ``events`` was found clean above)
-        seen.add(case.case_id)
-        result.seen.append(case.case_id)
-        if kind == "known":
-            result.skipped_known += 1
-            continue
-        outcome, seconds = prefetch.done.pop(case.case_id)  # type: ignore[misc]
-        if variants is not None:
-            result.compile_seconds += variants.observe(case, seconds)
-        count(result, outcome)
-        if on_case:
-            on_case(result, True)
-    return True, cut
 
 
 def _strategy(check: CaseCheck, capabilities: Any, limits: Limits) -> Any:
@@ -561,8 +489,7 @@ class Campaign:
             if self.compile_plan is not None:
                 self.compile_plan.start(self.compile_plan.tasks(config.limits, seed, isolatable), self.progress)
             if self.target > CHUNK and config.pipeline and any(
-                    (isolated_by_default(b) if config.isolate is None else config.isolate) and getattr(c, "pipelined", True)
-                    for (b, c), _key in todo):
+                    isolates(b, config.isolate) and getattr(c, "pipelined", True) for (b, c), _key in todo):
                 drawers.start()  # only a pipelined (isolated) pair sends them chunks (not the write check), after its first
             self._rounds(todo, schedule, Shared(cutoff=end, workers=workers, drawers=drawers), end)
             if drawers.taken or drawers.redrawn:
@@ -633,7 +560,7 @@ def _known_test(ledger: Sequence[Entry] | None, backend: Backend, check: CaseChe
 def judge_one(backend: Backend, check: CaseCheck, case: Case, config: CampaignConfig = CampaignConfig()) -> BackendResult:
     """Run ``check`` on one given case (``metamorphic --case``), isolated as a campaign runs it (a
     crash replays as a crash), and save a finding as a campaign does."""
-    from pa_oracle.fuzz.run.isolation import case_judge
+    from pa_oracle.fuzz.run.judge import case_judge
 
     result = BackendResult(backend.name, check=check.name, status="done")
     capabilities = check.capabilities(backend)

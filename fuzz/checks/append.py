@@ -88,7 +88,7 @@ class WriteCheck:
     """The write oracle as a ``CaseCheck``: what a write kernel draws (``strategy``), and its verdict."""
 
     name: str = WRITE_CHECK
-    pipelined: bool = False  # no draw ahead (``pa_oracle.fuzz.campaign.overlap`` and the draw processes draw attention cases)
+    pipelined: bool = False  # no draw ahead (``pa_oracle.fuzz.campaign.chunks`` and the draw processes draw attention cases)
 
     def capabilities(self, backend: Backend) -> Any:
         """The write kernel's ``WriteCapabilities``, or why the check cannot apply (an attention kernel)."""

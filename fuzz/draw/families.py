@@ -11,6 +11,11 @@ so masks meet windows and fp8, and MLA meets sinks and q_len > 1.
 - MLA with RoPE (DeepSeek's split): a kernel that declares both ``rope`` and ``mla`` keeps the drawn
   ``Rope`` on its MLA cases, rotating only ``q_pe`` / ``kpe`` (``Rope.span``); a partial ``rotary_dim`` is
   drawn again within ``d_kpe``. Kernels without ``rope`` (the library MLA adapters) never draw it.
+- MLA with an fp8 q: a kernel that declares ``mla`` and fp8 ``q_dtypes`` keeps the drawn fp8 q (``q_scale``,
+  ``o_dtype``) on its MLA cases, one scale for ``[q_nope | q_pe]`` (``oracle.case``). No library MLA adapter
+  declares it: FlashInfer 0.6.18.post1's ``BatchMLAPagedAttentionWrapper`` takes no q scale (``plan`` refuses an
+  fp8 latent cache unless ``q_data_type`` is bf16) and SGLang 0.5.10.post1's Triton ``decode_attention_fwd`` /
+  ``extend_attention_fwd`` take ``k_scale`` / ``v_scale`` only.
 - Trees: per request a draft tree of depth 1-8 and width 1-4 (at most ``MAX_TREE_NODES``
   nodes, q_len_per_req up to 16) behind a prefix of keys; the queries are the tree's nodes. A RoPE
   tree case of a kernel that takes positions (``Capabilities.rope_positions``) rotates node ``n`` at

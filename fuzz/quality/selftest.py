@@ -20,6 +20,7 @@ from pa_oracle.fuzz.quality import (
     planted_composed,
     planted_families,
     planted_layouts,
+    planted_mla_fp8q,
     planted_mla_rope,
     planted_positions,
     planted_user,
@@ -55,7 +56,7 @@ WRITES = types.SimpleNamespace(
     **{k.__name__: k for k in (*_WRITE_BUGS, *planted_writes.CORRECT)})
 # each: BUGS, PLANTED, CORRECT (user-kernel functions, or Backend classes), optional CHECKS (kernel -> check name)
 MODULES = (planted, planted_families, planted_layouts, planted_layouts.STRIDED, planted_composed, planted_user, planted_positions,
-           planted_mla_rope, WRITES)
+           planted_mla_rope, planted_mla_fp8q, WRITES)
 
 
 def selftest_kernels() -> list[tuple[object, str]]:

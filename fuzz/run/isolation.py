@@ -22,8 +22,6 @@ import os
 import pickle
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any, Literal, Protocol
 
@@ -484,7 +482,7 @@ class IsolatedBackend:
 
     ``spec`` is a registered backend name or a ``MODULE:FUNCTION`` user kernel. A passing outcome
     comes back with its error statistics but without its per-element errors unless ``keep_output``
-    or ``pass_errors`` (``case_judge`` keeps them: a repro's report of a pass shows its worst elements).
+    or ``pass_errors`` (``pa_oracle.fuzz.run.judge.case_judge`` keeps them: a repro's report of a pass shows its worst elements).
     """
 
     def __init__(
@@ -583,27 +581,3 @@ def isolated_by_default(backend: Any) -> bool:
     if isinstance(backend, WriteBackend):  # likewise: a user's, a library's or a CUDA write kernel
         return backend.user or backend.library is not None or backend.device == "cuda"
     return isinstance(backend, UserKernel) or backend.package is not None or backend.device == "cuda"
-
-
-@contextmanager
-def case_judge(
-    backend: Any, *, isolate: bool | None = None, timeout: float = CASE_TIMEOUT, tolerance: Tolerance = Tolerance(),
-    first_case_factor: float = FIRST_CASE_FACTOR, keep_output: bool = False, judge: CaseCheck = ORACLE,
-) -> Iterator[Callable[[Case], Outcome]]:
-    """A function judging cases on ``backend`` with ``judge`` (default: the oracle comparison): in
-    a worker process when ``isolate`` (default: ``isolated_by_default``) and the backend can be
-    loaded there, else in this process. Used by replay, triage and the campaign engine, so a crash
-    or hang finding replays as one."""
-    engine_from_env()  # a bad PA_ORACLE_ENGINE is bad input before any case
-    spec = isolatable(backend) if (isolated_by_default(backend) if isolate is None else isolate) else None
-    if spec is None:
-        yield lambda case: judge.judge(case, backend, tolerance, keep_output)
-        return
-    worker = IsolatedBackend(
-        backend, spec, timeout=timeout, tolerance=tolerance, first_case_factor=first_case_factor, keep_output=keep_output,
-        judge=judge, pass_errors=True,
-    )
-    try:
-        yield worker.check
-    finally:
-        worker.close()

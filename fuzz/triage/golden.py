@@ -96,7 +96,8 @@ def _verdicts(case: Case, backends: list[Any], status: str, check: str = ORACLE_
     refuse it if one passes: the case would be no finding, or the golden suite would report an
     unexpected pass. Quarantined cases are never launched (they crash), here neither."""
     from pa_oracle.fuzz.checks.registry import ALL_CHECKS
-    from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
+    from pa_oracle.fuzz.run.isolation import default_case_timeout
+    from pa_oracle.fuzz.run.judge import case_judge
 
     judge = ALL_CHECKS[check]
     verdicts: dict[str, str] = {}

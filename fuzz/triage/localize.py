@@ -88,7 +88,7 @@ def capture(
     backend: Backend, case: Case, tolerance: Tolerance = Tolerance(), check: Callable[[Case], Outcome] | None = None
 ) -> Capture:
     """Judge ``case`` and keep the kernel's raw output: ``check`` must keep outputs
-    (``check_case(..., keep_output=True)``, the default, or ``pa_oracle.fuzz.run.isolation.case_judge(...,
+    (``check_case(..., keep_output=True)``, the default, or ``pa_oracle.fuzz.run.judge.case_judge(...,
     keep_output=True)``); the kernel runs once, where ``check`` runs it."""
     outcome = (check or partial(check_case, backend, tolerance=tolerance, keep_output=True))(case)
     if outcome.verdict is not None:  # the probes below work on the CPU, whatever device judged

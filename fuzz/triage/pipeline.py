@@ -12,12 +12,13 @@ from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.finding_record import FIRST_FAILING, FindingMeta, FoundBy, meta_of, read_first_failing, today
 from pa_oracle.fuzz.campaign.findings import first_line, repro_command
-from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
+from pa_oracle.fuzz.campaign.minimize import HANG, TRIAGE_RUNS, Minimized, minimize
+from pa_oracle.fuzz.campaign.workload import Workload
+from pa_oracle.fuzz.run.isolation import default_case_timeout
+from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.fuzz.triage.localize import Localization, capture, localize
-from pa_oracle.fuzz.triage.minimize import Minimized, minimize
 from pa_oracle.fuzz.triage.necessity import necessary_options
-from pa_oracle.fuzz.triage.workload import Workload
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import load_case
 from pa_oracle.oracle.tolerance import Tolerance
@@ -99,7 +100,7 @@ def run_triage(
     out_dir: Path,
     *,
     minimize_case: bool = True,
-    budget: int = 200,
+    budget: int = TRIAGE_RUNS,
     tolerance: Tolerance = Tolerance(),
     progress: Callable[[str], None] | None = None,
 ) -> Triage:
@@ -112,7 +113,7 @@ def run_triage(
     backend = next(b for b in backends if b.name == result.focus)
     result.kernel_spec = backend.name if isinstance(backend, UserKernel) else None
     first = next(outcome for row, outcome in surveyed if row.backend == backend.name)
-    if minimize_case and first.message.startswith("hang:"):
+    if minimize_case and first.message.startswith(HANG):
         say("not minimizing a hang: every candidate that hangs costs a whole case timeout")
         minimize_case = False
     judge = case_judge(backend, timeout=default_case_timeout(), tolerance=tolerance, keep_output=True)

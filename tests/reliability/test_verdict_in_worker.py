@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.run import isolation
-from pa_oracle.fuzz.run.isolation import case_judge
+from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.oracle.case import Case, Heads, Layout
 
 MODULE = "tests.reliability.bad_kernels"

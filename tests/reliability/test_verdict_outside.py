@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.cli import main
-from pa_oracle.fuzz.run.isolation import case_judge
+from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.oracle.case import Case, Heads, Layout
 
 MODULE = "tests.reliability.bad_kernels"

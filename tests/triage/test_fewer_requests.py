@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from pa_oracle.fuzz.campaign.requests import fewer_requests, without_request
+from pa_oracle.fuzz.campaign.minimize import fewer_requests
+from pa_oracle.fuzz.campaign.workload import Workload, keep_requests
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
@@ -35,5 +36,5 @@ def test_a_request_the_failure_needs_is_kept_and_known_findings_are_not_shrunk_i
 
 
 def test_without_request_keeps_the_others_pages() -> None:
-    case = Case(Layout.from_lengths([1, 2], [5, 3], page_size=4, page_order=[2, 0, 1]), Heads(1, 1, 8, 8))
-    assert without_request(case, 0).layout.kv_indices == (1,) and without_request(case, 1).layout.kv_indices == (2, 0)
+    work = Workload(Case(Layout.from_lengths([1, 2], [5, 3], page_size=4, page_order=[2, 0, 1]), Heads(1, 1, 8, 8)))
+    assert keep_requests(work, [1]).case.layout.kv_indices == (1,) and keep_requests(work, [0]).case.layout.kv_indices == (2, 0)

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 from pa_oracle.fuzz.run.runner import check_case
-from pa_oracle.fuzz.triage.minimize import Signature, minimize, one_step_reductions, signature, smaller
-from pa_oracle.fuzz.triage.workload import Workload, keep_heads, keep_requests, resize
+from pa_oracle.fuzz.campaign.minimize import Signature, minimize, one_step_reductions, signature, smaller
+from pa_oracle.fuzz.campaign.workload import Workload, keep_heads, keep_requests, resize
 from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.reference import reference
 from pa_oracle.oracle.tensors import make_tensors, save_tensors

@@ -1,13 +1,27 @@
-"""Delta debugging of a failing case, beyond Hypothesis's shrinking: ddmin over the requests, then
-greedy one-step reductions (page pool, lengths, heads, options, head dims, data) repeated until a
-whole round changes nothing or the budget of kernel runs is spent.
+"""The one minimizer of a finding: delta debugging on the case itself. ddmin over the requests,
+then greedy one-step reductions (page pool, lengths, heads, options, head dims, data) repeated until
+a whole round changes nothing or the budget of kernel runs is spent. The campaign calls it after
+Hypothesis with a few runs and the requests pass only (``fewer_requests``: ``B=6,
+kv_lens=[0,0,0,0,0,1]`` becomes ``B=1`` before the finding is saved); triage with its full budget and
+every pass (``minimize``).
+
+Why two stages and not three: Hypothesis's shrinking is the search's own shrinker and stays. It
+works on the choice sequence inside the search, where every shrunk case is one the strategy draws
+(within the capabilities and the compiled variants) and ledger entries are rejected as they come;
+but it cannot make a reduction that the choice sequence does not express: drop one request while
+the others keep their pages and data, renumber pages, keep fewer heads of the same group. Those
+work on the ``Case``, cost a kernel run per candidate and need a notion of "the same failure". The
+campaign's request dropper and triage's delta debugger did this twice, with two notions (status
+only; status and failure kinds), so a saved case could fail another way than the one Hypothesis
+found. One stage after the search, with the caller's budget and passes, is all it takes.
 
 Verification model: a candidate is kept only if it is a valid case (``pa_oracle.oracle.case``), the backend
-supports it (``unsupported_reason``), it is strictly smaller (``size``: no measure grows, one
-shrinks) and it *reproduces* the original failure: the same status and, for a failure, a
-non-empty subset of the original's failure kinds (for a crash: the same exception type), so a
-reduction never swaps the bug for another one. At the end, when the budget was not spent, no
-single reduction of the result (``one_step_reductions``) reproduces the failure.
+supports it (``unsupported_reason``), no ledger entry covers it (``known``), it is strictly smaller
+(``size``: no measure grows, one shrinks) and it *reproduces* the original failure (``Signature``):
+the same status and, for a failure, a non-empty subset of the original's failure kinds (for a crash:
+the same exception type), so a reduction never swaps the bug for another one or for a known one. At
+the end, when the budget was not spent and every pass ran, no single reduction of the result
+(``one_step_reductions``) reproduces the failure.
 
 EXTENDING: a reduction is a generator of ``(description, Workload)`` added to ``PASSES``.
 """
@@ -22,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pa_oracle.backends.base import Backend
-from pa_oracle.fuzz.run.runner import Outcome, check_case
-from pa_oracle.fuzz.triage.workload import (
+from pa_oracle.fuzz.campaign.workload import (
     Workload,
     keep_heads,
     keep_requests,
@@ -33,10 +46,15 @@ from pa_oracle.fuzz.triage.workload import (
     set_options,
     shrink_head_dims,
 )
+from pa_oracle.fuzz.run.runner import CONTRACT, Outcome, check_case
 from pa_oracle.oracle.case import Case, CaseError
 from pa_oracle.oracle.tolerance import Tolerance
 
 Candidates = Iterator[tuple[str, Callable[[], Workload]]]  # description, builder
+
+CAMPAIGN_RUNS = 16  # kernel runs the campaign's step may spend after Hypothesis
+TRIAGE_RUNS = 200  # triage's default budget (``--budget``), the first run of the case included
+HANG = "hang:"  # a hang costs a whole case timeout per candidate: neither step minimizes one
 
 # (substring of a Verdict failure line, its kind): the first match names the line's kind
 _FAILURE_KINDS = (
@@ -74,18 +92,24 @@ class Signature:
 
 
 def signature(outcome: Outcome) -> Signature:
-    if outcome.status == "crash":  # the exception type, "hang", or "worker process died (signal SIGSEGV) ..."
+    """The outcome's failure: a crash by its exception type (or "hang", or "worker process died
+    (signal SIGSEGV) ..."); an oracle failure by the kinds of its verdict's lines; a failure of a
+    check beyond the oracle (no verdict) by the check's name, or "contract" for a contract breach."""
+    if outcome.status == "crash":
         return Signature("crash", frozenset({outcome.message.split(":", 1)[0].split(" (worker restarted)")[0]}))
     if outcome.status == "fail" and outcome.verdict is not None:
         kinds = set()
         for line in outcome.verdict.failures:
             kinds.add(next((kind for text, kind in _FAILURE_KINDS if text in line), line.split(" ")[0]))
         return Signature("fail", frozenset(kinds))
+    if outcome.status == "fail":
+        return Signature("fail", frozenset({"contract" if outcome.message.startswith(CONTRACT) else outcome.check}))
     return Signature(outcome.status, frozenset())
 
 
 def size(work: Workload) -> tuple[int, ...]:
-    """Measures that a reduction may only lower (a partial order; see ``smaller``)."""
+    """Measures that a reduction may only lower (a partial order; see ``smaller``). The page order
+    counts its inversions, which dropping a request or a page never raises (the pool stays)."""
     case = work.case
     lay, heads, opts = case.layout, case.heads, case.options
     options_on = sum(
@@ -96,11 +120,25 @@ def size(work: Workload) -> tuple[int, ...]:
         )
     )
     data = work.explicit + (case.distribution != "normal") + (case.seed != 0)
-    out_of_order = sum(page != i for i, page in enumerate(lay.kv_indices))
     return (
-        lay.batch_size, lay.total_q, sum(lay.kv_lens), lay.num_pages, out_of_order,
+        lay.batch_size, lay.total_q, sum(lay.kv_lens), lay.num_pages, _inversions(lay.kv_indices),
         heads.num_qo_heads, heads.num_kv_heads, heads.head_dim_qk, heads.head_dim_vo, options_on, data,
     )
+
+
+def _inversions(pages: tuple[int, ...]) -> int:
+    """Pairs of pages out of order (a Fenwick tree over their ranks: fast on long page tables)."""
+    rank = {page: r for r, page in enumerate(sorted(set(pages)), start=1)}
+    tree, count = [0] * (len(rank) + 1), 0
+    for seen, page in enumerate(pages):
+        i, not_above = rank[page], 0
+        while i > 0:  # pages seen so far that are <= this one
+            not_above, i = not_above + tree[i], i - (i & -i)
+        count += seen - not_above
+        i = rank[page]
+        while i < len(tree):
+            tree[i], i = tree[i] + 1, i + (i & -i)
+    return count
 
 
 def smaller(a: Workload, b: Workload) -> bool:
@@ -219,6 +257,7 @@ PASSES: tuple[tuple[str, Callable[[Workload], Candidates]], ...] = (
     ("head dims", smaller_head_dims),
     ("data", simpler_data),
 )
+ALL_PASSES = tuple(kind for kind, _ in PASSES)  # triage's
 
 
 def one_step_reductions(work: Workload) -> Iterator[tuple[str, Workload]]:
@@ -255,49 +294,52 @@ class Minimized:
     steps: list[Step] = field(default_factory=list)
     runs: int = 0  # kernel runs spent
     budget: int = 0
-    exhausted: bool = False  # the budget ran out before a round without progress
+    exhausted: bool = False  # the budget ran out (or the judge stopped) before a round without progress
 
     @property
     def reduced(self) -> bool:
         return bool(self.steps)
 
 
-class _BudgetSpent(Exception):
-    pass
+class _Stop(Exception):
+    """The budget is spent, or (the campaign's step) the judge could not run a candidate."""
 
 
+@dataclass
 class _Tester:
-    """Runs candidates on the backend, within a budget, caching by workload key."""
+    """Runs candidates within a budget, caching by workload key; a candidate that is invalid, unsupported
+    or known (a ledger entry covers it) is never run and never reproduces."""
 
-    def __init__(
-        self, backend: Backend, target: Signature, budget: int, folder: Path, tolerance: Tolerance,
-        check: Callable[[Case], Outcome] | None = None,
-    ) -> None:
-        self.backend, self.target, self.budget, self.folder, self.tolerance = backend, target, budget, folder, tolerance
-        self.check = check or partial(check_case, backend, tolerance=tolerance)
-        self.runs = 0
-        self.seen: dict[str, Outcome | None] = {}
+    check: Callable[[Case], Outcome]
+    target: Signature
+    budget: int
+    folder: Path | None = None  # where explicit data is written (None: seed-generated cases only)
+    unsupported: Callable[[Case], str | None] = lambda _: None
+    known: Callable[[Case], bool] = lambda _: False
+    runs: int = 0
+    seen: dict[str, Outcome | None] = field(default_factory=dict)
 
     def outcome(self, work: Workload) -> Outcome | None:
-        """The candidate's outcome, or None if it is not a valid, supported case."""
+        """The candidate's outcome, or None if it is not a valid, supported, unknown case."""
         key = work.key()
-        if key in self.seen:
-            return self.seen[key]
-        result: Outcome | None = None
-        if self.backend.unsupported_reason(work.case) is None:
-            if self.runs >= self.budget:
-                raise _BudgetSpent
-            try:
-                case = work.materialize(self.folder)
-                self.runs += 1
-                result = self.check(case)
-            except CaseError:  # e.g. near-uniform data after slicing: not a case the oracle judges
-                self.runs -= 1
-                result = None
-            if result is not None and result.status == "unsupported":
-                result = None
-        self.seen[key] = result
-        return result
+        if key not in self.seen:
+            self.seen[key] = self._run(work)
+        return self.seen[key]
+
+    def _run(self, work: Workload) -> Outcome | None:
+        if self.unsupported(work.case) is not None or self.known(work.case):
+            return None
+        if self.runs >= self.budget:
+            raise _Stop
+        try:
+            assert work.data is None or self.folder is not None, "explicit data needs a folder to be written to"
+            case = work.case if self.folder is None else work.materialize(self.folder)
+            self.runs += 1
+            result = self.check(case)
+        except CaseError:  # e.g. near-uniform data after slicing: not a case the oracle judges
+            self.runs -= 1
+            return None
+        return None if result.status == "unsupported" else result
 
     def reproduces(self, work: Workload) -> bool:
         outcome = self.outcome(work)
@@ -315,7 +357,10 @@ def _ddmin_requests(work: Workload, tester: _Tester, steps: list[Step], say: Cal
             ([i for i in items if i not in s], "drop requests") for s in subsets if len(subsets) > 2
         ]
         for subset, verb in tries:
-            candidate = keep_requests(base, subset)
+            try:
+                candidate = keep_requests(base, subset)
+            except ValueError:  # CaseError: e.g. a custom mask that does not follow the requests
+                continue
             if smaller(candidate, work) and tester.reproduces(candidate):
                 shown = subset if verb == "keep requests" else [i for i in items if i not in subset]
                 steps.append(Step("requests", f"{verb} {shown} of {items}", candidate.case.summary()))
@@ -330,48 +375,87 @@ def _ddmin_requests(work: Workload, tester: _Tester, steps: list[Step], say: Cal
     return work
 
 
+def _greedy(kind: str, make: Callable[[Workload], Candidates], result: Minimized, tester: _Tester,
+            say: Callable[[str], None]) -> bool:
+    """Take the first smaller candidate of ``make`` that reproduces, until none does; True if any did."""
+    changed, progress_made = False, True
+    while progress_made:
+        progress_made = False
+        for description, candidate in _valid(make(result.work)):
+            if smaller(candidate, result.work) and tester.reproduces(candidate):
+                result.work = candidate
+                result.steps.append(Step(kind, description, candidate.case.summary()))
+                say(f"  {kind}: {description}")
+                progress_made = changed = True
+                break
+    return changed
+
+
+def _search(result: Minimized, tester: _Tester, passes: tuple[str, ...], say: Callable[[str], None]) -> Minimized:
+    """Rounds of ddmin over the requests, then each other pass of ``passes``, until a round changes nothing."""
+    try:
+        changed = True
+        while changed:
+            changed = False
+            if "requests" in passes:
+                reduced = _ddmin_requests(result.work, tester, result.steps, say)
+                changed |= reduced is not result.work
+                result.work = reduced
+            for kind, make in PASSES[1:]:
+                if kind in passes:
+                    changed |= _greedy(kind, make, result, tester, say)
+    except _Stop:
+        result.exhausted = True
+    result.runs = tester.runs
+    result.outcome = tester.seen.get(result.work.key()) or result.outcome
+    return result
+
+
 def minimize(
     backend: Backend,
     work: Workload,
     *,
-    budget: int = 200,
+    budget: int = TRIAGE_RUNS,
     tolerance: Tolerance = Tolerance(),
     progress: Callable[[str], None] | None = None,
     check: Callable[[Case], Outcome] | None = None,
+    known: Callable[[Case], bool] | None = None,
+    passes: tuple[str, ...] = ALL_PASSES,
 ) -> Minimized:
-    """Reduce ``work`` while it reproduces its failure on ``backend``, with at most ``budget``
-    kernel runs (the first run, of the original case, included). ``check`` judges a candidate
+    """Triage's step: reduce ``work`` while it reproduces its failure on ``backend``, with at most
+    ``budget`` kernel runs (the first run, of the original case, included). ``check`` judges a candidate
     (default: ``check_case`` in this process; triage passes an isolated one, so a candidate that
-    crashes the worker the same way reproduces the crash instead of killing the triage)."""
+    crashes the worker the same way reproduces the crash instead of killing the triage); ``known``
+    says which candidates a ledger entry covers (never taken)."""
     say = progress or (lambda _: None)
     with tempfile.TemporaryDirectory(prefix="pa-triage-") as tmp:
-        tester = _Tester(backend, Signature("pass", frozenset()), max(budget, 1), Path(tmp), tolerance, check)
-        first = tester.outcome(work)
+        tester = _Tester(check or partial(check_case, backend, tolerance=tolerance), Signature("pass", frozenset()),
+                         max(budget, 1), Path(tmp), backend.unsupported_reason)
+        first = tester.outcome(work)  # (the case itself may be a known one: only its reductions are avoided)
         if first is None or not first.is_finding:
             status = "unsupported" if first is None else first.status
             raise ValueError(f"{backend.name} does not fail this case ({status}); nothing to minimize")
-        tester.target = signature(first)
-        result = Minimized(work, work, first, tester.target, budget=budget)
+        tester.target, tester.known = signature(first), known or tester.known
+        return _search(Minimized(work, work, first, tester.target, budget=budget), tester, passes, say)
+
+
+def fewer_requests(outcome: Outcome, judge: Callable[[Case], Outcome], known: Callable[[Case], bool] = lambda _: False,
+                   max_runs: int = CAMPAIGN_RUNS) -> Outcome:
+    """The campaign's step after Hypothesis: the finding ``outcome`` with the requests it does not need
+    dropped (ddmin, at most ``max_runs`` runs of ``judge``; the finding itself is not judged again).
+    Only the requests: the case keeps its seed's data and its compiled variant. A judge that raises
+    (out of time, a worker that will not start) ends the step with the smallest case so far."""
+    if outcome.case.tensors_file is not None or outcome.message.startswith(HANG):
+        return outcome  # explicit tensors would be rewritten to a temporary file; a hang costs a timeout per try
+
+    def judged(case: Case) -> Outcome:
         try:
-            changed = True
-            while changed:
-                changed = False
-                reduced = _ddmin_requests(result.work, tester, result.steps, say)
-                changed |= reduced is not result.work
-                result.work = reduced
-                for kind, make in PASSES[1:]:
-                    progress_made = True
-                    while progress_made:
-                        progress_made = False
-                        for description, candidate in _valid(make(result.work)):
-                            if smaller(candidate, result.work) and tester.reproduces(candidate):
-                                result.work = candidate
-                                result.steps.append(Step(kind, description, candidate.case.summary()))
-                                say(f"  {kind}: {description}")
-                                progress_made = changed = True
-                                break
-        except _BudgetSpent:
-            result.exhausted = True
-        result.runs = tester.runs
-        result.outcome = tester.seen.get(result.work.key()) or first
-    return result
+            return judge(case)
+        except CaseError:
+            raise  # not a case the oracle judges: an invalid candidate, as in triage
+        except Exception as exc:  # noqa: BLE001 - the tool could not judge: keep what we have
+            raise _Stop from exc
+
+    work = Workload(outcome.case)
+    tester = _Tester(judged, signature(outcome), max_runs, known=known, seen={work.key(): outcome})
+    return _search(Minimized(work, work, outcome, tester.target, budget=max_runs), tester, ("requests",), lambda _: None).outcome
