@@ -90,13 +90,27 @@ def narrow(backend: Backend, only: tuple[str, ...]) -> Backend:
     return backend
 
 
-def _select(backend_names: tuple[str, ...], kernels: tuple[str, ...]) -> list[Backend]:
+def _select(backend_names: tuple[str, ...], kernels: tuple[str, ...], kind: str = "attention") -> list[Backend]:
+    """The backends of ``kind`` the command line names (every usable one by default): a usage error for a name
+    or kernel that cannot be used here, bad input for no write kernel at all."""
     from pa_oracle.backends import BackendSpecError, resolve
 
     try:
-        return resolve(backend_names, kernels)
+        chosen = resolve(backend_names, kernels, kind=kind)
     except BackendSpecError as exc:
         raise click.UsageError(str(exc)) from None
+    if kind == "write" and not chosen:
+        raise BadInput("no write kernel can run here (pa-oracle env lists what is missing)")
+    return chosen
+
+
+def known_checks() -> dict[str, Any]:
+    """Every check ``--check`` names: the registry's (the oracle comparison and the checks beyond it) and the
+    write check (``pa_oracle.fuzz.checks.append.WRITE``, for write kernels: it runs alone)."""
+    from pa_oracle.fuzz.checks.append import WRITE, WRITE_CHECK
+    from pa_oracle.fuzz.checks.registry import ALL_CHECKS
+
+    return {**ALL_CHECKS, WRITE_CHECK: WRITE}
 
 
 class Seconds(click.FloatRange):
@@ -124,6 +138,11 @@ DEFAULT_MAX_BATCH, DEFAULT_MAX_KV_LEN = 6, 300
 
 # The commands are joined into `pa-oracle` by pa_oracle.cli (the composition root), lazily.
 
+WRITE_CHECK_NAME = "write"  # pa_oracle.fuzz.checks.append.WRITE_CHECK, here so that `--help` does not import torch
+WRITES_CAMPAIGN = "writes-state"  # the write check's state file (OUT/writes-state.json), as `pa-oracle writes` named it
+# options of the attention draws and builds: a write campaign refuses them by name (`pa-oracle writes` has none)
+NOT_FOR_WRITES = {"only": "--only", "max_batch": "--max-batch", "max_kv_len": "--max-kv-len", "compile_budget": "--compile-budget"}
+
 
 @click.command()
 @click.option("--backend", "-b", "backend_names", multiple=True, help="Backend name (repeatable). Default: every available one.")
@@ -149,8 +168,8 @@ DEFAULT_MAX_BATCH, DEFAULT_MAX_KV_LEN = 6, 300
 @click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign (a job-array task); state in OUT/shards/.")
 @click.option("--merge", "merge_only", is_flag=True, help="Fuzz nothing: merge the shard states in --out and print the summary.")
 @click.option("--check", "-c", "check_names", multiple=True,
-              help="The check to run (repeatable): oracle (the comparison with the float64 oracle) or one of "
-                   "`pa-oracle metamorphic --help`'s. Default: oracle.")
+              help="The check to run (repeatable): oracle (the comparison with the float64 oracle), one of "
+                   "`pa-oracle metamorphic --help`'s, or write (write kernels, alone: `pa-oracle writes`). Default: oracle.")
 @click.option("--case", "case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Run the checks on this saved case instead of drawing cases.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
@@ -162,13 +181,14 @@ def fuzz(ctx: click.Context, **options: Any) -> None:
     about every second), so --resume continues it after a kill. One campaign at a time per --out (a lock
     file); a campaign never replaces or deletes a finding folder. --workers N runs N shards side
     by side and merges them; --shard I/N runs one shard (a job-array task), --merge merges their
-    states. --check runs other checks in the same engine (their state: checks.json)."""
+    states. --check runs other checks in the same engine (their state: checks.json; the write check's,
+    `pa-oracle writes`, writes-state.json)."""
     run_fuzz(ctx, FuzzOptions(**options))
 
 
 @dataclass(frozen=True)
 class FuzzOptions:
-    """What ``fuzz`` (and ``metamorphic``, its other defaults) was asked, as the command line gave it."""
+    """What ``fuzz`` (and ``metamorphic`` and ``writes``, its other defaults) was asked, as the command line gave it."""
 
     backend_names: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
@@ -200,27 +220,38 @@ class FuzzOptions:
         return self.check_names or ("oracle",)
 
     @property
+    def writes(self) -> bool:
+        """Whether the run is the write check's (write kernels, ``pa-oracle writes``)."""
+        return WRITE_CHECK_NAME in self.checks
+
+    @property
     def kind(self) -> str:
-        """The campaign's state file: campaign.json for the oracle comparison alone, checks.json otherwise."""
+        """The campaign's state file: campaign.json for the oracle comparison alone, writes-state.json for the
+        write check, checks.json otherwise."""
         from pa_oracle.fuzz.campaign.state import CAMPAIGN, CHECKS_CAMPAIGN
 
+        if self.writes:
+            return WRITES_CAMPAIGN
         return CAMPAIGN if self.checks == ("oracle",) and self.command == "fuzz" else CHECKS_CAMPAIGN
 
     def refuse_conflicts(self) -> None:
         """Options that cannot go together: a usage error (exit 2) before anything runs."""
-        from pa_oracle.fuzz.checks.registry import ALL_CHECKS
         from pa_oracle.fuzz.campaign.state import CAMPAIGN
 
-        if unknown := [name for name in self.checks if name not in ALL_CHECKS]:
-            close = difflib.get_close_matches(unknown[0], ALL_CHECKS, n=3)
+        checks = known_checks()
+        if unknown := [name for name in self.checks if name not in checks]:
+            close = difflib.get_close_matches(unknown[0], checks, n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(ALL_CHECKS)})")
+            raise click.UsageError(f"unknown check {unknown[0]!r}{hint} (known: {', '.join(checks)})")
+        if self.writes and len(self.checks) > 1:
+            raise click.UsageError("--check write judges write kernels, the other checks attention kernels: "
+                                   "run it alone (pa-oracle writes)")
         if self.resume and self.overwrite:
             raise click.UsageError("--resume continues the campaign in --out and --overwrite starts a new one: give one of them")
         if self.workers > 1 and self.shard_text:
             raise click.UsageError("--workers runs every shard itself; give --shard only without --workers")
-        if self.workers > 1 and self.kind != CAMPAIGN:
-            raise click.UsageError("--workers runs the oracle comparison only; run other checks with --shard I/N")
+        if self.workers > 1 and self.kind not in (CAMPAIGN, WRITES_CAMPAIGN):
+            raise click.UsageError("--workers runs the oracle comparison or the write check only; run other checks with --shard I/N")
         if self.case_file and (self.resume or self.merge_only or self.shard_text or self.workers > 1):
             raise click.UsageError("--case runs one saved case: it takes no --resume, --shard, --merge or --workers")
 
@@ -230,10 +261,14 @@ def run_fuzz(ctx: click.Context, opts: FuzzOptions) -> None:
     from pa_oracle.fuzz.campaign.outdir import campaign_lock
 
     opts.refuse_conflicts()
+    _refuse_what_writes_ignore(ctx, opts)
     shard = _parse_shard(opts.shard_text)
     chosen: list[Backend] = []
     if not opts.resume and not opts.merge_only:  # refuse bad backends and --only before anything is written under --out
-        chosen = [narrow(b, opts.only) for b in _select(opts.backend_names, opts.kernels)]
+        chosen = _select(opts.backend_names, opts.kernels, kind="write") if opts.writes else [
+            narrow(b, opts.only) for b in _select(opts.backend_names, opts.kernels)]
+    if opts.writes and opts.case_file is not None:  # a saved write case, judged on each kernel: nothing is written
+        ctx.exit(_judge_the_write_case(opts, chosen))
     fresh = not (opts.resume or opts.overwrite or opts.merge_only or opts.shard_text or opts.case_file)
     out_dir = _default_out_for_a_new_run(ctx, opts.out_dir, opts.workers, opts.kind) if fresh else opts.out_dir
     remember_out_dir(ctx, out_dir)
@@ -244,7 +279,7 @@ def run_fuzz(ctx: click.Context, opts: FuzzOptions) -> None:
         elif opts.merge_only:
             results = _merged(out_dir, opts.kind)
         elif opts.workers > 1:
-            results, worker_codes = _fuzz_with_workers(ctx, out_dir, opts.workers, opts.resume, opts.overwrite)
+            results, worker_codes = _fuzz_with_workers(ctx, opts, out_dir)
         else:
             results, left_out = _fuzz_one_shard(ctx, opts, chosen, out_dir, shard)
         if opts.kind == "campaign" and opts.case_file is None:
@@ -261,8 +296,37 @@ def run_fuzz(ctx: click.Context, opts: FuzzOptions) -> None:
     ctx.exit(code)
 
 
+def _refuse_what_writes_ignore(ctx: click.Context, opts: FuzzOptions) -> None:
+    """A write campaign given an option of the attention draws or builds (``NOT_FOR_WRITES``): a usage error
+    naming it (exit 2), never an option silently ignored."""
+    given = [flag for name, flag in NOT_FOR_WRITES.items() if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+    if opts.writes and given:
+        raise click.UsageError(f"{', '.join(given)}: not for write kernels (the write check draws write cases from each "
+                               "kernel's WriteCapabilities; there is nothing to narrow, bound or build)")
+
+
+def _judge_the_write_case(opts: FuzzOptions, chosen: list[Backend]) -> int:
+    """``--case`` of the write check: the saved write case on each kernel, isolated as a campaign runs it (a crash
+    replays as a crash), a line each (``NAME STATUS: DETAIL``); its exit code: 1 a finding, 3 no verdict, else 0."""
+    from pa_oracle.fuzz.exits import FINDING, NO_FINDING
+    from pa_oracle.fuzz.write_cli import judge_saved_write, read_write_case
+
+    assert opts.case_file is not None
+    case = read_write_case(opts.case_file)  # a CaseError (file and field) exits 2
+    outcomes = [judge_saved_write(backend, case, opts.isolate, opts.case_timeout) for backend in chosen]
+    rows = [{"backend": o.backend, "message": o.message,
+             "status": "hang" if o.status == "crash" and o.message.startswith("hang:") else o.status} for o in outcomes]
+    if opts.as_json:
+        click.echo(json.dumps(rows, indent=1))
+    for row in rows if not opts.as_json else []:
+        click.echo(f"{row['backend']:28s} {row['status'].upper()}: {row['message']}")
+    if any(o.status in ("error", "unsupported") for o in outcomes):
+        return TOOL_FAILED  # no verdict: the tool could not judge, or the kernel declined the case
+    return FINDING if any(o.is_finding for o in outcomes) else NO_FINDING
+
+
 def _continue_command(opts: FuzzOptions) -> str:
-    """The command that continues this campaign with --resume: ``fuzz`` with its checks, or ``metamorphic``."""
+    """The command that continues this campaign with --resume: ``fuzz`` with its checks, ``metamorphic`` or ``writes``."""
     if opts.command != "fuzz" or opts.checks == ("oracle",):
         return opts.command
     return "fuzz " + " ".join(f"-c {name}" for name in opts.checks)
@@ -296,7 +360,6 @@ def _fuzz_one_shard(ctx: click.Context, opts: FuzzOptions, chosen: list[Backend]
     from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
     from pa_oracle.fuzz.campaign.state import CAMPAIGN, state_path
     from pa_oracle.fuzz.campaign.variants import compile_budget as campaign_compile_budget
-    from pa_oracle.fuzz.checks.registry import ALL_CHECKS
     from pa_oracle.fuzz.draw.strategies import Limits
     from pa_oracle.fuzz.progress import CampaignProgress
 
@@ -311,12 +374,14 @@ def _fuzz_one_shard(ctx: click.Context, opts: FuzzOptions, chosen: list[Backend]
     asked: dict[str, Any] = {"seed": opts.seed, "max_batch": opts.max_batch, "max_kv_len": opts.max_kv_len,
                              "only": list(opts.only), "backends": list(opts.backend_names), "kernels": list(opts.kernels),
                              "shard": str(shard)}
+    if opts.writes:  # the attention draws' bounds and narrowing mean nothing to a write campaign
+        del asked["max_batch"], asked["max_kv_len"], asked["only"]
     if not oracle_only:
         asked["checks"] = list(opts.checks)
     state, chosen = _start_or_resume(ctx, out_dir, path, asked, chosen if not opts.resume else [], resume=opts.resume,
                                      overwrite=opts.overwrite, workers=opts.workers, kind=opts.kind)
     saved = state.config
-    limits = Limits(max_batch=saved["max_batch"], max_kv_len=saved["max_kv_len"])
+    limits = Limits(max_batch=saved.get("max_batch", opts.max_batch), max_kv_len=saved.get("max_kv_len", opts.max_kv_len))
     if opts.resume:
         plan = _compile_plan(chosen, limits, ledger, budget, int(saved.get("seed", 0)) + shard.index, explicit=False)
     if plan is not None and plan.left_out:
@@ -324,7 +389,7 @@ def _fuzz_one_shard(ctx: click.Context, opts: FuzzOptions, chosen: list[Backend]
     config = CampaignConfig(
         examples=opts.examples, time_budget=opts.time_budget, shard=shard, limits=limits, ledger=ledger,
         rerun_findings=opts.rerun_findings, isolate=opts.isolate, case_timeout=opts.case_timeout, out_dir=out_dir,
-        checks=tuple(ALL_CHECKS[n] for n in saved.get("checks", opts.checks)),
+        checks=tuple(known_checks()[n] for n in saved.get("checks", opts.checks)), pipeline=not opts.writes,
     )
     if not oracle_only:
         return run_campaign(chosen, state, path, config, progress=lambda line: click.echo(line, err=True)), {}
@@ -352,11 +417,16 @@ def _print_results(opts: FuzzOptions, results: list[BackendResult], left_out: di
         rows = [_result_json(r) if opts.kind == "campaign" else _check_result_json(r) for r in results]
         click.echo(json.dumps(rows, indent=1))
         return
-    for r in results:
+    if opts.writes:  # a write kernel's line and its saved finding (pa_oracle.fuzz.write_cli.result_line)
+        from pa_oracle.fuzz.write_cli import result_lines
+
+        click.echo("\n".join(result_lines(results)))
+    for r in results if not opts.writes else []:
         for f in r.findings:
             click.echo(f"\nFINDING in {r.key}{allowed_clause([f.message])}: {f.message}\n  minimal case: {f.case}")
             click.echo(f"  report: {Path(f.dir) / 'report.md' if f.dir else '(not saved)'}\n  repro:  {f.repro}\n")
-    click.echo("\n".join(r.line() for r in results))
+    if not opts.writes:
+        click.echo("\n".join(r.line() for r in results))
     for name, why in left_out.items():
         click.echo(f"{name}: LEFT OUT ({why})")
     if not opts.merge_only and opts.workers == 1 and opts.case_file is None:
@@ -440,10 +510,13 @@ def _start_or_resume(ctx: click.Context, out_dir: Path, path: Path, asked: dict[
         refuse_replacing([] if overwrite else kept_campaign(out_dir, path, workers, kind), out_dir)
     state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
     config = state.config
-    if resume:
+    if resume and kind == WRITES_CAMPAIGN:
+        chosen = _select(tuple(config.get("backends", ())), tuple(config.get("kernels", ())), kind="write")
+    elif resume:
         chosen = [narrow(b, tuple(config["only"])) for b in _select(tuple(config["backends"]), tuple(config["kernels"]))]
-    config["backends"] = [b.name for b in chosen if not isinstance(b, UserKernel)]
-    config["kernels"] = [b.name for b in chosen if isinstance(b, UserKernel)]
+    users = [isinstance(b, UserKernel) or getattr(b, "user", False) is True for b in chosen]  # (a write kernel's: .user)
+    config["backends"] = [b.name for b, user in zip(chosen, users) if not user]
+    config["kernels"] = [b.name for b, user in zip(chosen, users) if user]
     return state, chosen
 
 
@@ -469,15 +542,14 @@ def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any]) -> CampaignS
         if key in asked and ctx.get_parameter_source(option) == ParameterSource.COMMANDLINE and asked[key] != state.config.get(key):
             raise click.UsageError(
                 f"--resume: the campaign in {path} was started with {key}={state.config.get(key)!r}, "
-                f"not {asked[key]!r}; drop the option or start a new --out"
+                f"not {asked[key]!r} (its config.{key}); drop the option or start a new --out"
             )
     return state
 
 
-def _fuzz_with_workers(
-    ctx: click.Context, out_dir: Path, workers: int, resume: bool, overwrite: bool
-) -> tuple[list[BackendResult], list[int]]:
-    """Run shards 0..workers-1 as worker processes; (merged results, the workers' exit codes)."""
+def _fuzz_with_workers(ctx: click.Context, opts: FuzzOptions, out_dir: Path) -> tuple[list[BackendResult], list[int]]:
+    """Run shards 0..workers-1 as worker processes (``pa-oracle fuzz --shard I/N``, the oracle comparison's or the
+    write check's campaign); (merged results, the workers' exit codes)."""
     from pa_oracle.fuzz.campaign.outdir import kept_campaign, refuse_replacing
     from pa_oracle.fuzz.campaign.shard import Shard
     from pa_oracle.fuzz.campaign.state import CampaignStateError, load_shards, merge_results, missing_shards, state_path
@@ -487,9 +559,10 @@ def _fuzz_with_workers(
     from pa_oracle.fuzz.run.pool import worker_processes
     from pa_oracle.fuzz.run.workers import run_workers, visible_gpus
 
-    kept = kept_campaign(out_dir, state_path(out_dir, Shard()), workers)
-    if not resume:
-        refuse_replacing([] if overwrite else kept, out_dir)
+    workers, kind = opts.workers, opts.kind
+    kept = kept_campaign(out_dir, state_path(out_dir, Shard(), kind), workers, kind)
+    if not opts.resume:
+        refuse_replacing([] if opts.overwrite else kept, out_dir)
         for stale in kept:  # --overwrite: the shard states are replaced (finding folders are kept)
             stale.unlink()
     gpus = visible_gpus()
@@ -500,9 +573,9 @@ def _fuzz_with_workers(
     share = {DRAW_ENV: str(draw_processes(cores=cores))}
     if gpus:
         share[WORKER_ENV] = str(worker_processes("cuda", cores=cores))
-    codes = run_workers(_forwarded_args(ctx), workers, gpus, extra_env=share)
+    codes = run_workers(_forwarded_args(ctx, opts), workers, gpus, extra_env=share)
     try:
-        states = load_shards(out_dir)
+        states = load_shards(out_dir, kind)
     except CampaignStateError:
         if all(c not in (0, 1) for c in codes):
             return [], codes  # no worker got as far as a state: their codes say why
@@ -512,14 +585,22 @@ def _fuzz_with_workers(
     return merge_results([list(s.results.values()) for s in states]), codes
 
 
-def _forwarded_args(ctx: click.Context) -> list[str]:
-    """The options given on this command line, as arguments for a worker (less --workers/--json)."""
+def _forwarded_args(ctx: click.Context, opts: FuzzOptions) -> list[str]:
+    """The options given on this command line, as arguments for a worker, a ``pa-oracle fuzz`` (less
+    --workers/--json). Another command's worker (``writes``) is also told its checks and each default of its
+    own that is not ``fuzz``'s (``writes``' --out and --case-timeout)."""
     args: list[str] = []
     if fresh := ctx.meta.get("pa_oracle.fresh_out"):  # the run folder chosen under the default --out
         args += ["--out", str(fresh)]
+    other = ctx.command is not fuzz
+    if other and ctx.get_parameter_source("check_names") != ParameterSource.COMMANDLINE:
+        args += [a for name in opts.checks for a in ("--check", name)]
+    defaults = {p.name: p.default for p in fuzz.params}
     for param in ctx.command.params:
         name = param.name or ""
-        if name in ("workers", "as_json", "merge_only") or ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
+        given = ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+        own_default = other and name in defaults and param.default != defaults[name] and not (name == "out_dir" and fresh)
+        if name in ("workers", "as_json", "merge_only") or not (given or own_default):
             continue
         value, flag = ctx.params[name], max(param.opts, key=len)
         if isinstance(param, click.Option) and param.is_flag:
@@ -791,6 +872,47 @@ def metamorphic(ctx: click.Context, **options: Any) -> None:
 
     options["check_names"] = options["check_names"] or tuple(CHECKS)
     run_fuzz(ctx, FuzzOptions(**options, command="metamorphic"))
+
+
+@click.command()
+@click.option("--backend", "-b", "backend_names", multiple=True, help="Write kernel name (repeatable). Default: every available one.")
+@click.option("--kernel", "kernels", multiple=True, metavar="MODULE:NAME",
+              help="A write function or WriteKernel class of your own (repeatable; pa_oracle.backends.writes.user).")
+@click.option("--examples", "-n", type=click.IntRange(min=1), default=200, show_default=True, help="Examples per kernel.")
+@click.option("--time-budget", type=click.FloatRange(min=0, min_open=True, max=1e9), default=None,
+              help="Seconds for the whole run, shared by the kernels.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
+@click.option("--case", "case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Replay one saved write case (writes.json) instead of fuzzing.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("pa-findings/writes"),
+              show_default=True, help="Where failing cases and the campaign's state are saved (findings never overwritten).")
+@click.option("--resume", is_flag=True, help="Continue the write campaign whose state is in --out.")
+@click.option("--overwrite", is_flag=True, help="Start again although --out holds a write campaign's state.")
+@click.option("--rerun-findings", is_flag=True, help="With --resume: fuzz again the kernels that stopped at a finding.")
+@click.option("--isolate/--no-isolate", default=None,
+              help="Run cases in a restartable worker process (default: on for --kernel, library and CUDA kernels).")
+@click.option("--case-timeout", type=click.FloatRange(min=0, min_open=True, max=86400), default=60.0, show_default=True,
+              help="Seconds before an isolated case counts as a hang.")
+@click.option("--skip-known/--no-skip-known", default=True, show_default=True,
+              help="Skip drawn cases that a ledger entry of the write check covers (--no-skip-known runs them).")
+@click.option("--ledger", "ledger_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Skip drawn cases a ledger entry of the write check covers (its 'matches' over write-case fields; "
+                   "default: golden/ledger.json).")
+@click.option("--workers", type=click.IntRange(1, 4096), default=1, show_default=True,
+              help="Worker processes, one shard each (pinned to the GPUs round-robin), merged at the end.")
+@click.option("--shard", "shard_text", default=None, help="Run only shard I/N of the campaign; state in OUT/shards/.")
+@click.option("--merge", "merge_only", is_flag=True, help="Fuzz nothing: merge the shard states in --out and print the results.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+@click.pass_context
+def writes(ctx: click.Context, **options: Any) -> None:
+    """Append ragged batches into canary-filled paged pools and compare every byte: the appended
+    slots must hold the appended values (an fp8 cache: quantised once with the case's scale), padding
+    rows (slot -1) nothing, and everything else must be unchanged.
+
+    The same as ``pa-oracle fuzz --check write`` (with --out pa-findings/writes and a 60 s case
+    timeout): the state in OUT/writes-state.json (--resume, --overwrite), --workers N shards merged at
+    the end, --shard I/N and --merge, --json. Exit 1 on any finding."""
+    run_fuzz(ctx, FuzzOptions(**options, check_names=(WRITE_CHECK_NAME,), command="writes"))
 
 
 def _check_result_json(r: BackendResult) -> dict[str, Any]:

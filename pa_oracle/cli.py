@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "golden": ("pa_oracle.fuzz.triage.cli:golden", "The regression corpus (golden/cases + golden/ledger.json)."),
     "gate": ("pa_oracle.gates.cli:gate",
              "End-to-end gates: a model's attention runs through a backend and is compared with a reference."),
-    "writes": ("pa_oracle.fuzz.write_cli:writes",
+    "writes": ("pa_oracle.fuzz.cli:writes",
                "Append ragged batches into canary-filled paged pools and compare every byte: the appended slots "
                "must hold the appended values (an fp8 cache: quantised once with the case's scale), padding rows "
                "(slot -1) nothing, and everything else must be unchanged."),

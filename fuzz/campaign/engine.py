@@ -488,8 +488,9 @@ class Campaign:
         try:
             if self.compile_plan is not None:
                 self.compile_plan.start(self.compile_plan.tasks(config.limits, seed, isolatable), self.progress)
-            if self.target > CHUNK and any(isolates(b, config.isolate) for (b, _c), _key in todo):
-                drawers.start()  # only a pipelined (isolated) backend sends them chunks, and only those after its first
+            if self.target > CHUNK and config.pipeline and any(
+                    isolates(b, config.isolate) and getattr(c, "pipelined", True) for (b, c), _key in todo):
+                drawers.start()  # only a pipelined (isolated) pair sends them chunks (not the write check), after its first
             self._rounds(todo, schedule, Shared(cutoff=end, workers=workers, drawers=drawers), end)
             if drawers.taken or drawers.redrawn:
                 self._say(f"{drawers.taken} chunks drawn ahead by {drawers.count} draw processes "
