@@ -31,7 +31,8 @@ from pa_oracle.fuzz.campaign.finding_record import FindingError, FindingMeta, Fo
 from pa_oracle.fuzz.campaign.findings import WRITE_FINDING, first_line
 from pa_oracle.fuzz.campaign.minimize import HANG, TRIAGE_RUNS, WRONG_BYTES, Minimized, WriteWork, minimize_write
 from pa_oracle.fuzz.checks.append import MUTATED, WRITE, WRITE_CHECK, engine_case
-from pa_oracle.fuzz.run.isolation import case_judge, default_case_timeout
+from pa_oracle.fuzz.run.isolation import default_case_timeout
+from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.oracle.append import AppendCase, compare_pools, make_inputs, quantised_values
 from pa_oracle.oracle.case import CaseError
