@@ -26,19 +26,21 @@ from __future__ import annotations
 import builtins
 import copy
 import operator
+import os
 import pickle
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.nn.functional
-from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors, raw_bits
 
+C = TypeVar("C")
 DEVICE_COPY_LIMIT = 1 << 30  # bytes of inputs copied on their device; past it (huge pools) they are kept on the host
 COMPARE_CHUNK = 1 << 28  # bytes of a copy kept on the host moved to the device at a time to compare
 
@@ -82,8 +84,9 @@ def differing(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], *, batched: b
     return [name for name, *_ in pairs if name in changed]
 
 
-def case_copy(case: Case) -> Case:
-    """A deep copy of ``case`` for the kernel's side (through pickle: half the time of ``copy.deepcopy``)."""
+def case_copy(case: C) -> C:
+    """A deep copy of ``case`` (an attention ``Case``, a write case) for the kernel's side (through pickle:
+    half the time of ``copy.deepcopy``)."""
     try:
         return pickle.loads(pickle.dumps(case, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:  # noqa: BLE001 - a meta value that does not pickle: the slower copy
@@ -101,6 +104,27 @@ def handed(tensors: Tensors, inputs: Mapping[str, torch.Tensor]) -> Handed:
         return Handed(tensors, dict(inputs), {name: t.to("cpu", copy=True) for name, t in everything.items()})
     private = tensors.copy()
     return Handed(private, dict(inputs), {**memory, **{name: t.clone() for name, t in inputs.items()}})
+
+
+class KernelExit(BaseException):
+    """What ``os._exit`` raises during a kernel's call (``exit_refused``): the kernel's crash."""
+
+
+@contextmanager
+def exit_refused() -> Iterator[None]:
+    """During the block (a kernel's call), ``os._exit`` raises ``KernelExit`` instead of ending the process:
+    in one process (``--no-isolate``) a kernel's ``os._exit(0)`` would end the run with exit status 0, read
+    as a pass. (``posix._exit`` or a signal still end it; an isolated kernel's worker dies and says so.)"""
+    real = os._exit
+
+    def refused(status: int) -> NoReturn:
+        raise KernelExit(f"the kernel called os._exit({status}) (exit code {status}; refused, the run goes on)")
+
+    os._exit = refused
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 # --- torch's numerics switches -------------------------------------------------------------------------------
@@ -124,6 +148,15 @@ def _set_deterministic(value: tuple[bool, bool]) -> None:
     torch.use_deterministic_algorithms(value[0], warn_only=value[1])
 
 
+def _denormals_flushed() -> bool:
+    """Whether this thread flushes denormals to zero (``torch.set_flush_denormal``, which has no getter)."""
+    return bool((torch.tensor([1e-310], dtype=torch.float64) * 1.0).item() == 0.0)
+
+
+def _flush_denormals(value: bool) -> None:
+    torch.set_flush_denormal(value)
+
+
 def _sdp(name: str) -> tuple[str, Callable[[], Any], Callable[[Any], None]]:
     cuda = torch.backends.cuda
     return f"torch.backends.cuda.{name}_sdp_enabled()", getattr(cuda, f"{name}_sdp_enabled"), getattr(cuda, f"enable_{name}_sdp")
@@ -145,6 +178,7 @@ def _switches() -> tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], .
         ("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
         ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
         ("deterministic algorithms (enabled, warn only)", _deterministic, _set_deterministic),
+        ("torch.set_flush_denormal (denormals flushed to zero)", _denormals_flushed, _flush_denormals),
     ]
     cuda = torch.backends.cuda
     sdpa = [_sdp(name) for name in ("flash", "mem_efficient", "math", "cudnn")
@@ -228,6 +262,12 @@ def restore_numerics(saved: Mapping[str, Any]) -> bool:
 # --- the judge's code ---------------------------------------------------------------------------------------
 
 
+# operators the judge's code uses without naming them (``a != b``, ``a[i]``): a class's replaced one counts too
+_OPERATORS = frozenset({
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__", "__or__", "__xor__", "__invert__", "__bool__",
+    "__getitem__", "__setitem__", "__len__", "__iter__", "__contains__", "__add__", "__sub__", "__mul__", "__truediv__",
+    "__floordiv__", "__mod__", "__neg__", "__abs__", "__matmul__", "__pow__",
+})
 _IGNORED_CLASS_KEYS = frozenset({"__slotnames__"})  # copyreg caches it on a class at its first pickle or deepcopy
 _MISSING = object()
 _FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
@@ -310,7 +350,7 @@ class Watch:
                 self._classes.append((cls, namespace))
                 functions.update((id(v), v) for v in namespace.values() if isinstance(v, types.FunctionType))
         self._functions = list(functions.values())
-        used = _names_used(self._functions)
+        used = _names_used(self._functions) | _OPERATORS
         # defaults matter only where there are some (a function without any gets every argument from its callers)
         self._parts = []
         for name, part in zip(_FUNCTION_PARTS, _PART):
