@@ -284,6 +284,14 @@ def exits_zero_hard(key, value, k_cache, v_cache, *, slot_mapping):
     os._exit(0)
 
 
+def exits_zero_past_the_guard(key, value, k_cache, v_cache, *, slot_mapping):
+    """``posix._exit(0)``: past the judge's refusal of ``os._exit`` (isolated: its worker dies with status 0)."""
+    import posix
+
+    sys.stdout.flush()
+    posix._exit(0)
+
+
 def sleeps(key, value, k_cache, v_cache, *, slot_mapping):
     time.sleep(60)
 

@@ -50,12 +50,13 @@ HOLES = [
     ("forgets_the_scale_and_rescales_the_case", "fail", "the kernel changed the case it was given"),
     ("RelabelsItsCase", "fail", "the kernel changed the case it was given"),
     ("ReturnsItsPools", "crash", "returned a tuple; a write kernel writes its pools in place and returns None"),
-    ("writes_nothing_rebinds_compare_pools", "fail", "the kernel changed the judge: pa_oracle.fuzz.checks.append.compare_pools"),
+    ("writes_nothing_rebinds_compare_pools", "fail", "the kernel changed the judge: pa_oracle.oracle.append.compare_pools, "
+     "pa_oracle.fuzz.checks.append.compare_pools"),
     ("writes_nothing_swaps_compare_pools_code", "fail", "the kernel changed the judge: pa_oracle.oracle.append.compare_pools.__code__"),
     ("writes_nothing_verdict_always_ok", "fail", "the kernel changed the judge: pa_oracle.oracle.append.AppendVerdict.ok"),
     ("writes_nothing_torch_ne_never", "fail", "the kernel changed the judge: torch.Tensor.__ne__"),
     ("forgets_the_scale_and_swaps_the_quantiser", "fail", "the kernel changed the judge: pa_oracle.oracle.append.quantised_values"),
-    ("flips_tf32", "fail", "numerics switches during its call: torch.backends.cuda.matmul.allow_tf32"),
+    ("flips_tf32", "fail", "torch.backends.cuda.matmul.allow_tf32 False -> True"),
     ("sets_default_dtype", "fail", "numerics switches during its call: torch.get_default_dtype()"),
     ("flushes_denormals", "fail", "torch.set_flush_denormal (denormals flushed to zero) False -> True"),
 ]
@@ -114,15 +115,18 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
-def test_an_os_exit_zero_isolated_is_a_crash_finding(tmp_path: Path) -> None:
-    done = _cli("writes", "--kernel", f"{MODULE}:exits_zero_hard", "-n", "5", "--out", str(tmp_path))
+@pytest.mark.parametrize("mode", MODES)
+def test_an_os_exit_zero_is_a_crash_finding_never_exit_0(tmp_path: Path, mode: str) -> None:
+    """The kernel's ``os._exit(0)`` is its crash: in one process (``--no-isolate``) it ended the run with
+    status 0 and no verdict before (a hole); a worker's would have died."""
+    done = _cli("writes", "--kernel", f"{MODULE}:exits_zero_hard", "-n", "5", mode, "--out", str(tmp_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{MODULE}:exits_zero_hard FAIL crash" in done.stdout and "the kernel called os._exit(0)" in done.stdout, done.stdout
+
+
+def test_a_worker_ended_past_the_guard_with_status_0_is_a_crash_finding(tmp_path: Path) -> None:
+    done = _cli("writes", "--kernel", f"{MODULE}:exits_zero_past_the_guard", "-n", "5", "--out", str(tmp_path))
     assert done.returncode == 1 and "worker process died (exit code 0)" in done.stdout, done.stdout + done.stderr
-
-
-def test_an_os_exit_zero_in_process_never_exits_0(tmp_path: Path) -> None:
-    """In this process (``--no-isolate``) the kernel's ``os._exit(0)`` is its crash, not the end of the run."""
-    done = _cli("writes", "--kernel", f"{MODULE}:exits_zero_hard", "-n", "5", "--no-isolate", "--out", str(tmp_path))
-    assert done.returncode == 1 and "FAIL crash" in done.stdout and "os._exit(0)" in done.stdout, done.stdout + done.stderr
 
 
 def test_the_switches_name_flushed_denormals_and_put_them_back() -> None:
