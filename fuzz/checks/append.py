@@ -6,7 +6,7 @@ and answers each case with an ``Outcome``, as the oracle comparison does for an 
 
 from __future__ import annotations
 
-import json
+import pickle
 import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
@@ -43,18 +43,18 @@ def judge_write(case: AppendCase, kernel: WriteKernel) -> WriteOutcome:
     """Whatever the kernel raises (any ``BaseException``: ``SystemExit`` too, but the user's Ctrl-C) is its crash.
 
     The trust boundary (``pa_oracle.fuzz.run.boundary``) as for an attention kernel: the kernel's side gets a
-    copy of the case; the judge keeps the case as JSON text (nothing the kernel does changes it) and judges
-    the case read back from it. No copy of what the pools held exists during the call: the expected pools
+    copy of the case; the judge keeps the case pickled (bytes: nothing the kernel does changes them) and
+    judges the case read back from them. No copy of what the pools held exists during the call: the expected pools
     and the read-only tensors are drawn again from the case after it, so a kernel that writes into every
     tensor it can find (``gc``) cannot write into them. The judge reads the pools through views of its own
     (a kernel that points its tensors at other memory, ``set_``, leaves the memory it was handed as it
     was). What the call changed of the judge's code or torch's numerics switches fails the case, put back
     before the judge runs."""
     compare, draw, watch = compare_pools, make_inputs, _WATCH  # bound before the call
-    drawn = json.dumps(case.to_json(), sort_keys=True)
-    inputs = draw(AppendCase.from_json(json.loads(drawn)), kernel.device)
+    drawn = pickle.dumps(case, protocol=pickle.HIGHEST_PROTOCOL)  # bytes: nothing the kernel does changes them
+    inputs = draw(case, kernel.device)
     pools = _alias(inputs.k_pool), _alias(inputs.v_pool)
-    seen, settings = boundary.case_copy(case), boundary.judge_numerics()
+    seen, settings = pickle.loads(drawn), boundary.judge_numerics()  # the kernel's side gets a copy of the case
     watch.checkpoint()
 
     def write() -> Any:
@@ -65,8 +65,8 @@ def judge_write(case: AppendCase, kernel: WriteKernel) -> WriteOutcome:
 
     result, raised = call_kernel(write)
     breaches = boundary.breaches(settings, watch)  # before anything of the judge runs again
-    judged = AppendCase.from_json(json.loads(drawn))
-    if any(json.dumps(c.to_json(), sort_keys=True) != drawn for c in (case, seen)):
+    judged: AppendCase = pickle.loads(drawn)
+    if any(pickle.dumps(c, protocol=pickle.HIGHEST_PROTOCOL) != drawn for c in (case, seen)):
         breaches.append("the kernel changed the case it was given (judged as drawn)")
     if raised is not None:
         text = f"{type(raised).__name__}: {exception_text(raised)}"
@@ -178,6 +178,6 @@ def write_features(case: AppendCase) -> dict[str, Any]:
     }
 
 
-# the judge's code (this module, the oracle's, the engine's runner) and what it names of torch, numpy, json
+# the judge's code (this module, the oracle's, the engine's runner) and what it names of torch, numpy
 # and builtins, recorded here once everything of it is defined (``boundary.Watch``)
-_WATCH = boundary.Watch([*boundary.judging_modules(), sys.modules[__name__], np, json], (torch.Tensor,))
+_WATCH = boundary.Watch([*boundary.judging_modules(), sys.modules[__name__], np], (torch.Tensor,))

@@ -34,13 +34,13 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import torch
 import torch.nn.functional
+from pa_oracle.oracle.case import Case
 from pa_oracle.oracle.tensors import Tensors, raw_bits
 
-C = TypeVar("C")
 DEVICE_COPY_LIMIT = 1 << 30  # bytes of inputs copied on their device; past it (huge pools) they are kept on the host
 COMPARE_CHUNK = 1 << 28  # bytes of a copy kept on the host moved to the device at a time to compare
 
@@ -84,9 +84,8 @@ def differing(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], *, batched: b
     return [name for name, *_ in pairs if name in changed]
 
 
-def case_copy(case: C) -> C:
-    """A deep copy of ``case`` (an attention ``Case``, a write case) for the kernel's side (through pickle:
-    half the time of ``copy.deepcopy``)."""
+def case_copy(case: Case) -> Case:
+    """A deep copy of ``case`` for the kernel's side (through pickle: half the time of ``copy.deepcopy``)."""
     try:
         return pickle.loads(pickle.dumps(case, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:  # noqa: BLE001 - a meta value that does not pickle: the slower copy
