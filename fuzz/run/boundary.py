@@ -8,13 +8,15 @@ the kernel's writes do not reach it, and what the kernel could change in the pro
 - The case: the kernel's side (plan and run) is handed a deep copy (``case_copy``); the judge keeps the
   case as drawn.
 - torch's numerics switches (TF32, reduced-precision reductions, fp32 precisions, the default dtype,
-  deterministic algorithms, SDPA backends): read before the call (``numerics``), compared and put back
+  deterministic algorithms, SDPA backends, flushed denormals): read before the call (``numerics``), compared and put back
   after it (``restore_numerics``), before the reference and the controls are computed.
 - The judge's code: every function, class and constant of the judging modules, and what that code names
-  of torch's namespace, ``torch.Tensor``, ``torch.nn.functional``, ``pickle`` and ``builtins``, is
+  of torch's namespace, ``torch.Tensor`` (its operators too), ``torch.nn.functional``, ``pickle`` and ``builtins``, is
   recorded before the call (``Watch``); after it any rebinding, any swapped ``__code__`` or defaults, and
   any class attribute added or replaced is named, and put back, before the judge runs. (The worker's
   judge threads do both inside the kernel's turn: ``begin_turn``, ``end_turn``.)
+- Ending the process: ``exit_refused`` makes ``os._exit`` during a call the kernel's crash (the write
+  judge uses it; in one process a kernel's ``os._exit(0)`` would otherwise end the run with status 0).
 
 All of this is within one process: a kernel that sets out to defeat it (reaching the judge's frames
 through ``sys._getframe`` or ``gc``, patching C state) can. What it stops is a kernel whose writes or
