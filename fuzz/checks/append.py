@@ -66,7 +66,7 @@ def judge_write(case: AppendCase, kernel: WriteKernel) -> WriteOutcome:
     result, raised = call_kernel(write)
     breaches = boundary.breaches(settings, watch)  # before anything of the judge runs again
     judged: AppendCase = pickle.loads(drawn)
-    if any(pickle.dumps(c, protocol=pickle.HIGHEST_PROTOCOL) != drawn for c in (case, seen)):
+    if not all(_same_case(c, drawn) for c in (case, seen)):
         breaches.append("the kernel changed the case it was given (judged as drawn)")
     if raised is not None:
         text = f"{type(raised).__name__}: {exception_text(raised)}"
@@ -80,7 +80,7 @@ def judge_write(case: AppendCase, kernel: WriteKernel) -> WriteOutcome:
                             "writes its pools in place and returns None")
     before = draw(judged, "cpu")  # the inputs as handed, drawn again (the same bits: ``make_inputs`` is seeded)
     changed = [name for name in _READ_ONLY if not same_bits(getattr(inputs, name), getattr(before, name))]
-    changed += [f"{name} (its tensor now points at other memory)" for name, handed, own in
+    changed += [f"{name} (its tensor no longer views the memory it was handed, or that memory shrank)" for name, handed, own in
                 zip(("k_pool", "v_pool"), (inputs.k_pool, inputs.v_pool), pools) if not _aliases(handed, own)]
     if changed:
         return WriteOutcome(judged, kernel.name, "mutated", f"the kernel changed its inputs: {', '.join(changed)}")
@@ -97,7 +97,19 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
 
 
 def _aliases(handed: torch.Tensor, own: torch.Tensor) -> bool:
-    return (handed.data_ptr(), handed.size(), handed.stride(), handed.dtype) == (own.data_ptr(), own.size(), own.stride(), own.dtype)
+    """Whether the kernel's tensor still views the judge's memory, which still holds all of it (a storage
+    resized smaller, ``untyped_storage().resize_``, does not)."""
+    end = own.storage_offset() + sum((n - 1) * s for n, s in zip(own.size(), own.stride())) + 1
+    return ((handed.data_ptr(), handed.size(), handed.stride(), handed.dtype) == (own.data_ptr(), own.size(), own.stride(), own.dtype)
+            and own.untyped_storage().nbytes() >= end * own.element_size())
+
+
+def _same_case(case: object, drawn: bytes) -> bool:
+    """Whether ``case`` pickles to ``drawn`` (one the kernel made unpicklable does not)."""
+    try:
+        return pickle.dumps(case, protocol=pickle.HIGHEST_PROTOCOL) == drawn
+    except Exception:  # noqa: BLE001 - whatever the kernel put in it
+        return False
 
 
 def as_outcome(outcome: WriteOutcome, backend: str) -> Outcome:

@@ -119,6 +119,20 @@ def swaps_the_pools_storage(key, value, k_cache, v_cache, *, slot_mapping, kv_la
     v_cache.set_(v)
 
 
+def frees_the_pools_memory(key, value, k_cache, v_cache, *, slot_mapping, kv_layout, k_scale, v_scale):
+    """Correct, then shrinks the memory under its K pool to nothing (what the judge would read)."""
+    correct(key, value, k_cache, v_cache, slot_mapping=slot_mapping, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
+    k_cache.untyped_storage().resize_(0)
+
+
+def makes_its_case_unpicklable(key, value, k_cache, v_cache, *, slot_mapping, kv_layout, k_scale, v_scale):
+    """Correct, and puts a lambda into every ``AppendCase`` it finds."""
+    correct(key, value, k_cache, v_cache, slot_mapping=slot_mapping, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
+    for found in _everything():
+        if isinstance(found, AppendCase):
+            object.__setattr__(found, "seed", lambda: 0)
+
+
 KEPT: list[torch.Tensor] = []
 
 
