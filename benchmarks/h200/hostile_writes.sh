@@ -7,7 +7,7 @@
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 mkdir -p $OUT/hw
-timeout 400 python3 -m pytest -q -p no:xdist tests/reliability/test_bad_write_kernels.py -x > $OUT/hw/bad_writes.txt 2>&1
+timeout 550 python3 -m pytest -q -p no:xdist tests/reliability/test_bad_write_kernels.py -x > $OUT/hw/bad_writes.txt 2>&1
 echo "bad write kernels rc=$?"; tail -3 $OUT/hw/bad_writes.txt
 timeout 120 python3 -m pytest -q -p no:xdist tests/reliability/test_trust_boundary.py > $OUT/hw/boundary.txt 2>&1
 echo "trust boundary rc=$?"; tail -2 $OUT/hw/boundary.txt
