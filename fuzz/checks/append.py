@@ -6,11 +6,17 @@ and answers each case with an ``Outcome``, as the oracle comparison does for an 
 
 from __future__ import annotations
 
+import pickle
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
+import numpy as np
+import torch
+
 from pa_oracle.backends.base import Backend, exception_text
 from pa_oracle.backends.writes import WriteBackend, WriteCapabilities, WriteKernel
+from pa_oracle.fuzz.run import boundary
 from pa_oracle.fuzz.run.runner import Outcome, Status, call_kernel, finished
 from pa_oracle.oracle.append import CACHE_DTYPES, DTYPES, LAYOUTS, AppendCase, AppendVerdict, compare_pools, make_inputs
 from pa_oracle.oracle.case import Case
@@ -34,24 +40,76 @@ class WriteOutcome(NamedTuple):
 
 
 def judge_write(case: AppendCase, kernel: WriteKernel) -> WriteOutcome:
-    """Whatever the kernel raises (any ``BaseException``: ``SystemExit`` too, but the user's Ctrl-C) is its crash."""
-    inputs = make_inputs(case, kernel.device)
-    before = inputs._replace(k_pool=inputs.k_pool.clone(), v_pool=inputs.v_pool.clone())
-    read_only = {name: getattr(inputs, name).clone() for name in
-                 ("append_k", "append_v", "kv_indices", "kv_indptr", "kv_last_page_len", "batch_indices", "positions",
-                  "slot_mapping")}
-    def write() -> None:
-        kernel.append(case, inputs)
-        finished(None, inputs.k_pool.device)  # a fault the device reports late is the kernel's crash too
+    """Whatever the kernel raises (any ``BaseException``: ``SystemExit`` too, but the user's Ctrl-C) is its crash.
 
-    _, raised = call_kernel(write)
+    The trust boundary (``pa_oracle.fuzz.run.boundary``) as for an attention kernel: the kernel's side gets a
+    copy of the case; the judge keeps the case pickled (bytes: nothing the kernel does changes them) and
+    judges the case read back from them. No copy of what the pools held exists during the call: the expected pools
+    and the read-only tensors are drawn again from the case after it, so a kernel that writes into every
+    tensor it can find (``gc``) cannot write into them. The judge reads the pools through views of its own
+    (a kernel that points its tensors at other memory, ``set_``, leaves the memory it was handed as it
+    was). What the call changed of the judge's code or torch's numerics switches fails the case, put back
+    before the judge runs."""
+    compare, draw, watch = compare_pools, make_inputs, _WATCH  # bound before the call
+    drawn = pickle.dumps(case, protocol=pickle.HIGHEST_PROTOCOL)  # bytes: nothing the kernel does changes them
+    inputs = draw(case, kernel.device)
+    pools = _alias(inputs.k_pool), _alias(inputs.v_pool)
+    seen, settings = pickle.loads(drawn), boundary.judge_numerics()  # the kernel's side gets a copy of the case
+    watch.checkpoint()
+
+    def write() -> Any:
+        with boundary.exit_refused():
+            result: object = cast(Any, kernel.append)(seen, inputs)  # (a subclass's may return something: a contract breach)
+            finished(None, inputs.k_pool.device)  # a fault the device reports late is the kernel's crash too
+        return result
+
+    result, raised = call_kernel(write)
+    breaches = boundary.breaches(settings, watch)  # before anything of the judge runs again
+    judged: AppendCase = pickle.loads(drawn)
+    if not all(_same_case(c, drawn) for c in (case, seen)):
+        breaches.append("the kernel changed the case it was given (judged as drawn)")
     if raised is not None:
-        return WriteOutcome(case, kernel.name, "crash", f"{type(raised).__name__}: {exception_text(raised)}")
-    changed = [name for name, kept in read_only.items() if not same_bits(kept, getattr(inputs, name))]
+        text = f"{type(raised).__name__}: {exception_text(raised)}"
+        if not breaches:
+            return WriteOutcome(judged, kernel.name, "crash", text)
+        return WriteOutcome(judged, kernel.name, "fail", "; ".join([*breaches, f"and the kernel then raised: {text}"]))
+    if breaches:
+        return WriteOutcome(judged, kernel.name, "fail", "; ".join(breaches))
+    if result is not None:
+        return WriteOutcome(judged, kernel.name, "crash", f"{kernel.name} returned a {type(result).__name__}; a write kernel "
+                            "writes its pools in place and returns None")
+    before = draw(judged, "cpu")  # the inputs as handed, drawn again (the same bits: ``make_inputs`` is seeded)
+    changed = [name for name in _READ_ONLY if not same_bits(getattr(inputs, name), getattr(before, name))]
+    changed += [f"{name} (its tensor no longer views the memory it was handed, or that memory shrank)" for name, handed, own in
+                zip(("k_pool", "v_pool"), (inputs.k_pool, inputs.v_pool), pools) if not _aliases(handed, own)]
     if changed:
-        return WriteOutcome(case, kernel.name, "mutated", f"the kernel changed its inputs: {', '.join(changed)}")
-    verdict = compare_pools(case, before, inputs.k_pool, inputs.v_pool)
-    return WriteOutcome(case, kernel.name, "pass" if verdict.ok else "fail", verdict.summary(), verdict)
+        return WriteOutcome(judged, kernel.name, "mutated", f"the kernel changed its inputs: {', '.join(changed)}")
+    verdict = compare(judged, before, *pools)
+    return WriteOutcome(judged, kernel.name, "pass" if verdict.ok else "fail", verdict.summary(), verdict)
+
+
+_READ_ONLY = ("append_k", "append_v", "kv_indices", "kv_indptr", "kv_last_page_len", "batch_indices", "positions", "slot_mapping")
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of the judge's over the memory of ``t`` (what the kernel does to ``t`` itself, ``set_``, does not move it)."""
+    return t.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def _aliases(handed: torch.Tensor, own: torch.Tensor) -> bool:
+    """Whether the kernel's tensor still views the judge's memory, which still holds all of it (a storage
+    resized smaller, ``untyped_storage().resize_``, does not)."""
+    end = own.storage_offset() + sum((n - 1) * s for n, s in zip(own.size(), own.stride())) + 1
+    return ((handed.data_ptr(), handed.size(), handed.stride(), handed.dtype) == (own.data_ptr(), own.size(), own.stride(), own.dtype)
+            and own.untyped_storage().nbytes() >= end * own.element_size())
+
+
+def _same_case(case: object, drawn: bytes) -> bool:
+    """Whether ``case`` pickles to ``drawn`` (one the kernel made unpicklable does not)."""
+    try:
+        return pickle.dumps(case, protocol=pickle.HIGHEST_PROTOCOL) == drawn
+    except Exception:  # noqa: BLE001 - whatever the kernel put in it
+        return False
 
 
 def as_outcome(outcome: WriteOutcome, backend: str) -> Outcome:
@@ -130,3 +188,8 @@ def write_features(case: AppendCase) -> dict[str, Any]:
         "batch_size": case.batch_size, "padding": case.padding > 0, "quantised": case.quantised,
         "scaled": (case.k_scale, case.v_scale) != (1.0, 1.0), "empty_append": 0 in case.append_lens,
     }
+
+
+# the judge's code (this module, the oracle's, the engine's runner) and what it names of torch, numpy
+# and builtins, recorded here once everything of it is defined (``boundary.Watch``)
+_WATCH = boundary.Watch([*boundary.judging_modules(), sys.modules[__name__], np], (torch.Tensor,))

@@ -8,13 +8,15 @@ the kernel's writes do not reach it, and what the kernel could change in the pro
 - The case: the kernel's side (plan and run) is handed a deep copy (``case_copy``); the judge keeps the
   case as drawn.
 - torch's numerics switches (TF32, reduced-precision reductions, fp32 precisions, the default dtype,
-  deterministic algorithms, SDPA backends): read before the call (``numerics``), compared and put back
+  deterministic algorithms, SDPA backends, flushed denormals): read before the call (``numerics``), compared and put back
   after it (``restore_numerics``), before the reference and the controls are computed.
 - The judge's code: every function, class and constant of the judging modules, and what that code names
-  of torch's namespace, ``torch.Tensor``, ``torch.nn.functional``, ``pickle`` and ``builtins``, is
+  of torch's namespace, ``torch.Tensor`` (its operators too), ``torch.nn.functional``, ``pickle`` and ``builtins``, is
   recorded before the call (``Watch``); after it any rebinding, any swapped ``__code__`` or defaults, and
   any class attribute added or replaced is named, and put back, before the judge runs. (The worker's
   judge threads do both inside the kernel's turn: ``begin_turn``, ``end_turn``.)
+- Ending the process: ``exit_refused`` makes ``os._exit`` during a call the kernel's crash (the write
+  judge uses it; in one process a kernel's ``os._exit(0)`` would otherwise end the run with status 0).
 
 All of this is within one process: a kernel that sets out to defeat it (reaching the judge's frames
 through ``sys._getframe`` or ``gc``, patching C state) can. What it stops is a kernel whose writes or
@@ -26,13 +28,15 @@ from __future__ import annotations
 import builtins
 import copy
 import operator
+import os
 import pickle
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.nn.functional
@@ -103,6 +107,27 @@ def handed(tensors: Tensors, inputs: Mapping[str, torch.Tensor]) -> Handed:
     return Handed(private, dict(inputs), {**memory, **{name: t.clone() for name, t in inputs.items()}})
 
 
+class KernelExit(BaseException):
+    """What ``os._exit`` raises during a kernel's call (``exit_refused``): the kernel's crash."""
+
+
+@contextmanager
+def exit_refused() -> Iterator[None]:
+    """During the block (a kernel's call), ``os._exit`` raises ``KernelExit`` instead of ending the process:
+    in one process (``--no-isolate``) a kernel's ``os._exit(0)`` would end the run with exit status 0, read
+    as a pass. (``posix._exit`` or a signal still end it; an isolated kernel's worker dies and says so.)"""
+    real = os._exit
+
+    def refused(status: int) -> NoReturn:
+        raise KernelExit(f"the kernel called os._exit({status}) (exit code {status}; refused, the run goes on)")
+
+    os._exit = refused
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
 # --- torch's numerics switches -------------------------------------------------------------------------------
 
 
@@ -122,6 +147,15 @@ def _deterministic() -> tuple[bool, bool]:
 
 def _set_deterministic(value: tuple[bool, bool]) -> None:
     torch.use_deterministic_algorithms(value[0], warn_only=value[1])
+
+
+def _denormals_flushed() -> bool:
+    """Whether this thread flushes denormals to zero (``torch.set_flush_denormal``, which has no getter)."""
+    return bool((torch.tensor([1e-310], dtype=torch.float64) * 1.0).item() == 0.0)
+
+
+def _flush_denormals(value: bool) -> None:
+    torch.set_flush_denormal(value)
 
 
 def _sdp(name: str) -> tuple[str, Callable[[], Any], Callable[[Any], None]]:
@@ -145,6 +179,7 @@ def _switches() -> tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], .
         ("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
         ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
         ("deterministic algorithms (enabled, warn only)", _deterministic, _set_deterministic),
+        ("torch.set_flush_denormal (denormals flushed to zero)", _denormals_flushed, _flush_denormals),
     ]
     cuda = torch.backends.cuda
     sdpa = [_sdp(name) for name in ("flash", "mem_efficient", "math", "cudnn")
@@ -228,6 +263,12 @@ def restore_numerics(saved: Mapping[str, Any]) -> bool:
 # --- the judge's code ---------------------------------------------------------------------------------------
 
 
+# operators the judge's code uses without naming them (``a != b``, ``a[i]``): a class's replaced one counts too
+_OPERATORS = frozenset({
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__", "__or__", "__xor__", "__invert__", "__bool__",
+    "__getitem__", "__setitem__", "__len__", "__iter__", "__contains__", "__add__", "__sub__", "__mul__", "__truediv__",
+    "__floordiv__", "__mod__", "__neg__", "__abs__", "__matmul__", "__pow__",
+})
 _IGNORED_CLASS_KEYS = frozenset({"__slotnames__"})  # copyreg caches it on a class at its first pickle or deepcopy
 _MISSING = object()
 _FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
@@ -310,7 +351,7 @@ class Watch:
                 self._classes.append((cls, namespace))
                 functions.update((id(v), v) for v in namespace.values() if isinstance(v, types.FunctionType))
         self._functions = list(functions.values())
-        used = _names_used(self._functions)
+        used = _names_used(self._functions) | _OPERATORS
         # defaults matter only where there are some (a function without any gets every argument from its callers)
         self._parts = []
         for name, part in zip(_FUNCTION_PARTS, _PART):
