@@ -111,11 +111,23 @@ class KernelExit(BaseException):
     """What ``os._exit`` raises during a kernel's call (``exit_refused``): the kernel's crash."""
 
 
+_WORKER = {"is": False}
+
+
+def in_worker() -> None:
+    """Mark this process an isolated worker (``pa_oracle.fuzz.run.serve``): a kernel's ``os._exit`` ends it."""
+    _WORKER["is"] = True
+
+
 @contextmanager
 def exit_refused() -> Iterator[None]:
     """During the block (a kernel's call), ``os._exit`` raises ``KernelExit`` instead of ending the process:
     in one process (``--no-isolate``) a kernel's ``os._exit(0)`` would end the run with exit status 0, read
-    as a pass. (``posix._exit`` or a signal still end it; an isolated kernel's worker dies and says so.)"""
+    as a pass. (``posix._exit`` or a signal still end it.) In an isolated worker (``in_worker``) nothing is
+    patched: the worker's death is the finding there, said by the parent, and no other thread's exit is changed."""
+    if _WORKER["is"]:
+        yield
+        return
     real = os._exit
 
     def refused(status: int) -> NoReturn:

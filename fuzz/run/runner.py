@@ -302,8 +302,9 @@ def finished(result: T, device: torch.device) -> T:
 
 
 def call_kernel(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
-    """(value, None) or (None, what the call raised); the user's Ctrl-C is re-raised."""
-    with _watch_sigint() as sigint:
+    """(value, None) or (None, what the call raised); the user's Ctrl-C is re-raised. An ``os._exit`` of the
+    kernel's raises (``boundary.exit_refused``): in one process it would end the run with the kernel's status."""
+    with _watch_sigint() as sigint, boundary.exit_refused():
         try:
             return call(), None
         except BaseException as exc:  # noqa: BLE001 - everything a kernel raises is judged

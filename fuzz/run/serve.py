@@ -383,6 +383,7 @@ def serve(tolerance: Tolerance, conn: Connection, threads: int | None = None, sl
     None or goes away. ``("load", spec, capabilities)`` loads a backend; a ``Request`` is judged with
     its check and the parent's tolerance; torch's numerics switches are restored before each case."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    boundary.in_worker()  # a kernel's os._exit ends this process: its death is the finding
     warm_math()  # this thread judges a case sent alone; each judge thread warms itself (the pool's initializer)
     conn.send_bytes(pickle.dumps("ready"))
     _Server(tolerance, conn, threads, slot).serve()
