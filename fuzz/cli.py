@@ -309,7 +309,8 @@ def _judge_the_write_case(opts: FuzzOptions, chosen: list[Backend]) -> int:
     """``--case`` of the write check: the saved write case on each kernel, isolated as a campaign runs it (a crash
     replays as a crash), a line each (``NAME STATUS: DETAIL``); its exit code: 1 a finding, 3 no verdict, else 0."""
     from pa_oracle.fuzz.exits import FINDING, NO_FINDING
-    from pa_oracle.fuzz.write_cli import judge_saved_write, read_write_case
+    from pa_oracle.fuzz.campaign.write_files import read_write_case
+    from pa_oracle.fuzz.write_cli import judge_saved_write
 
     assert opts.case_file is not None
     case = read_write_case(opts.case_file)  # a CaseError (file and field) exits 2

@@ -29,16 +29,15 @@ import torch
 from pa_oracle.backends.base import Backend
 from pa_oracle.fuzz.campaign.finding_record import FindingError, FindingMeta, FoundBy, read_meta, today
 from pa_oracle.fuzz.campaign.findings import WRITE_FINDING, first_line
+from pa_oracle.fuzz.campaign.write_files import read_write_case
 from pa_oracle.fuzz.campaign.minimize import HANG, TRIAGE_RUNS, WRONG_BYTES, Minimized, WriteWork, minimize_write
 from pa_oracle.fuzz.checks.append import MUTATED, WRITE, WRITE_CHECK, engine_case
 from pa_oracle.fuzz.run.isolation import default_case_timeout
 from pa_oracle.fuzz.run.judge import case_judge
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.oracle.append import AppendCase, compare_pools, make_inputs, quantised_values
-from pa_oracle.oracle.case import CaseError
 from pa_oracle.oracle.tensors import raw_bits
 
-MAX_POOL_BYTES = 4 << 30  # as pa_oracle.fuzz.write_cli.read_write_case: a saved case's pool may not ask for more
 SHOWN = 20  # wrong rows listed in the report
 
 
@@ -60,24 +59,13 @@ def write_finding_path(source: Path) -> Path | None:
 
 
 def read_write_finding(path: Path) -> SavedWriteFinding:
-    """The case and record of a ``writes.json``; a ``CaseError`` or ``FindingError`` naming the file and field."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise CaseError(f"{path}: not a readable JSON file: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("case"), dict):
-        raise CaseError(f"{path}: case: a write finding holds its write case as a JSON object under 'case'")
-    try:
-        case = AppendCase.from_json(data["case"])
-    except CaseError as exc:
-        raise CaseError(f"{path}: case: {exc}") from None
-    element = 4 if case.dtype == "float32" else 2
-    pool = 2 * case.num_pages * case.page_size * case.num_kv_heads * case.head_dim * element
-    if pool > MAX_POOL_BYTES:
-        raise CaseError(f"{path}: case: its K/V pool would take {pool / 2**30:.3g} GiB, more than {MAX_POOL_BYTES >> 30} GiB")
-    meta = data.get("meta") or {}
+    """The case and record of a ``writes.json``, read strictly (``read_write_case``: exact types, bounded sizes and
+    pool); a ``CaseError`` or ``FindingError`` naming the file and field."""
+    case = read_write_case(Path(path))
+    data = json.loads(Path(path).read_text())  # (read_write_case read it: a JSON object)
+    meta = data.get("meta") if isinstance(data, dict) else None
     if not isinstance(meta, dict):
-        raise FindingError(f"{path}: meta: expected a JSON object")
+        raise FindingError(f"{path}: meta: a write finding holds its finding record as a JSON object under 'meta'")
     return SavedWriteFinding(Path(path), case, read_meta(meta, path))
 
 
