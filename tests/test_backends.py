@@ -49,7 +49,7 @@ def test_every_registered_adapter_describes_itself_and_agrees_with_the_oracle(na
     case = data.draw(cases(backend.capabilities, limits), label="case")
     outcome = check_case(backend, case)
     if outcome.status == "fail" and (entry := _known(backend, case)) is not None:
-        pytest.xfail(f"{name}: known finding {entry.name} at its installed versions: {outcome.message[:200]}")
+        pytest.xfail(f"{name}: known finding {entry.case} at its installed versions: {outcome.message[:200]}")
     assert outcome.status in ("pass", "unsupported"), f"{name}: {outcome.message}"
     if outcome.status == "unsupported":
         assert outcome.message.strip(), f"{name}: a declined case says why"
@@ -219,3 +219,19 @@ def test_the_failure_report_lists_the_conversions_applied() -> None:
     report = format_report(case, "flashinfer-decode", verdict, conversions=FlashInferDecode().conversions(case))
     assert "- kernel conventions converted by the adapter: LSE base 2 -> natural log; ALiBi LSE shift undone" in report
     assert "converted by the adapter" not in format_report(case, "sdpa-math", verdict)
+
+
+def test_a_drawn_case_a_ledger_entry_covers_names_the_entry() -> None:
+    """The xfail above names the entry (``Entry.case``; the H100 met ``entry.name``, an AttributeError, on a drawn
+    empty request of flashinfer-decode-tc's family)."""
+
+    class Decode(Backend):
+        name, description, family, capabilities = "flashinfer-decode-tc", "a stand-in", "flashinfer-decode-tensor-core", Capabilities()
+
+        def versions(self) -> dict[str, str]:
+            return {"flashinfer": "0.6.18.post1"}
+
+    empty = Case(Layout((0, 1), (0, 0), (), (0,), 16, 1), Heads(2, 1, 16, 16))  # a query and no key
+    entry = _known(Decode(), empty)
+    assert entry is not None and entry.case == "flashinfer-decode-empty-request-lse"
+    assert _known(Decode(), empty.replace(layout=Layout((0, 1), (0, 1), (0,), (3,), 16, 1))) is None
