@@ -64,9 +64,18 @@ HOLES = [
 ]
 
 
+# kernels that change whatever they find through gc: in this process they would also change other tests' objects
+# (a lambda in every AppendCase of the pytest worker failed five triage tests under xdist), so they run in one of
+# their own even with --no-isolate
+REACH_EVERYTHING = {"makes_its_case_unpicklable", "overwrites_the_judges_copy", "forgets_the_scale_and_rescales_the_case"}
+
+
 def writes(kernel: str, mode: str, *args: str, examples: int = 30, out: Path) -> tuple[int, str]:
-    result = CliRunner().invoke(main, ["writes", "--kernel", f"{MODULE}:{kernel}", "-n", str(examples), mode,
-                                       "--out", str(out), *args])
+    command = ["writes", "--kernel", f"{MODULE}:{kernel}", "-n", str(examples), mode, "--out", str(out), *args]
+    if kernel in REACH_EVERYTHING:
+        done = _cli(*command)
+        return done.returncode, done.stdout + done.stderr
+    result = CliRunner().invoke(main, command)
     return result.exit_code, result.output
 
 
