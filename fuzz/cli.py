@@ -644,9 +644,10 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
 
     if output_file is not None and not output_file.parent.is_dir():  # refused before a case runs, not after the replay
         raise click.UsageError(f"--output {output_file}: no folder {output_file.parent} to write it in (create it first)")
-    from pa_oracle.fuzz.write_cli import replay_write_finding, write_finding_file
+    from pa_oracle.fuzz.campaign.write_files import write_finding_path
+    from pa_oracle.fuzz.write_cli import replay_write_finding
 
-    if len(case_files) == 1 and (saved := write_finding_file(case_files[0])) is not None:  # a write kernel's finding
+    if len(case_files) == 1 and (saved := write_finding_path(case_files[0])) is not None:  # a write kernel's finding
         line, code = replay_write_finding(saved, backend_names, kernels)
         click.echo(line)
         sys.exit(code)

@@ -6,13 +6,12 @@ MODULE:NAME``), judged byte for byte by the write check (``pa_oracle.fuzz.checks
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from pa_oracle.fuzz.campaign.write_files import read_write_case
+from pa_oracle.fuzz.campaign.write_files import read_saved_write
 from pa_oracle.fuzz.exits import FINDING, NO_FINDING
 
 if TYPE_CHECKING:
@@ -61,16 +60,6 @@ def judge_saved_write(backend: Backend, case: AppendCase, isolate: bool | None, 
 
 
 
-def write_finding_file(path: Path) -> Path | None:
-    """A write finding's ``writes.json`` (``path`` itself, or the one in the folder ``path``), else None."""
-    from pa_oracle.fuzz.campaign.findings import WRITE_FINDING
-
-    path = Path(path)
-    if path.is_dir():
-        return path / WRITE_FINDING if (path / WRITE_FINDING).is_file() else None
-    return path if path.name == WRITE_FINDING else None
-
-
 def replay_write_finding(saved: Path, names: tuple[str, ...], kernels: tuple[str, ...]) -> tuple[str, int]:
     """``pa-oracle replay`` of a write finding: (the verdict's line, the exit code: 1 a finding, 3 no verdict, 0 a
     pass). The kernel is ``names``/``kernels``, else the registered one its record names (a user kernel named
@@ -79,10 +68,9 @@ def replay_write_finding(saved: Path, names: tuple[str, ...], kernels: tuple[str
     from pa_oracle.fuzz.campaign.finding_record import read_meta
     from pa_oracle.fuzz.run.isolation import default_case_timeout
 
-    case = read_write_case(saved)
+    case, recorded = read_saved_write(saved)
     if not names and not kernels:
-        data = json.loads(saved.read_text())
-        meta = read_meta(data.get("meta") or {}, saved)
+        meta = recorded if recorded is not None else read_meta({}, saved)
         if meta.kernel:
             raise click.UsageError(f"{saved} was found on the user write kernel {meta.kernel}; a case file imports no "
                                    f"code by itself: to replay it there, pass --kernel {meta.kernel}")

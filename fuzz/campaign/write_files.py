@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import msgspec
 
 from pa_oracle.oracle.append import AppendCase
+
+if TYPE_CHECKING:
+    from pa_oracle.fuzz.campaign.finding_record import FindingMeta
 
 # what a saved write case may ask for: a pool (K and V, float32 at most) beyond this is refused before
 # anything is allocated; far above what `writes` draws (tens of pages) and what a test device holds
@@ -53,22 +56,38 @@ class SavedWrite(msgspec.Struct, forbid_unknown_fields=True):
 
 
 
+def write_finding_path(source: Path) -> Path | None:
+    """A write finding's ``writes.json`` (``source`` itself, or the one in the folder ``source``), else None."""
+    from pa_oracle.fuzz.campaign.findings import WRITE_FINDING
+
+    source = Path(source)
+    if source.is_dir():
+        return source / WRITE_FINDING if (source / WRITE_FINDING).is_file() else None
+    return source if source.name == WRITE_FINDING else None
+
+
 def read_write_case(path: Path) -> AppendCase:
-    """The write case in ``path`` (a saved ``writes.json``, or the case object alone), strictly: no float or
-    bool for an int, no unknown field, bounded sizes, and a pool of at most ``MAX_POOL_BYTES``; anything else
-    is a ``CaseError`` (exit 2) naming the file and the field, before a tensor is allocated."""
+    """The write case in ``path`` (``read_saved_write``)."""
+    return read_saved_write(path)[0]
+
+
+def read_saved_write(path: Path) -> tuple[AppendCase, FindingMeta | None]:
+    """The write case in ``path`` (a saved ``writes.json``, or the case object alone) and its finding record (None:
+    none saved), read once and strictly: no float or bool for an int, no unknown field, bounded sizes, and a pool of
+    at most ``MAX_POOL_BYTES``; anything else is a ``CaseError`` (or ``FindingError``, exit 2) naming the file and
+    the field, before a tensor is allocated."""
+    from pa_oracle.fuzz.campaign.finding_record import read_meta
     from pa_oracle.oracle.case import CaseError, read_json
     from pa_oracle.oracle.schema import convert
 
     data = read_json(path, CaseError)
     if not isinstance(data, dict):
         raise CaseError(f"{path}: expected a JSON object (a write case), got {type(data).__name__} {json.dumps(data)[:60]}")
-    if isinstance(data, dict) and "case" in data:
+    meta = None
+    if "case" in data:
         saved = convert(data, SavedWrite, where=str(path), error=CaseError)
         if saved.meta is not None:
-            from pa_oracle.fuzz.campaign.finding_record import read_meta
-
-            read_meta(saved.meta, path)  # the finding record, strictly (a FindingError names the file and field)
+            meta = read_meta(saved.meta, path)  # the finding record, strictly (a FindingError names the file and field)
         fields = msgspec.structs.asdict(saved.case)
     else:
         fields = msgspec.structs.asdict(convert(data, WriteCase, where=str(path), error=CaseError))
@@ -82,4 +101,4 @@ def read_write_case(path: Path) -> AppendCase:
         raise CaseError(f"{path}: case: its K/V pool would take {pool_bytes / 2**30:.3g} GiB ({case.num_pages} pages x "
                         f"page_size {case.page_size} x num_kv_heads {case.num_kv_heads} x head_dim {case.head_dim} x "
                         f"{case.dtype}), more than the {MAX_POOL_BYTES >> 30} GiB a write case may use")
-    return case
+    return case, meta

@@ -61,7 +61,7 @@ def run_triage_command(opts: TriageOptions) -> None:
     from pa_oracle.fuzz.campaign.finding_record import read_finding
     from pa_oracle.fuzz.triage.pipeline import run_triage
     from pa_oracle.fuzz.triage.render import write_report
-    from pa_oracle.fuzz.triage.writes import write_finding_path
+    from pa_oracle.fuzz.campaign.write_files import write_finding_path
 
     if (saved := write_finding_path(opts.source)) is not None:  # a write kernel's finding
         click.get_current_context().exit(run_write_triage(opts, saved))

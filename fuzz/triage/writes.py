@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from pa_oracle.backends.base import Backend
-from pa_oracle.fuzz.campaign.finding_record import FindingError, FindingMeta, FoundBy, read_meta, today
+from pa_oracle.fuzz.campaign.finding_record import FindingError, FindingMeta, FoundBy, today
 from pa_oracle.fuzz.campaign.findings import WRITE_FINDING, first_line
-from pa_oracle.fuzz.campaign.write_files import read_write_case
+from pa_oracle.fuzz.campaign.write_files import read_saved_write
 from pa_oracle.fuzz.campaign.minimize import HANG, TRIAGE_RUNS, WRONG_BYTES, Minimized, WriteWork, minimize_write
 from pa_oracle.fuzz.checks.append import MUTATED, WRITE, WRITE_CHECK, engine_case
 from pa_oracle.fuzz.run.isolation import default_case_timeout
@@ -50,23 +50,13 @@ class SavedWriteFinding:
     meta: FindingMeta
 
 
-def write_finding_path(source: Path) -> Path | None:
-    """``source`` if it is a ``writes.json``, the one in the folder ``source``, else None (not a write finding)."""
-    source = Path(source)
-    if source.is_dir():
-        return source / WRITE_FINDING if (source / WRITE_FINDING).is_file() else None
-    return source if source.name == WRITE_FINDING else None
-
-
 def read_write_finding(path: Path) -> SavedWriteFinding:
-    """The case and record of a ``writes.json``, read strictly (``read_write_case``: exact types, bounded sizes and
+    """The case and record of a ``writes.json``, read strictly (``read_saved_write``: exact types, bounded sizes and
     pool); a ``CaseError`` or ``FindingError`` naming the file and field."""
-    case = read_write_case(Path(path))
-    data = json.loads(Path(path).read_text())  # (read_write_case read it: a JSON object)
-    meta = data.get("meta") if isinstance(data, dict) else None
-    if not isinstance(meta, dict):
+    case, meta = read_saved_write(Path(path))
+    if meta is None:
         raise FindingError(f"{path}: meta: a write finding holds its finding record as a JSON object under 'meta'")
-    return SavedWriteFinding(Path(path), case, read_meta(meta, path))
+    return SavedWriteFinding(Path(path), case, meta)
 
 
 # --- localization -------------------------------------------------------------------------------
