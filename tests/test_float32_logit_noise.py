@@ -47,7 +47,7 @@ def test_an_lse_a_few_ulps_off_on_a_one_key_row_passes_now_and_failed_on_the_ulp
     case = _one_key_case()
     tensors = make_tensors(case)
     ref, controls = reference(case, tensors, logit_noise=True), plain_controls(case, tensors, torch.float32)
-    output, ulp_half = _with_lse_error(case, 0.0)
+    ulp_half = float(half_ulp(ref.lse[0, 0], torch.float32))
     output, _ = _with_lse_error(case, 8 * ulp_half)  # four float32 ulps of the logit: the flagged kernel's size
     before = compare(case, out=output.out, lse=output.lse, ref=ref, controls=controls)
     assert not before.passed and "lse max error" in before.failures[0], before.failures  # what flagged the kernel
