@@ -78,10 +78,11 @@ class _NoVerdict(click.ClickException):
     exit_code = 3
 
 
-def _kernel_failed(gate_name: str, exc: Any, backend: str) -> None:
+def _kernel_failed(gate_name: str, exc: Any, backend: str, *also_under_test: str | None) -> None:
     """A backend broke its contract inside the model (``swap.KernelFailed``): the gate fails (exit 1) when it is
-    the backend under the gate; the reference's (or another's) failure is no verdict (exit 3)."""
-    if exc.backend != backend:
+    the backend under the gate (or ``also_under_test``: its prefill partner); the reference's failure is no
+    verdict (exit 3)."""
+    if exc.backend not in (backend, *also_under_test):
         raise _NoVerdict(f"{gate_name}: no verdict on {backend}: {exc}")
     click.echo(f"{gate_name} FAILED: {exc}", err=True)
     sys.exit(1)
@@ -391,6 +392,9 @@ def _print_verdict(saved: g.SavedRuns, result: g.GateResult, where: str) -> None
               help="Folder with test.jsonl and train.jsonl (offline); default: lm-eval's hub dataset openai/gsm8k.")
 @click.option("--batch-size", "batch_text", default="auto", show_default=True,
               help=f"Questions per generate() call; auto: {GPU_BATCH} on CUDA, {CPU_BATCH} on CPU.")
+@click.option("--prefill", "prefill_backend", default=None,
+              help="The backend that serves the prompt's forward (every call with more than one query) in the backend's "
+                   "run, as engines pair a decode kernel with a prefill one; both are under the gate.")
 @click.option("--page-size", type=int, default=None, help="KV page size (default: 16, or the backend's smallest above it).")
 @click.option("--seed", default=0, show_default=True, help="Seeds the random page tables.")
 @click.option("--reference-run", type=click.Path(exists=True, path_type=Path), default=None,
@@ -415,9 +419,15 @@ class Gsm8kOptions(ReportOptions, ModelChoice):
     max_gen_toks: int = 256
     gsm8k_data: Path | None = None
     batch_text: str = "auto"
+    prefill_backend: str | None = None
     page_size: int | None = None
     seed: int = 0
     reference_run: Path | None = None
+
+    @property
+    def backend_label(self) -> str:
+        """The backend run's name in the runs and reports: the backend, and its prefill partner when given."""
+        return self.backend if self.prefill_backend is None else f"{self.backend}+prefill={self.prefill_backend}"
 
     def refuse_conflicts(self) -> None:
         """Options that cannot go together: a usage error (exit 2) before anything runs."""
@@ -459,8 +469,9 @@ def _plan_gsm8k(opts: Gsm8kOptions) -> _Gsm8kPlan:
                 f"--reference-run {opts.reference_run} ran reference {reused.reference}, this gate {opts.reference}"
             )
         to_run = [opts.reference] if reused is None else []
-        runs = {label: attn_implementation_for(label, page_size=opts.page_size, seed=opts.seed)
-                for label in [*to_run, opts.backend]}
+        runs = {label: attn_implementation_for(label, page_size=opts.page_size, seed=opts.seed) for label in to_run}
+        runs[opts.backend_label] = attn_implementation_for(opts.backend, page_size=opts.page_size, seed=opts.seed,
+                                                           prefill=opts.prefill_backend)
     except (g.GateInputError, SwapError, KeyError, ValueError, ImportError) as exc:
         raise _usage_error(exc) from None
     return _Gsm8kPlan(shard, settings, key, model_sha256, expected, reused, runs)
@@ -481,7 +492,7 @@ def run_gsm8k_gate(ctx: click.Context, opts: Gsm8kOptions) -> None:
     loaded = load_for_gate(opts)
     weights = next(loaded.model.parameters())
     batch_size = _batch_size(opts.batch_text, str(weights.device))
-    saved = g.SavedRuns(plan.key, plan.settings, opts.limit, plan.shard, opts.backend, opts.reference, {},
+    saved = g.SavedRuns(plan.key, plan.settings, opts.limit, plan.shard, opts.backend_label, opts.reference, {},
                         plan.model_sha256, str(weights.dtype).removeprefix("torch."),
                         importlib.metadata.version("lm-eval"))
     if plan.reused is not None:
@@ -498,7 +509,7 @@ def run_gsm8k_gate(ctx: click.Context, opts: Gsm8kOptions) -> None:
                 settings=plan.settings, questions=questions, batch_size=batch_size,
             )
         except KernelFailed as exc:
-            _kernel_failed(f"gsm8k gate ({label})", exc, opts.backend)
+            _kernel_failed(f"gsm8k gate ({label})", exc, opts.backend, opts.prefill_backend)
         except (g.GateInputError, SwapError) as exc:
             raise click.ClickException(f"{label}: {exc}") from None
         run = saved.outcomes[label]

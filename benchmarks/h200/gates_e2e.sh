@@ -1,0 +1,99 @@
+# Issue 40: the seeds' systems through the GSM8k and logit gates on one GPU, in the background, so that no device
+# call passes its ten minutes and nothing is lost when one is cut.
+#
+# Upload (ten calls on one warm machine): `.device/upNN/pNN`, the parts of one tar holding the Qwen2.5-Coder-0.5B
+# GGUF (as qwen2.5-coder-0.5b-instruct-q4_k_m.gguf, so the golden file is found), the flashinfer, flash-attn and
+# eval wheel sets and GSM8k's jsonl files:  mkdir -p /tmp/up && cp .device/upNN/pNN /tmp/up/
+# Then:  STEP=launch bash benchmarks/h200/gates_e2e.sh   unpacks, installs, copies the checkout to /tmp/proj and
+# starts the plan below under setsid; each later call runs STEP=poll (waits up to POLL seconds, copies the
+# results into $OUT as one tarball).
+#
+# The plan (every result written as it ends into /tmp/res):
+#   A  gate gsm8k -b vllm-flashinfer            (the hf:sdpa reference first, saved, then the backend)
+#   B  logit gates, prefill and decode mode, float64 oracle reference, 16 texts each
+#   C  fuzz the planted wrapper bug and its control
+#   once A's reference is saved, with --reference-run, side by side:
+#   D  gate gsm8k -b flash-attn-kvcache-paged --prefill flash-attn-varlen   (page 256)
+#   E  gate gsm8k -b flashinfer-decode-tc --prefill flashinfer-prefill-fa2
+#   F  gate gsm8k -b planted_wrappers:flashinfer_decode_short_last_page --prefill flashinfer-prefill-fa2
+set -uo pipefail
+RES=/tmp/res
+MODEL=/tmp/pack/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+PLANTED=pa_oracle.fuzz.quality.planted_wrappers:flashinfer_decode_short_last_page
+CONTROL=pa_oracle.fuzz.quality.planted_wrappers:flashinfer_decode_wrapped
+
+launch() {
+  cat /tmp/up/p* > /tmp/pack.tar && echo "${PACK_SHA:?}  /tmp/pack.tar" | sha256sum -c - || exit 1
+  rm -rf /tmp/pack && mkdir -p /tmp/pack && tar xf /tmp/pack.tar -C /tmp/pack && rm -f /tmp/pack.tar /tmp/up/p*
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/pack/flashinfer/*.whl \
+    /tmp/pack/flash-attn/*.whl /tmp/pack/eval/*.whl 2>&1 | grep -v WARNING
+  tar xzf /tmp/pack/flashinfer/*-aot-*.tgz -C /tmp/site/flashinfer/data/ || exit 1
+  rm -rf /tmp/proj && mkdir -p /tmp/proj $RES && cp -r . /tmp/proj/ && rm -rf /tmp/proj/.device
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $RES/gpu.txt
+  setsid nohup bash benchmarks/h200/gates_e2e.sh plan > $RES/plan.log 2>&1 < /dev/null &
+  echo launched
+}
+
+gsm8k() {  # NAME ARGS...: one gate, its log and exit status in $RES
+  local name=$1; shift
+  local t0=$SECONDS
+  python3 -m pa_oracle gate gsm8k --model $MODEL --data /tmp/pack/data --out $RES/gates "$@" > $RES/$name.log 2>&1
+  echo "$name exit $? $((SECONDS - t0)) s" | tee -a $RES/progress.txt
+}
+
+logit() {  # NAME ARGS...
+  local name=$1; shift
+  local t0=$SECONDS
+  python3 -m pa_oracle gate logits --model $MODEL --data /tmp/pack/data --limit 16 --out $RES/logits/$name --json "$@" \
+    > $RES/logit-$name.log 2>&1
+  echo "logit $name exit $? $((SECONDS - t0)) s" | tee -a $RES/progress.txt
+}
+
+plan() {
+  cd /tmp/proj
+  export PYTHONPATH=/tmp/site:/tmp/proj PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 OMP_NUM_THREADS=3 \
+    HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+  echo "start $(date -u +%T)" >> $RES/progress.txt
+  gsm8k A-vllm-flashinfer -b vllm-flashinfer &
+  local first=$!
+  (
+    logit prefill-vllm-flashinfer -b vllm-flashinfer
+    logit prefill-flashinfer-prefill-fa2 -b flashinfer-prefill-fa2
+    logit prefill-flash-attn-varlen -b flash-attn-varlen
+    logit decode-vllm-flashinfer -b vllm-flashinfer --mode decode
+    logit decode-flashinfer-decode-tc -b flashinfer-decode-tc --mode decode --prefill flashinfer-prefill-fa2
+    logit decode-flash-attn-kvcache-paged -b flash-attn-kvcache-paged --mode decode --prefill flash-attn-varlen
+    logit decode-planted -b $PLANTED --mode decode --prefill flashinfer-prefill-fa2
+  ) &
+  (
+    for k in $PLANTED $CONTROL; do
+      t0=$SECONDS
+      python3 -m pa_oracle fuzz --kernel $k -n 300 --time-budget 120 --out $RES/fuzz/${k##*:} > $RES/fuzz-${k##*:}.log 2>&1
+      echo "fuzz ${k##*:} exit $? $((SECONDS - t0)) s" | tee -a $RES/progress.txt
+    done
+  ) &
+  ref=$RES/gates/gsm8k/vllm-flashinfer-vs-hf_sdpa/runs.json
+  until [ -f $ref ] || ! kill -0 $first 2> /dev/null; do sleep 5; done
+  sleep 3; echo "reference saved $(date -u +%T)" >> $RES/progress.txt
+  gsm8k D-flash-attn -b flash-attn-kvcache-paged --prefill flash-attn-varlen --reference-run $ref &
+  gsm8k E-flashinfer-pair -b flashinfer-decode-tc --prefill flashinfer-prefill-fa2 --reference-run $ref &
+  gsm8k F-planted -b $PLANTED --prefill flashinfer-prefill-fa2 --reference-run $ref &
+  wait
+  echo "done $(date -u +%T)" >> $RES/progress.txt
+  touch $RES/DONE
+}
+
+poll() {  # wait for DONE up to POLL seconds, then send what exists
+  local end=$((SECONDS + ${POLL:-300}))
+  while [ ! -f $RES/DONE ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  cat $RES/progress.txt 2>/dev/null
+  tail -n 3 $RES/*.log 2>/dev/null | cut -c1-300
+  tar czf $OUT/res.tgz -C /tmp res
+}
+
+case "${STEP:-${1:-}}" in
+  launch) launch ;;
+  plan) plan ;;
+  poll) poll ;;
+  *) echo "STEP=launch|poll" >&2; exit 2 ;;
+esac
