@@ -303,13 +303,13 @@ def tiny_setup(tmp_path_factory):
     return save_tiny(root / "model"), data
 
 
-def _tiny_gate(tiny_setup, tmp_path, backend: str) -> dict:
+def _tiny_gate(tiny_setup, tmp_path, backend: str, *args: str, exit_code: int = 0) -> dict:
     model, data = tiny_setup
     result = _gate("--backend", backend, "--reference", "hf:sdpa", "--data", str(data), "--limit", "3",
                    "--num-fewshot", "1", "--max-gen-toks", "4", "--batch-size", "3", "--dtype", "float32",
-                   "--device", "cpu", "--json", "--out", str(tmp_path), model=str(model))
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+                   "--device", "cpu", "--json", "--out", str(tmp_path), *args, model=str(model))
+    assert result.exit_code == exit_code, result.output
+    return json.loads(result.stdout) if exit_code == 0 else {"output": result.output}
 
 
 def test_end_to_end_oracle_generates_what_sdpa_generates(tiny_setup, tmp_path):
@@ -327,6 +327,17 @@ def test_end_to_end_planted_kernel_changes_the_generations(tiny_setup, tmp_path)
     # a random model answers nothing right: the gate has no power here (it passes, and says so)
     assert data["identical_responses"] < 3
     assert data["filters"]["flexible-extract"]["detectable_drop_80pct"] is None
+
+
+def test_a_decode_kernel_runs_the_gate_behind_a_prefill_kernel(tiny_setup, tmp_path):
+    decode_only = "tests.gates.test_logits:decode_only"  # one query per sequence, as FlashInfer's decode wrapper
+    alone = _tiny_gate(tiny_setup, tmp_path, decode_only, exit_code=2)  # a setting the gate cannot run
+    assert "qo_len > 1" in alone["output"]  # the prompt's forward: the gate names why it cannot run
+    data = _tiny_gate(tiny_setup, tmp_path, decode_only, "--prefill", "oracle")
+    assert data["passed"] and data["backend"] == f"{decode_only}+prefill=oracle", data["backend"]
+    assert data["identical_responses"] == 3  # float32: the decode steps through the kernel give sdpa's tokens
+    rerun = (tmp_path / "gsm8k" / "tests.gates.test_logits_decode_only_prefill_oracle-vs-hf_sdpa" / "gsm8k.md").read_text()
+    assert f"--backend {decode_only} --reference hf:sdpa" in rerun and "--prefill oracle" in rerun
 
 
 GOLDEN_GSM8K = sorted((Path(__file__).resolve().parents[2] / "golden" / "gsm8k").glob("*.json"))
