@@ -66,6 +66,8 @@ plan() {
     logit decode-planted -b $PLANTED --mode decode --prefill flashinfer-prefill-fa2
   ) &
   (
+    python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/quality/test_planted_wrappers.py > $RES/pytest-wrappers.log 2>&1
+    echo "pytest planted_wrappers exit $?" | tee -a $RES/progress.txt
     for k in $PLANTED $CONTROL; do
       t0=$SECONDS
       python3 -m pa_oracle fuzz --kernel $k -n 300 --time-budget 120 --out $RES/fuzz/${k##*:} > $RES/fuzz-${k##*:}.log 2>&1

@@ -38,7 +38,7 @@ def _decode(short_last_page: bool) -> Callable[..., Any]:
     """A decode kernel through FlashInfer's wrapper; ``short_last_page`` plants the wrapper bug."""
 
     @declare(devices=("cuda",), q_dtypes=("bfloat16", "float16"), head_dims=(64, 128), min_qo_len=1, max_qo_len=1,
-             empty_requests=False)
+             empty_requests=False, storages=("contiguous",))
     def kernel(q, k_cache, v_cache, *, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale):
         import flashinfer
 
