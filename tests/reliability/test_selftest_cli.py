@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 import pa_oracle.cli
 from pa_oracle.fuzz.quality import planted, selftest
 
-LINE = re.compile(r"^\[(\d+)/(\d+)\] (ok |BAD|---) (\w+): .* after \d+ examples in \d+s \(elapsed \d+s, about (?:\d+m)?\d+s left\)", re.M)
+LINE = re.compile(r"^\[(\d+)/(\d+)\] (ok |BAD|---) (\w+): .* after \d+ examples in (?:\d+m)?\d+s \(elapsed (?:\d+m)?\d+s, about (?:\d+m)?\d+s left\)", re.M)
 
 
 def run(*args: str) -> Result:
