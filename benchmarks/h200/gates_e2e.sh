@@ -8,14 +8,16 @@
 # starts the plan below under setsid; each later call runs STEP=poll (waits up to POLL seconds, copies the
 # results into $OUT as one tarball).
 #
-# The plan (every result written as it ends into /tmp/res):
-#   A  gate gsm8k -b vllm-flashinfer            (the hf:sdpa reference first, saved, then the backend)
-#   B  logit gates, prefill and decode mode, float64 oracle reference, 16 texts each
-#   C  fuzz the planted wrapper bug and its control
-#   once A's reference is saved, with --reference-run, side by side:
-#   D  gate gsm8k -b flash-attn-kvcache-paged --prefill flash-attn-varlen   (page 256)
-#   E  gate gsm8k -b flashinfer-decode-tc --prefill flashinfer-prefill-fa2
-#   F  gate gsm8k -b planted_wrappers:flashinfer_decode_short_last_page --prefill flashinfer-prefill-fa2
+# The plan (every result written as it ends into /tmp/res). lm-eval's generate loop is mostly host work, so the
+# questions run in two shards per attention, side by side (batches of 128, so that ten processes fit one H100):
+#   A1, A2  gate gsm8k -b vllm-flashinfer --shard i/2   (the hf:sdpa reference first, saved, then the backend)
+#   B       logit gates, prefill and decode mode, float64 oracle reference, 16 texts each
+#   C       the planted wrapper's GPU test, then fuzz the planted wrapper bug and its control
+#   once shard i's reference is saved, with --reference-run, side by side:
+#   Di  gate gsm8k -b flash-attn-kvcache-paged --prefill flash-attn-varlen   (page 256)
+#   Ei  gate gsm8k -b flashinfer-decode-tc --prefill flashinfer-prefill-fa2
+#   Fi  gate gsm8k -b planted_wrappers:flashinfer_decode_short_last_page --prefill flashinfer-prefill-fa2
+#   then gate gsm8k-merge of each backend's two shards: the verdict of the whole test set.
 set -uo pipefail
 RES=/tmp/res
 MODEL=/tmp/pack/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
@@ -37,8 +39,28 @@ launch() {
 gsm8k() {  # NAME ARGS...: one gate, its log and exit status in $RES
   local name=$1; shift
   local t0=$SECONDS
-  python3 -m pa_oracle gate gsm8k --model $MODEL --data /tmp/pack/data --out $RES/gates "$@" > $RES/$name.log 2>&1
-  echo "$name exit $? $((SECONDS - t0)) s" | tee -a $RES/progress.txt
+  python3 -m pa_oracle gate gsm8k --model $MODEL --data /tmp/pack/data --batch-size 128 --out $RES/gates "$@" \
+    > $RES/$name.log 2>&1
+  echo "$name exit $? $((SECONDS - t0)) s $(date -u +%T)" | tee -a $RES/progress.txt
+}
+
+shard_pair() {  # I: shard I/2 of every backend, the reference's first
+  local i=$1
+  gsm8k A$i-vllm-flashinfer -b vllm-flashinfer --shard $i/2 &
+  local first=$!
+  local ref=$RES/gates/gsm8k/vllm-flashinfer-vs-hf_sdpa-shard-$i-of-2/runs.json
+  until [ -f $ref ] || ! kill -0 $first 2> /dev/null; do sleep 3; done
+  sleep 2; echo "reference shard $i saved $(date -u +%T)" >> $RES/progress.txt
+  gsm8k D$i-flash-attn -b flash-attn-kvcache-paged --prefill flash-attn-varlen --shard $i/2 --reference-run $ref &
+  gsm8k E$i-flashinfer-pair -b flashinfer-decode-tc --prefill flashinfer-prefill-fa2 --shard $i/2 --reference-run $ref &
+  gsm8k F$i-planted -b $PLANTED --prefill flashinfer-prefill-fa2 --shard $i/2 --reference-run $ref &
+  wait
+}
+
+merge() {  # NAME FOLDER-STEM: the two shards' verdict as one
+  python3 -m pa_oracle gate gsm8k-merge $RES/gates/gsm8k/$2-shard-1-of-2 $RES/gates/gsm8k/$2-shard-2-of-2 \
+    --out $RES/merged --json > $RES/merged-$1.json 2> $RES/merged-$1.log
+  echo "merged $1 exit $?" | tee -a $RES/progress.txt
 }
 
 logit() {  # NAME ARGS...
@@ -51,36 +73,35 @@ logit() {  # NAME ARGS...
 
 plan() {
   cd /tmp/proj
-  export PYTHONPATH=/tmp/site:/tmp/proj PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 OMP_NUM_THREADS=3 \
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=/tmp/site:/tmp/proj PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 OMP_NUM_THREADS=3 \
     HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
   echo "start $(date -u +%T)" >> $RES/progress.txt
-  gsm8k A-vllm-flashinfer -b vllm-flashinfer &
-  local first=$!
+  shard_pair 1 &
+  shard_pair 2 &
   (
     logit prefill-vllm-flashinfer -b vllm-flashinfer
-    logit prefill-flashinfer-prefill-fa2 -b flashinfer-prefill-fa2
-    logit prefill-flash-attn-varlen -b flash-attn-varlen
     logit decode-vllm-flashinfer -b vllm-flashinfer --mode decode
     logit decode-flashinfer-decode-tc -b flashinfer-decode-tc --mode decode --prefill flashinfer-prefill-fa2
     logit decode-flash-attn-kvcache-paged -b flash-attn-kvcache-paged --mode decode --prefill flash-attn-varlen
     logit decode-planted -b $PLANTED --mode decode --prefill flashinfer-prefill-fa2
+    logit prefill-flashinfer-prefill-fa2 -b flashinfer-prefill-fa2
+    logit prefill-flash-attn-varlen -b flash-attn-varlen
   ) &
   (
     python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/quality/test_planted_wrappers.py > $RES/pytest-wrappers.log 2>&1
     echo "pytest planted_wrappers exit $?" | tee -a $RES/progress.txt
     for k in $PLANTED $CONTROL; do
       t0=$SECONDS
-      python3 -m pa_oracle fuzz --kernel $k -n 300 --time-budget 120 --out $RES/fuzz/${k##*:} > $RES/fuzz-${k##*:}.log 2>&1
+      python3 -m pa_oracle fuzz --kernel $k -n 300 --time-budget 90 --out $RES/fuzz/${k##*:} > $RES/fuzz-${k##*:}.log 2>&1
       echo "fuzz ${k##*:} exit $? $((SECONDS - t0)) s" | tee -a $RES/progress.txt
     done
   ) &
-  ref=$RES/gates/gsm8k/vllm-flashinfer-vs-hf_sdpa/runs.json
-  until [ -f $ref ] || ! kill -0 $first 2> /dev/null; do sleep 5; done
-  sleep 3; echo "reference saved $(date -u +%T)" >> $RES/progress.txt
-  gsm8k D-flash-attn -b flash-attn-kvcache-paged --prefill flash-attn-varlen --reference-run $ref &
-  gsm8k E-flashinfer-pair -b flashinfer-decode-tc --prefill flashinfer-prefill-fa2 --reference-run $ref &
-  gsm8k F-planted -b $PLANTED --prefill flashinfer-prefill-fa2 --reference-run $ref &
   wait
+  stem=_prefill_flashinfer-prefill-fa2-vs-hf_sdpa
+  merge vllm-flashinfer vllm-flashinfer-vs-hf_sdpa
+  merge flash-attn flash-attn-kvcache-paged_prefill_flash-attn-varlen-vs-hf_sdpa
+  merge flashinfer-pair flashinfer-decode-tc$stem
+  merge planted pa_oracle.fuzz.quality.planted_wrappers_flashinfer_decode_short_last_page$stem
   echo "done $(date -u +%T)" >> $RES/progress.txt
   touch $RES/DONE
 }
