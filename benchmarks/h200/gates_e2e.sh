@@ -77,7 +77,9 @@ plan() {
     HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
   echo "start $(date -u +%T)" >> $RES/progress.txt
   shard_pair 1 &
+  local s1=$!
   shard_pair 2 &
+  local s2=$!
   (
     logit prefill-vllm-flashinfer -b vllm-flashinfer
     logit decode-vllm-flashinfer -b vllm-flashinfer --mode decode
@@ -96,12 +98,13 @@ plan() {
       echo "fuzz ${k##*:} exit $? $((SECONDS - t0)) s" | tee -a $RES/progress.txt
     done
   ) &
-  wait
+  wait $s1 $s2  # the gates' shards: merged as soon as they end, before the logit gates and fuzzing do
   stem=_prefill_flashinfer-prefill-fa2-vs-hf_sdpa
   merge vllm-flashinfer vllm-flashinfer-vs-hf_sdpa
   merge flash-attn flash-attn-kvcache-paged_prefill_flash-attn-varlen-vs-hf_sdpa
   merge flashinfer-pair flashinfer-decode-tc$stem
   merge planted pa_oracle.fuzz.quality.planted_wrappers_flashinfer_decode_short_last_page$stem
+  wait
   echo "done $(date -u +%T)" >> $RES/progress.txt
   touch $RES/DONE
 }
