@@ -80,21 +80,19 @@ plan() {
   local s1=$!
   shard_pair 2 &
   local s2=$!
-  (
-    logit prefill-vllm-flashinfer -b vllm-flashinfer
+  (  # the cheap gate beside the expensive one, most telling first (what the time allows)
     logit decode-vllm-flashinfer -b vllm-flashinfer --mode decode
+    logit decode-planted -b $PLANTED --mode decode --prefill flashinfer-prefill-fa2
     logit decode-flashinfer-decode-tc -b flashinfer-decode-tc --mode decode --prefill flashinfer-prefill-fa2
     logit decode-flash-attn-kvcache-paged -b flash-attn-kvcache-paged --mode decode --prefill flash-attn-varlen
-    logit decode-planted -b $PLANTED --mode decode --prefill flashinfer-prefill-fa2
-    logit prefill-flashinfer-prefill-fa2 -b flashinfer-prefill-fa2
-    logit prefill-flash-attn-varlen -b flash-attn-varlen
+    logit prefill-vllm-flashinfer -b vllm-flashinfer
   ) &
   (
     python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/quality/test_planted_wrappers.py > $RES/pytest-wrappers.log 2>&1
     echo "pytest planted_wrappers exit $?" | tee -a $RES/progress.txt
     for k in $PLANTED $CONTROL; do
       t0=$SECONDS
-      python3 -m pa_oracle fuzz --kernel $k -n 300 --time-budget 90 --out $RES/fuzz/${k##*:} > $RES/fuzz-${k##*:}.log 2>&1
+      python3 -m pa_oracle fuzz --kernel $k -n 300 --time-budget 45 --out $RES/fuzz/${k##*:} > $RES/fuzz-${k##*:}.log 2>&1
       echo "fuzz ${k##*:} exit $? $((SECONDS - t0)) s" | tee -a $RES/progress.txt
     done
   ) &
@@ -109,12 +107,16 @@ plan() {
   touch $RES/DONE
 }
 
-poll() {  # wait for DONE up to POLL seconds, then send what exists
+poll() {  # until DONE or POLL seconds: every 20 s the results so far into $OUT (atomically), so a cut call keeps them
   local end=$((SECONDS + ${POLL:-300}))
-  while [ ! -f $RES/DONE ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  while :; do
+    tar czf $OUT/res.partial -C /tmp res && mv $OUT/res.partial $OUT/res.tgz
+    cp $RES/progress.txt $OUT/progress.txt 2>/dev/null
+    { [ -f $RES/DONE ] || [ $SECONDS -ge $end ]; } && break
+    sleep 20
+  done
   cat $RES/progress.txt 2>/dev/null
-  tail -n 3 $RES/*.log 2>/dev/null | cut -c1-300
-  tar czf $OUT/res.tgz -C /tmp res
+  tail -n 2 $RES/*.log 2>/dev/null | cut -c1-300
 }
 
 case "${STEP:-${1:-}}" in
