@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from pa_oracle.fuzz.campaign.finding_record import read_finding
 from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, ledger_verdict, lookup, quarantined_class
+from pa_oracle.fuzz.checks.append import WRITE_CHECK
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK
 from pa_oracle.oracle.case import CaseError, read_json
@@ -136,7 +137,10 @@ def _file_case_id(case: Any) -> str:
 
 
 def replay_document(records: list[Record], env: dict[str, Any]) -> dict[str, Any]:
+    """The record ``replay --json`` writes: with the cases and backends it replayed, so that a record cut short
+    is told from a whole one (``load_replay``)."""
     return {"schema_version": REPLAY_SCHEMA, "kind": REPLAY_KIND, "environment": env,
+            "cases": list(dict.fromkeys(r.case for r in records)), "backends": list(dict.fromkeys(r.backend for r in records)),
             "results": [asdict(r) for r in records]}
 
 
@@ -176,6 +180,8 @@ class _ReplayFile(msgspec.Struct, forbid_unknown_fields=True):
     kind: str
     results: list[_RecordFile]
     environment: _EnvironmentFile | _Unset = msgspec.UNSET
+    cases: list[_Text] | _Unset = msgspec.UNSET  # what was replayed (absent from records written before they were kept)
+    backends: list[_Text] | _Unset = msgspec.UNSET
 
 
 class ReplayDocument(dict[str, Any]):
@@ -204,9 +210,36 @@ def load_replay(path: Path) -> dict[str, Any]:
             if known != r.case_id:
                 raise ReplayError(f"{path}: results[{i}].case_id: case {r.case!r} is {r.case_id} here but {known} at "
                                   f"results[{at}]: one name, two cases")
+    _refuse_cut_short(path, record)
     document = ReplayDocument(data)
     document.path = Path(path)
     return document
+
+
+def _refuse_cut_short(path: Path, record: _ReplayFile) -> None:
+    """``ReplayError`` for a record that is no whole replay: no result, a case or backend it lists without one, or
+    a case without a result on a kernel of its kind that judged other cases (a replay judges every case on every
+    kernel of its kind: attention cases on attention kernels, write cases on write kernels)."""
+    results = record.results
+    if not results:
+        raise ReplayError(f"{path}: results: empty: a replay record holds a result for each case on each backend "
+                          "(a record cut short, or a replay that judged nothing)")
+    for field, listed in (("case", record.cases), ("backend", record.backends)):
+        if not isinstance(listed, list):
+            continue
+        names = [getattr(r, field) for r in results]
+        if missing := [name for name in listed if name not in names]:
+            where = f"no result for {missing[0]!r}" if field == "case" else f"no result on {missing[0]!r}"
+            raise ReplayError(f"{path}: results: {where}, one of the record's {field}s: a record cut short")
+        if stray := [i for i, name in enumerate(names) if name not in listed]:
+            raise ReplayError(f"{path}: results[{stray[0]}].{field}: {names[stray[0]]!r} is not among the record's {field}s")
+    for write in (False, True):
+        rows = [r for r in results if (r.check == WRITE_CHECK) == write]
+        have = {(r.case, r.backend) for r in rows}
+        for backend in dict.fromkeys(r.backend for r in rows):
+            if case := next((r.case for r in rows if (r.case, backend) not in have), None):
+                raise ReplayError(f"{path}: results: case {case!r} has no result on {backend!r}, which judged the "
+                                  "record's other cases: a record cut short")
 
 
 def _same_cases(before: dict[str, Any], after: dict[str, Any]) -> None:
