@@ -192,8 +192,8 @@ class BackendResult:
         """A result as ``to_json`` wrote it, checked strictly (``_BackendFile``); a
         ``CampaignStateError`` names ``where`` and the field."""
         raw = convert(data, _BackendFile, where=where, error=CampaignStateError, field=field)
-        given = {k: v for k, v in msgspec.structs.asdict(raw).items() if v is not msgspec.UNSET}
-        findings = [FindingRecord(**msgspec.structs.asdict(f)) for f in given.pop("findings", [])]
+        given = _given(raw)
+        findings = [FindingRecord(**_given(f)) for f in given.pop("findings", [])]  # an absent optional field: its default
         coverage = Coverage(counts=given.pop("coverage", {}))
         result = cls(**given, findings=findings, coverage=coverage)
         if (contradiction := result._contradiction()) is not None:
@@ -218,6 +218,9 @@ class BackendResult:
             return ("skip_reasons", f"{sum(self.skip_reasons.values())} skips counted by reason, {self.unsupported} unsupported")
         if self.status == "finding" and not self.findings:
             return ("status", "'finding' with no finding recorded (findings is empty)")
+        for i, finding in enumerate(self.findings):
+            if finding.check != self.check:  # a pair's findings are its own check's
+                return (f"findings[{i}].check", f"{finding.check!r}, but the result is the {self.check}'s (its check)")
         return None
 
 
@@ -286,7 +289,12 @@ def _file_schema(cls: type, overrides: dict[str, Any], exclude: tuple[str, ...] 
     return msgspec.defstruct(f"_{cls.__name__}File", spec, forbid_unknown_fields=True)
 
 
-_FindingFile = _file_schema(FindingRecord, {})
+def _given(raw: Any) -> dict[str, Any]:
+    """The fields a file gives of a struct ``_file_schema`` read (absent ones left out: the dataclass's default)."""
+    return {k: v for k, v in msgspec.structs.asdict(raw).items() if v is not msgspec.UNSET}
+
+
+_FindingFile = _file_schema(FindingRecord, {"check": Annotated[str, msgspec.Meta(min_length=1)]})
 _BackendFile = _file_schema(
     BackendResult,
     {"findings": list[_FindingFile], "coverage": dict[str, dict[str, _Count]]},  # type: ignore[valid-type]

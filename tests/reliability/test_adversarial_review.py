@@ -6,6 +6,7 @@ a user's files under triage's --out replaced."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,48 @@ def test_replay_compare_refuses_an_empty_or_truncated_record(tmp_path: Path, edi
 def test_replay_compare_keeps_a_whole_record_of_one_result(tmp_path: Path) -> None:
     (tmp_path / "r.json").write_text(json.dumps(replay_record(cases=1, backends=("sdpa-math",))))
     assert_exit(cli("replay-compare", str(tmp_path / "r.json"), str(tmp_path / "r.json")), 0, "1 same")
+
+
+# --- 2. fuzz --resume of a finding record without its optional check, or with a malformed one --------------
+
+GQA_BUG = "pa_oracle.fuzz.quality.planted:wrong_gqa_map"
+TINY = ["--max-batch", "2", "--max-kv-len", "12"]
+
+
+@pytest.fixture(scope="module")
+def found(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("found") / "out"
+    assert_exit(cli("fuzz", "-k", GQA_BUG, "-n", "30", *TINY, "--out", str(out)), 1, "FINDING in")
+    return out
+
+
+def edited_campaign(found: Path, tmp_path: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    shutil.copytree(found, out)
+    data = json.loads((out / "campaign.json").read_text())
+    for result in data["backends"].values():
+        for finding in result["findings"]:
+            edit(finding)
+    (out / "campaign.json").write_text(json.dumps(data))
+    return out
+
+
+def test_resume_reads_a_finding_record_written_before_it_had_a_check(found: Path, tmp_path: Path) -> None:
+    out = edited_campaign(found, tmp_path, lambda f: f.pop("check"))
+    assert_exit(cli("fuzz", "--resume", "-n", "40", "--out", str(out)), 1, "FINDING in")
+    [result] = json.loads((out / "campaign.json").read_text())["backends"].values()
+    assert [f["check"] for f in result["findings"]] == ["oracle"]
+
+
+@pytest.mark.parametrize("check, says", [
+    ("", "findings[0].check: expected str of length >= 1"),
+    ("determinism", "findings[0].check: 'determinism', but the result is the oracle's (its check)"),
+    ("no-such-check", "findings[0].check: 'no-such-check', but the result is the oracle's (its check)"),
+    (5, "findings[0].check: expected str, got int 5"),
+])
+def test_resume_refuses_a_malformed_finding_check_by_name(found: Path, tmp_path: Path, check: object, says: str) -> None:
+    out = edited_campaign(found, tmp_path, lambda f: f.update(check=check))
+    before = (out / "campaign.json").read_text()
+    result = cli("fuzz", "--resume", "-n", "40", "--out", str(out))
+    assert_exit(result, 2, f"{out / 'campaign.json'}: malformed campaign state: backends.{GQA_BUG}.{says}")
+    assert (out / "campaign.json").read_text() == before
