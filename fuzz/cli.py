@@ -509,7 +509,7 @@ def _start_or_resume(ctx: click.Context, out_dir: Path, path: Path, asked: dict[
 
     if not resume:
         refuse_replacing([] if overwrite else kept_campaign(out_dir, path, workers, kind), out_dir)
-    state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
+    state = _resumed(ctx, path, asked, kind) if resume else CampaignState(asked)
     config = state.config
     if resume and kind == WRITES_CAMPAIGN:
         chosen = _select(tuple(config.get("backends", ())), tuple(config.get("kernels", ())), kind="write")
@@ -534,11 +534,13 @@ _CONFIG_OPTIONS = {"seed": "seed", "max_batch": "max_batch", "max_kv_len": "max_
                    "backend_names": "backends", "kernels": "kernels", "shard_text": "shard", "check_names": "checks"}
 
 
-def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any]) -> CampaignState:
-    """The state at ``path``; an option given on the command line must agree with how it was started."""
-    from pa_oracle.fuzz.campaign.state import CampaignState
+def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any], kind: str) -> CampaignState:
+    """The state at ``path`` (its checks those of a campaign of ``kind``); an option given on the command line
+    must agree with how it was started."""
+    from pa_oracle.fuzz.campaign.state import CampaignState, resumed_checks
 
     state = CampaignState.load(path)
+    resumed_checks(state, path, kind)
     for option, key in _CONFIG_OPTIONS.items():
         if key in asked and ctx.get_parameter_source(option) == ParameterSource.COMMANDLINE and asked[key] != state.config.get(key):
             raise click.UsageError(

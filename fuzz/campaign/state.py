@@ -10,6 +10,7 @@ Unsharded: ``OUT/campaign.json``; shard i of n: ``OUT/shards/campaign-i-of-n.jso
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import os
 import re
@@ -23,6 +24,8 @@ import msgspec
 from pa_oracle.fuzz.campaign.coverage import Coverage
 from pa_oracle.fuzz.campaign.findings import allowed_clause
 from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.checks.append import WRITE_CHECK
+from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.oracle.case import read_json
 from pa_oracle.oracle.errors import BadInput
@@ -313,6 +316,7 @@ class _ConfigFile(msgspec.Struct):
     backends: list[str] | msgspec.UnsetType = msgspec.UNSET
     kernels: list[str] | msgspec.UnsetType = msgspec.UNSET
     shard: str | msgspec.UnsetType = msgspec.UNSET
+    checks: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)] | msgspec.UnsetType = msgspec.UNSET
 
 
 class _StateFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -384,6 +388,32 @@ def state_path(out_dir: Path, shard: Shard, kind: str = CAMPAIGN) -> Path:
     if shard.count == 1:
         return Path(out_dir) / f"{kind}.json"
     return Path(out_dir) / "shards" / f"{kind}-{shard.index}-of-{shard.count}.json"
+
+
+def resumed_checks(state: CampaignState, path: Path, kind: str) -> list[str] | None:
+    """The checks a resumed campaign runs (its ``config.checks``; None: not kept, the command's own), when they are
+    those of the campaign the state of ``kind`` holds: the oracle comparison alone in ``campaign.json``, checks of
+    attention kernels in ``checks.json``, the write check alone in the write campaign's; else a
+    ``CampaignStateError`` naming the file and the field."""
+    checks = state.config.get("checks")
+    if checks is None:
+        return None
+    where = f"{path}: malformed campaign state: config.checks"
+    for i, name in enumerate(checks):
+        if name not in ALL_CHECKS and name != WRITE_CHECK:
+            close = difflib.get_close_matches(name, [*ALL_CHECKS, WRITE_CHECK], n=2)
+            hint = f"; did you mean {' or '.join(close)}?" if close else f" (known: {', '.join([*ALL_CHECKS, WRITE_CHECK])})"
+            raise CampaignStateError(f"{where}[{i}]: {name!r} is no check{hint}")
+        if name in checks[:i]:
+            raise CampaignStateError(f"{where}[{i}]: {name!r} again (a campaign runs each check once)")
+    if kind == CAMPAIGN and checks != ["oracle"]:
+        raise CampaignStateError(f"{where}: {checks}, but {Path(path).name} holds the oracle comparison's campaign")
+    if kind not in (CAMPAIGN, CHECKS_CAMPAIGN) and checks != [WRITE_CHECK]:
+        raise CampaignStateError(f"{where}: {checks}, but {Path(path).name} holds a write campaign (the write check alone)")
+    if kind == CHECKS_CAMPAIGN and WRITE_CHECK in checks:
+        raise CampaignStateError(f"{where}[{checks.index(WRITE_CHECK)}]: {WRITE_CHECK!r} judges write kernels: its "
+                                 f"campaign is kept in writes-state.json, not {Path(path).name}")
+    return list(checks)
 
 
 def _shard_named(path: Path) -> Shard | None:

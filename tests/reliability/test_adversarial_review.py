@@ -111,3 +111,45 @@ def test_resume_refuses_a_malformed_finding_check_by_name(found: Path, tmp_path:
     result = cli("fuzz", "--resume", "-n", "40", "--out", str(out))
     assert_exit(result, 2, f"{out / 'campaign.json'}: malformed campaign state: backends.{GQA_BUG}.{says}")
     assert (out / "campaign.json").read_text() == before
+
+
+# --- 3. writes / metamorphic --resume of a state whose config.checks is not its kind's ---------------------
+
+
+@pytest.fixture(scope="module")
+def check_campaigns(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checks")
+    assert_exit(cli("writes", "-b", "torch-scatter", "-n", "3", "--no-isolate", "--out", str(root / "writes")), 0)
+    assert_exit(cli("metamorphic", "-b", "sdpa-math", "-c", "reorder", "-n", "2", "--out", str(root / "metamorphic")), 0)
+    assert_exit(cli("fuzz", "-b", "sdpa-math", "-n", "2", *TINY, "--out", str(root / "fuzz")), 0)
+    return {"writes": root / "writes" / "writes-state.json", "metamorphic": root / "metamorphic" / "checks.json",
+            "fuzz": root / "fuzz" / "campaign.json"}
+
+
+NOT_ITS_CHECKS = [
+    ("writes", [], "config.checks: expected array of length >= 1"),
+    ("writes", "write", "config.checks: expected list, got str"),
+    ("writes", [5], "config.checks[0]: expected str, got int 5"),
+    ("writes", ["nope"], "config.checks[0]: 'nope' is no check"),
+    ("writes", ["reorder"], "config.checks: ['reorder'], but writes-state.json holds a write campaign (the write check alone)"),
+    ("writes", ["write", "write"], "config.checks[1]: 'write' again"),
+    ("metamorphic", [], "config.checks: expected array of length >= 1"),
+    ("metamorphic", "reorder", "config.checks: expected list, got str"),
+    ("metamorphic", ["write"], "config.checks[0]: 'write' judges write kernels: its campaign is kept in writes-state.json"),
+    ("metamorphic", ["reordr"], "config.checks[0]: 'reordr' is no check; did you mean reorder?"),
+    ("fuzz", ["reorder"], "config.checks: ['reorder'], but campaign.json holds the oracle comparison's campaign"),
+]
+
+
+@pytest.mark.parametrize("command, checks, says", NOT_ITS_CHECKS, ids=[f"{c} {json.dumps(v)}" for c, v, _ in NOT_ITS_CHECKS])
+def test_resume_refuses_checks_that_are_not_the_campaigns_by_name(check_campaigns: dict[str, Path], tmp_path: Path,
+                                                                  command: str, checks: object, says: str) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(check_campaigns[command].parent, out)
+    state = out / check_campaigns[command].name
+    data = json.loads(state.read_text())
+    data["config"]["checks"] = checks
+    state.write_text(json.dumps(data))
+    result = cli(command, "--resume", "-n", "4", "--out", str(out))
+    assert_exit(result, 2, f"{state}: malformed campaign state: {says}")
+    assert json.loads(state.read_text()) == data
