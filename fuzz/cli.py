@@ -652,7 +652,7 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
     if len(case_files) == 1 and (saved := write_finding_path(case_files[0])) is not None:  # a write kernel's finding
         line, code = replay_write_finding(saved, backend_names, kernels)
         click.echo(line)
-        sys.exit(code)
+        click.get_current_context().exit(code)  # (a sys.exit(0) is taken for a kernel's: exits.ExitCodeGroup)
     if len(case_files) > 1 or case_files[0].is_dir() or len(backend_names) + len(kernels) > 1:
         _replay_corpus(case_files, backend_names, kernels, ledger_file, output_file, as_json)
         return

@@ -153,3 +153,22 @@ def test_resume_refuses_checks_that_are_not_the_campaigns_by_name(check_campaign
     result = cli(command, "--resume", "-n", "4", "--out", str(out))
     assert_exit(result, 2, f"{state}: malformed campaign state: {says}")
     assert json.loads(state.read_text()) == data
+
+
+# --- 4. replay of a write finding on a kernel that passes it --------------------------------------------
+
+WRITE_BUG = "pa_oracle.fuzz.quality.planted_writes:OneSlotPast"
+
+
+@pytest.fixture(scope="module")
+def write_finding(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("writes") / "out"
+    assert_exit(cli("writes", "--kernel", WRITE_BUG, "-n", "50", "--no-isolate", "--out", str(out)), 1, " FAIL fail ")
+    return next(out.glob("*/writes.json"))
+
+
+def test_replay_of_a_write_finding_on_a_kernel_that_passes_it_is_a_pass(write_finding: Path) -> None:
+    assert_exit(cli("replay", str(write_finding), "-b", "torch-scatter"), 0, "torch-scatter: PASS: ")
+    assert_exit(cli("replay", str(write_finding.parent), "--kernel", "pa_oracle.fuzz.quality.planted_writes:PerTokenLoop"),
+                0, "PerTokenLoop: PASS: ")
+    assert_exit(cli("replay", str(write_finding), "--kernel", WRITE_BUG), 1, "OneSlotPast: FAIL: ")
