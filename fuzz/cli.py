@@ -711,7 +711,7 @@ def _found_on(case: Any, case_file: Path) -> str:
 
 def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kernels: tuple[str, ...],
                    ledger_file: Path | None, output_file: Path | None, as_json: bool) -> None:
-    from pa_oracle.backends import available
+    from pa_oracle.backends import BackendSpecError
     from pa_oracle.fuzz.campaign import replay as corpus
     from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
     from pa_oracle.fuzz.run.isolation import BadTimeout, default_case_timeout
@@ -722,14 +722,11 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
         files = corpus.corpus_files(paths)
         ledger = load_ledger(ledger_file or GOLDEN / "ledger.json")
         timeout = default_case_timeout()
-    except (corpus.ReplayError, CaseError, BadTimeout) as exc:
+        backends, unavailable = corpus.corpus_backends(corpus.corpus_kinds(files), backend_names, kernels)
+    except (corpus.ReplayError, CaseError, BadTimeout, BackendSpecError) as exc:
         raise click.UsageError(str(exc)) from None
-    if backend_names or kernels:
-        backends, unavailable = _select(backend_names, kernels), dict[str, str]()
-    else:
-        backends, unavailable = available()
     show = (lambda r: click.echo(corpus.record_line(r), err=True)) if as_json else (lambda r: click.echo(corpus.record_line(r)))
-    _build_corpus(files, backends)
+    _build_corpus(corpus.corpus_kinds(files).get("attention", []), [b for b in backends if b.kind == "attention"])
     try:
         records = corpus.replay_corpus(files, backends, ledger, lambda b, c: case_judge(b, timeout=timeout, judge=c), show)
     except corpus.ReplayError as exc:

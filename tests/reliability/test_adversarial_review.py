@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from pa_oracle.fuzz.campaign.replay import Record, replay_document
+from pa_oracle.oracle.case import Case, Heads, Layout, Options
 
 from pa_oracle.cli import main
 
@@ -172,3 +173,41 @@ def test_replay_of_a_write_finding_on_a_kernel_that_passes_it_is_a_pass(write_fi
     assert_exit(cli("replay", str(write_finding.parent), "--kernel", "pa_oracle.fuzz.quality.planted_writes:PerTokenLoop"),
                 0, "PerTokenLoop: PASS: ")
     assert_exit(cli("replay", str(write_finding), "--kernel", WRITE_BUG), 1, "OneSlotPast: FAIL: ")
+
+
+# --- 6. a corpus folder holding an attention case and a write case ----------------------------------------
+
+
+@pytest.fixture
+def both_kinds(tmp_path: Path, write_finding: Path) -> Path:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    Case(Layout((0, 2), (0, 1), (0,), (3,), 4, 1), Heads(2, 1, 16, 16), Options(causal=True), seed=1).save(corpus / "attn.json")
+    shutil.copy(write_finding, corpus / "writes.json")
+    return corpus
+
+
+def test_a_corpus_of_both_kinds_replays_each_case_on_the_kernels_of_its_kind(both_kinds: Path, tmp_path: Path) -> None:
+    record = tmp_path / "record.json"
+    result = cli("replay", str(both_kinds), "-b", "sdpa-math", "-b", "torch-scatter", "--output", str(record))
+    assert_exit(result, 0, "attn on sdpa-math: pass", "writes on torch-scatter (write): pass",
+                "replayed 2 cases on 2 backends: 2 pass")
+    rows = [(r["case"], r["backend"], r["check"], r["status"]) for r in json.loads(record.read_text())["results"]]
+    assert sorted(rows) == [("attn", "sdpa-math", "oracle", "pass"), ("writes", "torch-scatter", "write", "pass")]
+    assert_exit(cli("replay-compare", str(record), str(record)), 0, "0 regressed, 0 fixed, 2 same")
+    result = cli("replay", str(both_kinds / "attn.json"), str(both_kinds / "writes.json"), "-b", "sdpa-math", "-b", "torch-scatter")
+    assert_exit(result, 0, "replayed 2 cases on 2 backends: 2 pass")
+
+
+def test_a_corpus_of_both_kinds_says_which_file_no_kernel_given_judges(both_kinds: Path) -> None:
+    result = cli("replay", str(both_kinds), "-b", "sdpa-math")
+    assert_exit(result, 2, f"{both_kinds / 'writes.json'}: a write case, but no write kernel was given (-b sdpa-math)")
+    result = cli("replay", str(both_kinds), "-b", "torch-scatter")
+    assert_exit(result, 2, f"{both_kinds / 'attn.json'}: an attention case, but no attention kernel was given (-b torch-scatter)")
+    result = cli("replay", str(both_kinds), "-b", "torch-scatter", "--kernel", "pa_oracle.fuzz.quality.planted:correct_attention")
+    assert_exit(result, 2, "--kernel", f"{both_kinds / 'attn.json'}", f"{both_kinds / 'writes.json'}")
+
+
+def test_warmup_of_a_corpus_of_both_kinds_builds_its_attention_cases(both_kinds: Path) -> None:
+    result = cli("warmup", "--corpus", str(both_kinds), "-b", "sdpa-math")
+    assert_exit(result, 0, f"{both_kinds / 'writes.json'}: a write case: nothing to build ahead", "built in ")
