@@ -211,3 +211,24 @@ def test_a_corpus_of_both_kinds_says_which_file_no_kernel_given_judges(both_kind
 def test_warmup_of_a_corpus_of_both_kinds_builds_its_attention_cases(both_kinds: Path) -> None:
     result = cli("warmup", "--corpus", str(both_kinds), "-b", "sdpa-math")
     assert_exit(result, 0, f"{both_kinds / 'writes.json'}: a write case: nothing to build ahead", "built in ")
+
+
+# --- 7. PA_ORACLE_CACHE_DIR naming a file -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [
+    ["env"], ["env", "--json"], ["fuzz", "-b", "flex", "-n", "3", *TINY], ["warmup", "-b", "flex", "--variants", "1"],
+    ["writes", "-b", "torch-scatter", "-n", "3"], ["replay", "golden/cases/regress-page-1.json", "-b", "flex"],
+], ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("under", [False, True], ids=["the file", "a folder under it"])
+def test_a_cache_dir_that_is_a_file_is_bad_input_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      command: list[str], under: bool) -> None:
+    blocking = tmp_path / "not-a-folder"
+    blocking.write_text("a file\n")
+    given = blocking / "compile" if under else blocking
+    monkeypatch.setenv("PA_ORACLE_CACHE_DIR", str(given))
+    monkeypatch.chdir(Path(__file__).parents[2])  # (the golden case's relative path)
+    out = ["--out", str(tmp_path / "out")] if command[0] in ("fuzz", "writes") else []
+    result = cli(*command, *out)
+    assert_exit(result, 2, f"PA_ORACLE_CACHE_DIR={given}: not a folder ({blocking} is a file)")
+    assert not (tmp_path / "out").exists() and blocking.read_text() == "a file\n"
