@@ -232,3 +232,51 @@ def test_a_cache_dir_that_is_a_file_is_bad_input_before_anything_runs(tmp_path: 
     result = cli(*command, *out)
     assert_exit(result, 2, f"PA_ORACLE_CACHE_DIR={given}: not a folder ({blocking} is a file)")
     assert not (tmp_path / "out").exists() and blocking.read_text() == "a file\n"
+
+
+# --- 8. nothing a user wrote under triage's --out (or in ISSUE.md) is lost ----------------------------------
+
+SLIGHTLY_OFF = "tests.reliability.bad_kernels:slightly_off"
+SMALL = Case(Layout.from_lengths([2, 3], [12, 12], 4), Heads(2, 1, 16, 16), Options(q_dtype="float16", kv_dtype="float16"), seed=3)
+
+
+def triage(*args: str) -> Result:
+    return cli("triage", *args)
+
+
+@pytest.mark.parametrize("mine", [["triage.md"], ["test_regression.py"], ["minimized/case.json", "triage.html"]],
+                         ids=lambda m: " ".join(m))
+def test_triage_never_replaces_a_users_file_under_out(tmp_path: Path, mine: list[str]) -> None:
+    case = SMALL.save(tmp_path / "case.json")
+    out = tmp_path / "out"
+    for name in mine:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(f"my own {name}\n")
+    result = triage(str(case), "-k", SLIGHTLY_OFF, "--out", str(out))
+    assert_exit(result, 2, *[str(out / name) for name in mine], "not written by pa-oracle triage, or edited since")
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == sorted(mine), "a file was written"
+    assert all((out / name).read_text() == f"my own {name}\n" for name in mine)
+
+
+def test_triage_replaces_its_own_files_but_not_once_edited(tmp_path: Path) -> None:
+    case = SMALL.save(tmp_path / "case.json")
+    out = tmp_path / "out"
+    assert_exit(triage(str(case), "-k", SLIGHTLY_OFF, "--out", str(out)), 1, f"report: {out / 'triage.md'}")
+    assert_exit(triage(str(case), "-k", SLIGHTLY_OFF, "--out", str(out)), 1, f"report: {out / 'triage.md'}")
+    edited = (out / "test_regression.py").read_text() + "# my fix of the test\n"
+    (out / "test_regression.py").write_text(edited)
+    assert_exit(triage(str(case), "-k", SLIGHTLY_OFF, "--out", str(out)), 2, str(out / "test_regression.py"))
+    assert (out / "test_regression.py").read_text() == edited
+
+
+def test_write_triage_never_replaces_a_users_file_under_out(write_finding: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "minimized").mkdir(parents=True)
+    (out / "minimized" / "writes.json").write_text("my own case\n")
+    result = triage(str(write_finding), "--kernel", WRITE_BUG, "--out", str(out))
+    assert_exit(result, 2, str(out / "minimized" / "writes.json"), "not written by pa-oracle triage, or edited since")
+    assert (out / "minimized" / "writes.json").read_text() == "my own case\n" and not (out / "triage.md").exists()
+    (out / "minimized" / "writes.json").unlink()
+    (out / "triage.md").write_text("my notes\n")
+    assert_exit(triage(str(write_finding), "--kernel", WRITE_BUG, "--out", str(out)), 2, str(out / "triage.md"))
+    assert (out / "triage.md").read_text() == "my notes\n" and not (out / "minimized" / "writes.json").exists()
