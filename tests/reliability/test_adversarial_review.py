@@ -280,3 +280,23 @@ def test_write_triage_never_replaces_a_users_file_under_out(write_finding: Path,
     (out / "triage.md").write_text("my notes\n")
     assert_exit(triage(str(write_finding), "--kernel", WRITE_BUG, "--out", str(out)), 2, str(out / "triage.md"))
     assert (out / "triage.md").read_text() == "my notes\n" and not (out / "minimized" / "writes.json").exists()
+
+
+ANALYSIS = "## Analysis\n\nThe kernel rounds the softmax denominator to half precision.\n"
+
+
+@pytest.mark.parametrize("why", [False, True], ids=["an analysis", "an analysis and a why"])
+def test_triage_upstream_keeps_a_users_analysis_in_issue_md(tmp_path: Path, why: bool) -> None:
+    case = SMALL.save(tmp_path / "case.json")
+    up = tmp_path / "up"
+    args = [str(case), "-k", SLIGHTLY_OFF, "--no-minimize", "--upstream", str(up)]
+    assert_exit(triage(*args, "--out", str(tmp_path / "t1")), 1)
+    issue = (up / "ISSUE.md").read_text()
+    issue = issue.replace("## The call", ANALYSIS + "\n## The call") + ("\n## Why\n\nA half-precision sum.\n" if why else "")
+    (up / "ISSUE.md").write_text(issue)
+    result = triage(*args, "--out", str(tmp_path / "t2"))
+    assert_exit(result, 1)
+    assert "not written" not in result.output
+    again = (up / "ISSUE.md").read_text()
+    assert ANALYSIS in again and again.count("## Analysis") == 1 and "## Minimal case" in again, again
+    assert ("A half-precision sum." in again) == why
