@@ -509,7 +509,7 @@ def _start_or_resume(ctx: click.Context, out_dir: Path, path: Path, asked: dict[
 
     if not resume:
         refuse_replacing([] if overwrite else kept_campaign(out_dir, path, workers, kind), out_dir)
-    state = _resumed(ctx, path, asked) if resume else CampaignState(asked)
+    state = _resumed(ctx, path, asked, kind) if resume else CampaignState(asked)
     config = state.config
     if resume and kind == WRITES_CAMPAIGN:
         chosen = _select(tuple(config.get("backends", ())), tuple(config.get("kernels", ())), kind="write")
@@ -534,11 +534,13 @@ _CONFIG_OPTIONS = {"seed": "seed", "max_batch": "max_batch", "max_kv_len": "max_
                    "backend_names": "backends", "kernels": "kernels", "shard_text": "shard", "check_names": "checks"}
 
 
-def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any]) -> CampaignState:
-    """The state at ``path``; an option given on the command line must agree with how it was started."""
-    from pa_oracle.fuzz.campaign.state import CampaignState
+def _resumed(ctx: click.Context, path: Path, asked: dict[str, Any], kind: str) -> CampaignState:
+    """The state at ``path`` (its checks those of a campaign of ``kind``); an option given on the command line
+    must agree with how it was started."""
+    from pa_oracle.fuzz.campaign.state import CampaignState, resumed_checks
 
     state = CampaignState.load(path)
+    resumed_checks(state, path, kind)
     for option, key in _CONFIG_OPTIONS.items():
         if key in asked and ctx.get_parameter_source(option) == ParameterSource.COMMANDLINE and asked[key] != state.config.get(key):
             raise click.UsageError(
@@ -650,7 +652,7 @@ def replay(case_files: tuple[Path, ...], backend_names: tuple[str, ...], kernels
     if len(case_files) == 1 and (saved := write_finding_path(case_files[0])) is not None:  # a write kernel's finding
         line, code = replay_write_finding(saved, backend_names, kernels)
         click.echo(line)
-        sys.exit(code)
+        click.get_current_context().exit(code)  # (a sys.exit(0) is taken for a kernel's: exits.ExitCodeGroup)
     if len(case_files) > 1 or case_files[0].is_dir() or len(backend_names) + len(kernels) > 1:
         _replay_corpus(case_files, backend_names, kernels, ledger_file, output_file, as_json)
         return
@@ -709,7 +711,7 @@ def _found_on(case: Any, case_file: Path) -> str:
 
 def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kernels: tuple[str, ...],
                    ledger_file: Path | None, output_file: Path | None, as_json: bool) -> None:
-    from pa_oracle.backends import available
+    from pa_oracle.backends import BackendSpecError
     from pa_oracle.fuzz.campaign import replay as corpus
     from pa_oracle.fuzz.campaign.ledger import GOLDEN, load_ledger
     from pa_oracle.fuzz.run.isolation import BadTimeout, default_case_timeout
@@ -720,14 +722,11 @@ def _replay_corpus(paths: tuple[Path, ...], backend_names: tuple[str, ...], kern
         files = corpus.corpus_files(paths)
         ledger = load_ledger(ledger_file or GOLDEN / "ledger.json")
         timeout = default_case_timeout()
-    except (corpus.ReplayError, CaseError, BadTimeout) as exc:
+        backends, unavailable = corpus.corpus_backends(corpus.corpus_kinds(files), backend_names, kernels)
+    except (corpus.ReplayError, CaseError, BadTimeout, BackendSpecError) as exc:
         raise click.UsageError(str(exc)) from None
-    if backend_names or kernels:
-        backends, unavailable = _select(backend_names, kernels), dict[str, str]()
-    else:
-        backends, unavailable = available()
     show = (lambda r: click.echo(corpus.record_line(r), err=True)) if as_json else (lambda r: click.echo(corpus.record_line(r)))
-    _build_corpus(files, backends)
+    _build_corpus(corpus.corpus_kinds(files).get("attention", []), [b for b in backends if b.kind == "attention"])
     try:
         records = corpus.replay_corpus(files, backends, ledger, lambda b, c: case_judge(b, timeout=timeout, judge=c), show)
     except corpus.ReplayError as exc:

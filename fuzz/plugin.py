@@ -90,9 +90,12 @@ def pytest_configure(config: pytest.Config) -> None:
     from pa_oracle.fuzz.hypothesis_home import keep_hypothesis_out_of_the_working_directory
 
     keep_hypothesis_out_of_the_working_directory()  # no ./.hypothesis: a run writes under --pa-out only
-    from pa_oracle.fuzz.caches import use_compile_caches
+    from pa_oracle.fuzz.caches import CacheDirError, use_compile_caches
 
-    use_compile_caches()  # PA_ORACLE_CACHE_DIR: the kernel compile caches of the run
+    try:
+        use_compile_caches()  # PA_ORACLE_CACHE_DIR: the kernel compile caches of the run
+    except CacheDirError as exc:
+        raise pytest.UsageError(str(exc)) from None  # (pytest's exit 4, one line)
     if any(config.getoption(name) for name in _SELECTING):
         _check_selection(config)
         _collect_conformance(config)

@@ -30,7 +30,7 @@ from pa_oracle.fuzz.run.isolation import isolatable
               help="Build every variant these case files (or folders, e.g. golden/cases) run on, instead of a campaign's.")
 def warmup(backend_names: tuple[str, ...], count: int, seed: int, only: tuple[str, ...], corpus: tuple[Path, ...]) -> None:
     """Build the kernel variants a campaign (or a corpus replay) will run on, all together (FlashInfer: MAX_JOBS jobs)."""
-    from pa_oracle.fuzz.campaign.replay import corpus_files
+    from pa_oracle.fuzz.campaign.replay import corpus_files, corpus_kinds
     from pa_oracle.fuzz.cli import narrow
     from pa_oracle.oracle.tensors import load_case
 
@@ -45,7 +45,10 @@ def warmup(backend_names: tuple[str, ...], count: int, seed: int, only: tuple[st
         else:
             ready.append(backend)
     if corpus:
-        plan = corpus_plan([load_case(path) for path in corpus_files(corpus)], ready)
+        kinds = corpus_kinds(corpus_files(corpus))
+        for path in kinds.get("write", []):
+            click.echo(f"{path}: a write case: nothing to build ahead (a write kernel compiles on its first case)", err=True)
+        plan = corpus_plan([load_case(path) for path in kinds.get("attention", [])], ready)
     else:
         plan = CompilePlan.make(ready, Limits(), budget=math.inf, seed=seed, per_backend=count)
     for backend in ready:

@@ -295,7 +295,7 @@ def known_finding(entries: list[Entry], case: Case, backend: str, versions: dict
     return next(iter(known_classes(entries, case, backend, versions, family, check)), None)
 
 
-def known_classes(entries: list[Entry], case: Case, backend: str, versions: dict[str, str], family: str | None = None,
+def known_classes(entries: list[Entry], case: Case | AppendCase, backend: str, versions: dict[str, str], family: str | None = None,
                   check: str = ORACLE_CHECK) -> list[Entry]:
     """Every entry whose ``matches`` predicate covers ``case`` on ``backend`` (``known_finding``: the first)."""
     return [e for e in entries if e.skips_in(check) and e.covers(backend, versions, family) and e.matches_case(case)]
@@ -307,7 +307,7 @@ def named_entry(entries: list[Entry], case_name: str, backend: str, family: str 
     return next((e for e in entries if e.case == case_name and e.check == check and e.names(backend, family)), None)
 
 
-def quarantined_class(entries: list[Entry], case_name: str, case: Case, backend: str, versions: dict[str, str],
+def quarantined_class(entries: list[Entry], case_name: str, case: Case | AppendCase, backend: str, versions: dict[str, str],
                       family: str | None = None, check: str = ORACLE_CHECK) -> Entry | None:
     """A quarantine entry whose class covers golden ``case`` (never launched, as a campaign never launches it),
     unless an entry of the case's own name speaks for this backend (then that entry decides)."""
@@ -339,7 +339,7 @@ class LedgerVerdict:
 
 def ledger_verdict(
     entries: list[Entry], case_name: str, backend: str, versions: dict[str, str], status: str | None, family: str | None = None,
-    check: str = ORACLE_CHECK, case: Case | None = None,
+    check: str = ORACLE_CHECK, case: Case | AppendCase | None = None,
 ) -> LedgerVerdict:
     """Judge a golden case's ``status`` (``pass``, ``fail``, ``crash``, ``unsupported``, ``error``; None:
     not launched) through ``check`` on ``backend`` at ``versions`` against the ledger. An entry of the case's

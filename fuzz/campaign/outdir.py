@@ -1,7 +1,8 @@
 """Writing under a campaign's ``--out`` so that nothing there is ever lost: one campaign at a time
 (an OS file lock), no fresh campaign over a kept one unless asked, and finding folders published
 whole (filled in a temp folder beside them, synced, renamed to a name that was free): a campaign
-never replaces or deletes a folder, nor anything a user put in one.
+never replaces or deletes a folder, nor anything a user put in one. A command that writes files of
+fixed names (triage) replaces only its own (``OwnFiles``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import hashlib
+import json
 import os
 import shutil
 import socket
@@ -92,6 +95,64 @@ def refuse_replacing(kept: list[Path], out_dir: Path) -> None:
             f"{out_dir} holds a campaign ({names}): --resume continues it, --overwrite starts a new one "
             "in its place (finding folders and any other files are kept), or give another --out"
         )
+
+
+class OwnFiles:
+    """The files a command writes under its output folder (names relative to it; ``plots/*.png``-style patterns),
+    and which of them it may replace: one it wrote there and unchanged since (``RECORD`` keeps each one's
+    sha256), or one of a folder written before records were kept (``older(folder)``). Anything else there is
+    a user's: ``refuse`` names it (exit 2) before the command writes a file."""
+
+    RECORD = ".pa-oracle-written.json"
+
+    def __init__(self, folder: Path, names: tuple[str, ...], command: str, older: Callable[[Path], bool]) -> None:
+        self.folder, self.names, self.command, self.older = Path(folder), names, command, older
+
+    def present(self) -> list[Path]:
+        """The files of ``names`` in the folder now (a pattern's, sorted), links and other non-files included."""
+        found: list[Path] = []
+        for name in self.names:
+            found += sorted(self.folder.glob(name)) if "*" in name else [self.folder / name]
+        return [p for p in found if p.exists() or p.is_symlink()]
+
+    def refuse(self) -> None:
+        """``OutDirConflict`` naming every file of ``names`` in the folder that is not this command's to replace."""
+        record = self._record()
+        older = not record and self.older(self.folder)
+        kept = [p for p in self.present() if not (p.is_file() and not p.is_symlink() and
+                                                  (older or record.get(self._key(p)) == _sha256(p)))]
+        if kept:
+            raise OutDirConflict(f"{self.folder}: nothing written, to keep {', '.join(map(str, kept))} (not written by "
+                                 f"{self.command}, or edited since it was): move them away, or give another --out")
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """``refuse``, then let the command write, and ``remember`` what is there after, whatever happens."""
+        self.refuse()
+        try:
+            yield
+        finally:
+            if self.folder.is_dir():
+                self.remember()
+
+    def remember(self) -> None:
+        """Record every file of ``names`` in the folder now as written by this command (call after writing them)."""
+        record = {self._key(p): _sha256(p) for p in self.present() if p.is_file()}
+        (self.folder / self.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+    def _key(self, path: Path) -> str:
+        return path.relative_to(self.folder).as_posix()
+
+    def _record(self) -> dict[str, str]:
+        try:
+            record = json.loads((self.folder / self.RECORD).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in record.items() if isinstance(v, str)} if isinstance(record, dict) else {}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def publish_folder(

@@ -1,4 +1,5 @@
-"""Replay a corpus of saved cases (the golden cases, or any case files) on backends and record,
+"""Replay a corpus of saved cases (the golden cases, or any case files; attention cases on attention kernels,
+saved write cases on write kernels) on backends and record,
 per case and backend, the verdict, what the ledger makes of it (known, fixed in X, new finding)
 and the environment's versions; a case whose ``meta.check`` names a check is judged through it (``pa-oracle replay --json``); compare two such records taken on
 two environments (``pa-oracle replay-compare``: fixed / regressed / same / new)."""
@@ -15,9 +16,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 from pa_oracle.fuzz.campaign.finding_record import read_finding
 from pa_oracle.fuzz.campaign.ledger import Entry, check_mismatches, golden_check, ledger_verdict, lookup, quarantined_class
+from pa_oracle.fuzz.campaign.write_files import holds_write_case, read_write_case
+from pa_oracle.fuzz.checks.append import WRITE, WRITE_CHECK, engine_case
 from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.run.runner import ORACLE_CHECK
-from pa_oracle.oracle.case import CaseError, read_json
+from pa_oracle.oracle.append import AppendCase
+from pa_oracle.oracle.case import Case, CaseError, read_json
 from pa_oracle.oracle.errors import BadInput
 from pa_oracle.oracle.schema import convert
 
@@ -85,19 +89,13 @@ def replay_corpus(
     judge_for: Callable[[Any, Any], Any],
     progress: Callable[[Record], None] = lambda record: None,
 ) -> list[Record]:
-    """Judge every case on every backend through the check its ``meta.check`` names (default: the
-    oracle); ``judge_for(backend, check)`` is a context manager yielding a judge, e.g.
+    """Judge every case on every backend of its kind (``corpus_case``: a write case by the write check) through the
+    check its ``meta.check`` names (default: the oracle); ``judge_for(backend, check)`` is a context manager yielding a judge, e.g.
     ``case_judge(backend, judge=check)``, opened once per backend and check that has cases. A check
     that cannot apply to a backend is ``unsupported`` there (not launched), quarantined pairs are
     not launched. A case that does not load, names no known check, or whose ledger entry names
     another check is bad input (``ReplayError``), never a verdict."""
-    cases = []
-    for path in files:
-        try:
-            case = read_finding(path).case  # the case, its sidecar and its meta (the finding record) checked
-            cases.append((path, case, golden_check(case, path)))
-        except CaseError as exc:
-            raise ReplayError(str(exc)) from None
+    cases = [corpus_case(path) for path in files]
     mismatched = check_mismatches(ledger, {path.stem: check for path, _, check in cases})
     if mismatched:
         raise ReplayError("; ".join(mismatched))
@@ -107,7 +105,9 @@ def replay_corpus(
         with ExitStack() as stack:
             judges: dict[str, Callable[[Any], Any]] = {}
             for path, case, check_name in cases:
-                check = ALL_CHECKS[check_name]
+                if (check_name == WRITE_CHECK) != (backend.kind == "write"):
+                    continue  # a case is judged on the kernels of its kind only
+                check = WRITE if check_name == WRITE_CHECK else ALL_CHECKS[check_name]
                 entry = lookup(ledger, path.stem, backend.name, versions, family, check_name)
                 if entry is None:  # a case inside a quarantined class of another entry is not launched either
                     entry = quarantined_class(ledger, path.stem, case, backend.name, versions, family, check_name)
@@ -119,7 +119,7 @@ def replay_corpus(
                 else:
                     if check_name not in judges:
                         judges[check_name] = stack.enter_context(judge_for(backend, check))
-                    outcome = judges[check_name](case)
+                    outcome = judges[check_name](engine_case(case) if isinstance(case, AppendCase) else case)
                     status, message = outcome.status, outcome.message
                 verdict = ledger_verdict(ledger, path.stem, backend.name, versions,
                                          None if status == "quarantine" else status, family, check_name, case)
@@ -132,11 +132,71 @@ def replay_corpus(
 
 def _file_case_id(case: Any) -> str:
     """The id of the case as its file names it (a sidecar by its file name, not this machine's path)."""
-    return case.replace(tensors_file=Path(case.tensors_file).name).case_id if case.tensors_file else case.case_id
+    sidecar = getattr(case, "tensors_file", None)  # (a write case has none)
+    return case.replace(tensors_file=Path(sidecar).name).case_id if sidecar else case.case_id
+
+
+def corpus_case(path: Path) -> tuple[Path, Case | AppendCase, str]:
+    """A corpus file, its case and the check that judges it: a saved write case (``holds_write_case``) the write
+    check, an attention case its ``meta.check`` (default: the oracle); ``ReplayError`` naming the file and field."""
+    try:
+        if holds_write_case(path):
+            return path, read_write_case(path), WRITE_CHECK
+        case = read_finding(path).case  # the case, its sidecar and its meta (the finding record) checked
+        return path, case, golden_check(case, path)
+    except CaseError as exc:
+        raise ReplayError(str(exc)) from None
+
+
+def corpus_kinds(files: list[Path]) -> dict[str, list[Path]]:
+    """The corpus's files by the kind of kernel that judges them ("attention", "write"), in their order."""
+    kinds: dict[str, list[Path]] = {}
+    for path in files:
+        kinds.setdefault("write" if holds_write_case(path) else "attention", []).append(path)
+    return kinds
+
+
+def corpus_backends(kinds: dict[str, list[Path]], names: tuple[str, ...],
+                    kernels: tuple[str, ...]) -> tuple[list[Any], dict[str, str]]:
+    """The kernels a corpus (``corpus_kinds``) replays on, and why the others are unavailable: for each kind of case
+    it holds, the kernels of that kind named (``-b`` by its registry's kind; ``--kernel`` when it holds one kind),
+    else every one available here. A kind of case no kernel judges, or ``--kernel`` with cases of both kinds, is a
+    ``ReplayError`` naming the files (a ``BackendSpecError`` for a name that cannot be used)."""
+    from pa_oracle.backends import available, resolve
+    from pa_oracle.backends import names as registered
+
+    if kernels and len(kinds) > 1:
+        raise ReplayError(f"--kernel {kernels[0]}: a kernel of your own is of one kind, and this corpus holds attention "
+                          f"cases ({kinds['attention'][0]}, ...) and write cases ({kinds['write'][0]}, ...): replay each "
+                          "kind apart, or name registered kernels of both kinds with -b")
+    registry = registered(None)
+    chosen: list[Any] = []
+    unavailable: dict[str, str] = {}
+    for kind, files in kinds.items():
+        mine = names if len(kinds) == 1 else tuple(n for n in names if registry.get(n, "attention") == kind)
+        if names and not mine and not kernels:
+            raise ReplayError(f"{files[0]}: {_a(kind)} case, but no {kind} kernel was given (-b {' -b '.join(names)}): "
+                              f"name one with -b (pa-oracle env lists them), or replay the {kind} cases apart")
+        if mine or kernels:
+            backends = resolve(mine, kernels, kind=kind)
+        else:
+            backends, missing = available(kind)
+            unavailable.update(missing)
+        if not backends:
+            raise ReplayError(f"{files[0]}: {_a(kind)} case, and no {kind} kernel can run here (pa-oracle env says why)")
+        chosen += backends
+    return chosen, unavailable
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def replay_document(records: list[Record], env: dict[str, Any]) -> dict[str, Any]:
+    """The record ``replay --json`` writes: with the cases and backends it replayed, so that a record cut short
+    is told from a whole one (``load_replay``)."""
     return {"schema_version": REPLAY_SCHEMA, "kind": REPLAY_KIND, "environment": env,
+            "cases": list(dict.fromkeys(r.case for r in records)), "backends": list(dict.fromkeys(r.backend for r in records)),
             "results": [asdict(r) for r in records]}
 
 
@@ -176,6 +236,8 @@ class _ReplayFile(msgspec.Struct, forbid_unknown_fields=True):
     kind: str
     results: list[_RecordFile]
     environment: _EnvironmentFile | _Unset = msgspec.UNSET
+    cases: list[_Text] | _Unset = msgspec.UNSET  # what was replayed (absent from records written before they were kept)
+    backends: list[_Text] | _Unset = msgspec.UNSET
 
 
 class ReplayDocument(dict[str, Any]):
@@ -204,9 +266,36 @@ def load_replay(path: Path) -> dict[str, Any]:
             if known != r.case_id:
                 raise ReplayError(f"{path}: results[{i}].case_id: case {r.case!r} is {r.case_id} here but {known} at "
                                   f"results[{at}]: one name, two cases")
+    _refuse_cut_short(path, record)
     document = ReplayDocument(data)
     document.path = Path(path)
     return document
+
+
+def _refuse_cut_short(path: Path, record: _ReplayFile) -> None:
+    """``ReplayError`` for a record that is no whole replay: no result, a case or backend it lists without one, or
+    a case without a result on a kernel of its kind that judged other cases (a replay judges every case on every
+    kernel of its kind: attention cases on attention kernels, write cases on write kernels)."""
+    results = record.results
+    if not results:
+        raise ReplayError(f"{path}: results: empty: a replay record holds a result for each case on each backend "
+                          "(a record cut short, or a replay that judged nothing)")
+    for field, listed in (("case", record.cases), ("backend", record.backends)):
+        if not isinstance(listed, list):
+            continue
+        names = [getattr(r, field) for r in results]
+        if missing := [name for name in listed if name not in names]:
+            where = f"no result for {missing[0]!r}" if field == "case" else f"no result on {missing[0]!r}"
+            raise ReplayError(f"{path}: results: {where}, one of the record's {field}s: a record cut short")
+        if stray := [i for i, name in enumerate(names) if name not in listed]:
+            raise ReplayError(f"{path}: results[{stray[0]}].{field}: {names[stray[0]]!r} is not among the record's {field}s")
+    for write in (False, True):
+        rows = [r for r in results if (r.check == WRITE_CHECK) == write]
+        have = {(r.case, r.backend) for r in rows}
+        for backend in dict.fromkeys(r.backend for r in rows):
+            if case := next((r.case for r in rows if (r.case, backend) not in have), None):
+                raise ReplayError(f"{path}: results: case {case!r} has no result on {backend!r}, which judged the "
+                                  "record's other cases: a record cut short")
 
 
 def _same_cases(before: dict[str, Any], after: dict[str, Any]) -> None:

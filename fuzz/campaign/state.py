@@ -10,6 +10,7 @@ Unsharded: ``OUT/campaign.json``; shard i of n: ``OUT/shards/campaign-i-of-n.jso
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import os
 import re
@@ -23,6 +24,8 @@ import msgspec
 from pa_oracle.fuzz.campaign.coverage import Coverage
 from pa_oracle.fuzz.campaign.findings import allowed_clause
 from pa_oracle.fuzz.campaign.shard import Shard
+from pa_oracle.fuzz.checks.append import WRITE_CHECK
+from pa_oracle.fuzz.checks.registry import ALL_CHECKS
 from pa_oracle.fuzz.run.runner import Outcome
 from pa_oracle.oracle.case import read_json
 from pa_oracle.oracle.errors import BadInput
@@ -192,8 +195,8 @@ class BackendResult:
         """A result as ``to_json`` wrote it, checked strictly (``_BackendFile``); a
         ``CampaignStateError`` names ``where`` and the field."""
         raw = convert(data, _BackendFile, where=where, error=CampaignStateError, field=field)
-        given = {k: v for k, v in msgspec.structs.asdict(raw).items() if v is not msgspec.UNSET}
-        findings = [FindingRecord(**msgspec.structs.asdict(f)) for f in given.pop("findings", [])]
+        given = _given(raw)
+        findings = [FindingRecord(**_given(f)) for f in given.pop("findings", [])]  # an absent optional field: its default
         coverage = Coverage(counts=given.pop("coverage", {}))
         result = cls(**given, findings=findings, coverage=coverage)
         if (contradiction := result._contradiction()) is not None:
@@ -218,6 +221,9 @@ class BackendResult:
             return ("skip_reasons", f"{sum(self.skip_reasons.values())} skips counted by reason, {self.unsupported} unsupported")
         if self.status == "finding" and not self.findings:
             return ("status", "'finding' with no finding recorded (findings is empty)")
+        for i, finding in enumerate(self.findings):
+            if finding.check != self.check:  # a pair's findings are its own check's
+                return (f"findings[{i}].check", f"{finding.check!r}, but the result is the {self.check}'s (its check)")
         return None
 
 
@@ -286,7 +292,12 @@ def _file_schema(cls: type, overrides: dict[str, Any], exclude: tuple[str, ...] 
     return msgspec.defstruct(f"_{cls.__name__}File", spec, forbid_unknown_fields=True)
 
 
-_FindingFile = _file_schema(FindingRecord, {})
+def _given(raw: Any) -> dict[str, Any]:
+    """The fields a file gives of a struct ``_file_schema`` read (absent ones left out: the dataclass's default)."""
+    return {k: v for k, v in msgspec.structs.asdict(raw).items() if v is not msgspec.UNSET}
+
+
+_FindingFile = _file_schema(FindingRecord, {"check": Annotated[str, msgspec.Meta(min_length=1)]})
 _BackendFile = _file_schema(
     BackendResult,
     {"findings": list[_FindingFile], "coverage": dict[str, dict[str, _Count]]},  # type: ignore[valid-type]
@@ -305,6 +316,7 @@ class _ConfigFile(msgspec.Struct):
     backends: list[str] | msgspec.UnsetType = msgspec.UNSET
     kernels: list[str] | msgspec.UnsetType = msgspec.UNSET
     shard: str | msgspec.UnsetType = msgspec.UNSET
+    checks: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)] | msgspec.UnsetType = msgspec.UNSET
 
 
 class _StateFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -376,6 +388,32 @@ def state_path(out_dir: Path, shard: Shard, kind: str = CAMPAIGN) -> Path:
     if shard.count == 1:
         return Path(out_dir) / f"{kind}.json"
     return Path(out_dir) / "shards" / f"{kind}-{shard.index}-of-{shard.count}.json"
+
+
+def resumed_checks(state: CampaignState, path: Path, kind: str) -> list[str] | None:
+    """The checks a resumed campaign runs (its ``config.checks``; None: not kept, the command's own), when they are
+    those of the campaign the state of ``kind`` holds: the oracle comparison alone in ``campaign.json``, checks of
+    attention kernels in ``checks.json``, the write check alone in the write campaign's; else a
+    ``CampaignStateError`` naming the file and the field."""
+    checks = state.config.get("checks")
+    if checks is None:
+        return None
+    where = f"{path}: malformed campaign state: config.checks"
+    for i, name in enumerate(checks):
+        if name not in ALL_CHECKS and name != WRITE_CHECK:
+            close = difflib.get_close_matches(name, [*ALL_CHECKS, WRITE_CHECK], n=2)
+            hint = f"; did you mean {' or '.join(close)}?" if close else f" (known: {', '.join([*ALL_CHECKS, WRITE_CHECK])})"
+            raise CampaignStateError(f"{where}[{i}]: {name!r} is no check{hint}")
+        if name in checks[:i]:
+            raise CampaignStateError(f"{where}[{i}]: {name!r} again (a campaign runs each check once)")
+    if kind == CAMPAIGN and checks != ["oracle"]:
+        raise CampaignStateError(f"{where}: {checks}, but {Path(path).name} holds the oracle comparison's campaign")
+    if kind not in (CAMPAIGN, CHECKS_CAMPAIGN) and checks != [WRITE_CHECK]:
+        raise CampaignStateError(f"{where}: {checks}, but {Path(path).name} holds a write campaign (the write check alone)")
+    if kind == CHECKS_CAMPAIGN and WRITE_CHECK in checks:
+        raise CampaignStateError(f"{where}[{checks.index(WRITE_CHECK)}]: {WRITE_CHECK!r} judges write kernels: its "
+                                 f"campaign is kept in writes-state.json, not {Path(path).name}")
+    return list(checks)
 
 
 def _shard_named(path: Path) -> Shard | None:

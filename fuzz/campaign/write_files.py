@@ -57,13 +57,33 @@ class SavedWrite(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def write_finding_path(source: Path) -> Path | None:
-    """A write finding's ``writes.json`` (``source`` itself, or the one in the folder ``source``), else None."""
+    """A write finding's ``writes.json`` (``source`` itself, or the one in the folder ``source``, when no other case
+    file is beside it: a folder of several is a corpus), else None."""
     from pa_oracle.fuzz.campaign.findings import WRITE_FINDING
 
     source = Path(source)
     if source.is_dir():
-        return source / WRITE_FINDING if (source / WRITE_FINDING).is_file() else None
+        found = source / WRITE_FINDING
+        return found if found.is_file() and [p.name for p in source.glob("*.json")] == [WRITE_FINDING] else None
     return source if source.name == WRITE_FINDING else None
+
+
+def holds_write_case(path: Path) -> bool:
+    """Whether the case file ``path`` is a saved write case rather than an attention case: named ``writes.json``, or
+    a JSON object of a write case (its ``case``, or its own fields) with no attention case's ``schema_version``.
+    Only told apart here: either kind is read strictly by its own reader."""
+    from pa_oracle.fuzz.campaign.findings import WRITE_FINDING
+
+    if Path(path).name == WRITE_FINDING:
+        return True
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False  # (the attention reader says what is wrong with it)
+    if not isinstance(data, dict) or "schema_version" in data:
+        return False
+    case = data.get("case", data)
+    return isinstance(case, dict) and "append_lens" in case
 
 
 def read_write_case(path: Path) -> AppendCase:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from pa_oracle.fuzz.campaign.ledger import GOLDEN
+from pa_oracle.fuzz.campaign.outdir import OwnFiles
 from pa_oracle.oracle.case import Case, CaseError
 
 if TYPE_CHECKING:
@@ -73,9 +74,10 @@ def run_triage_command(opts: TriageOptions) -> None:
     backends, missing = _triage_backends(opts, finding.case, finding.meta, say)
     _build_variants(case, backends, say)
     out_dir = opts.out_dir or (opts.source / "triage" if opts.source.is_dir() else Path("pa-triage") / case.case_id)
-    result = run_triage(case, finding.case_json, backends, out_dir, minimize_case=not opts.no_minimize, budget=opts.budget,
-                        progress=say)
-    written = write_report(result, out_dir)
+    with triage_files(out_dir).writing():  # a user's file there: exit 2 before anything runs
+        result = run_triage(case, finding.case_json, backends, out_dir, minimize_case=not opts.no_minimize,
+                            budget=opts.budget, progress=say)
+        written = write_report(result, out_dir)
     if opts.upstream_dir is not None:
         written.update(_write_upstream(result, backends, opts.upstream_dir))
     if opts.as_json:
@@ -115,12 +117,33 @@ def run_write_triage(opts: TriageOptions, saved_path: Path) -> int:
         raise click.UsageError(f"a write finding is triaged on one kernel; {len(backends)} were given")
     say = (lambda _: None) if opts.as_json else (lambda line: click.echo(line, err=True))
     out_dir = opts.out_dir or saved_path.parent / "triage"
-    result = triage_write(saved, backends[0], out_dir, minimize_case=not opts.no_minimize, budget=opts.budget, progress=say)
-    report = write_write_report(result, out_dir)
+    with triage_files(out_dir).writing():
+        result = triage_write(saved, backends[0], out_dir, minimize_case=not opts.no_minimize, budget=opts.budget,
+                              progress=say)
+        report = write_write_report(result, out_dir)
     _print_write_triage(result, report, opts.as_json)
     if result.outcome.status in ("error", "unsupported"):
         return 3
     return 1 if result.reproduced else 0
+
+
+# what triage writes under --out (either kind of finding): it replaces only these, and only its own
+TRIAGE_FILES = ("triage.md", "triage.html", "test_regression.py", "plots/*.png", "minimized/case.json",
+                "minimized/tensors.npz", "minimized/writes.json")
+
+
+def triage_files(out_dir: Path) -> OwnFiles:
+    """Triage's files under ``out_dir`` (``OwnFiles``: a user's file of those names is refused, exit 2)."""
+    return OwnFiles(out_dir, TRIAGE_FILES, "pa-oracle triage", _older_triage)
+
+
+def _older_triage(folder: Path) -> bool:
+    """Whether ``folder`` holds a report of a triage that kept no record of its files (its first line)."""
+    try:
+        with open(folder / "triage.md", encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith(("# Triage of case ", "# Write triage: "))
+    except OSError:
+        return False
 
 
 def _print_write_triage(result: WriteTriage, report: Path, as_json: bool) -> None:

@@ -423,8 +423,9 @@ def write_upstream(out_dir: Path, case: Case, backend: Backend, seen: Seen, *, f
     ``DIR/.pa-oracle-upstream.json`` records it as written here and unchanged since, or when it holds
     what would be written anyway. An ISSUE.md with a hand-written ``## Why`` keeps its title and its Why
     (``golden report``'s rule: the rest is written anew); a repro.py this tool generated before it kept
-    records (its ``GENERATED`` line, none ``HAND_WRITTEN``) may be replaced. Anything else, a repro.py
-    marked ``HAND_WRITTEN`` first, raises ``UpstreamFileKept`` before any file is written."""
+    records (its ``GENERATED`` line, none ``HAND_WRITTEN``) may be replaced. An ISSUE.md of this tool's with
+    other sections written by hand (an ``## Analysis``: a heading it does not write) keeps them, before its Why.
+    Anything else, a repro.py marked ``HAND_WRITTEN`` first, raises ``UpstreamFileKept`` before any file is written."""
     out_dir = Path(out_dir)
     issue_path = out_dir / "ISSUE.md"
     if explanation is None and issue_path.is_file():
@@ -432,11 +433,14 @@ def write_upstream(out_dir: Path, case: Case, backend: Backend, seen: Seen, *, f
         if "\n## Why\n" in text:  # hand-written: its title and its Why are kept
             explanation, title = text.split("\n## Why\n", 1)[1], title or text.splitlines()[0].removeprefix("# ")
     source, npz = repro_script(case, backend, seen, tensors)
-    contents = {"repro.py": source.encode(), "ISSUE.md": issue_markdown(case, backend, seen, findings, explanation, title).encode()}
+    issue = issue_markdown(case, backend, seen, findings, explanation, title)
+    hand = _hand_sections(issue_path.read_text(errors="replace") if issue_path.is_file() else "", issue)
+    contents = {"repro.py": source.encode(), "ISSUE.md": _with_sections(issue, hand).encode()}
     if npz is not None:
         contents["inputs.npz"] = npz
     record = _record(out_dir)
-    kept = [why for name, content in contents.items() if (why := _kept(out_dir / name, content, record, explanation)) is not None]
+    kept = [why for name, content in contents.items()
+            if (why := _kept(out_dir / name, content, record, explanation, bool(hand))) is not None]
     if kept:
         raise UpstreamFileKept(f"{out_dir}: not written, to keep {'; '.join(kept)}. Move them away or give another --upstream folder")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -463,8 +467,40 @@ def _record(out_dir: Path) -> dict[str, str]:
     return {k: v for k, v in record.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(record, dict) else {}
 
 
-def _kept(path: Path, content: bytes, record: Mapping[str, str], explanation: str | None) -> str | None:
-    """Why ``path`` must not be replaced by ``content``, or None when it may."""
+def _sections(text: str) -> list[tuple[str, str]]:
+    """(heading, text) of each ``## `` section of a markdown ``text`` (a ``## `` line in a code block is none)."""
+    sections: list[tuple[str, str]] = []
+    fenced = False
+    for line in text.splitlines(keepends=True):
+        fenced ^= line.startswith("```")
+        if line.startswith("## ") and not fenced:
+            sections.append((line[3:].strip(), ""))
+        if sections:
+            sections[-1] = (sections[-1][0], sections[-1][1] + line)
+    return sections
+
+
+def _hand_sections(old: str, new: str) -> list[str]:
+    """The sections of an ISSUE.md ``old`` that ``new`` (this tool's) has no heading of: written by hand (an
+    ``## Analysis``), when ``old`` is this tool's ISSUE.md (a heading of ``new`` is in it); else none."""
+    ours = {heading for heading, _ in _sections(new)}
+    old_sections = _sections(old)
+    if not any(heading in ours for heading, _ in old_sections):
+        return []
+    return [text.rstrip("\n") + "\n" for heading, text in old_sections if heading not in ours]
+
+
+def _with_sections(issue: str, sections: list[str]) -> str:
+    """``issue`` with ``sections`` (carried from the ISSUE.md it replaces) before its ``## Why``, else at its end."""
+    if not sections:
+        return issue
+    head, why, tail = issue.partition("\n## Why\n")
+    return f"{head.rstrip(chr(10))}\n\n{chr(10).join(sections)}{why}{tail}"
+
+
+def _kept(path: Path, content: bytes, record: Mapping[str, str], explanation: str | None, carried: bool = False) -> str | None:
+    """Why ``path`` must not be replaced by ``content``, or None when it may (``carried``: an ISSUE.md's sections
+    written by hand are carried into ``content``)."""
     if not path.exists() and not path.is_symlink():
         return None
     if not path.is_file() or path.is_symlink():
@@ -481,6 +517,8 @@ def _kept(path: Path, content: bytes, record: Mapping[str, str], explanation: st
     if path.name == "ISSUE.md" and "\n## Why\n" in text and explanation is not None and \
             text.split("\n## Why\n", 1)[1].strip("\n") == explanation.strip("\n"):
         return None  # its hand-written part is carried into the new one
+    if path.name == "ISSUE.md" and carried:
+        return None  # (so are its other hand-written sections)
     return f"{path.name} (not written by pa-oracle, or edited since it was)"
 
 

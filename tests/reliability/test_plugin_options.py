@@ -37,3 +37,16 @@ def test_nonsense_plugin_options_are_usage_errors(pytester: pytest.Pytester, mon
     for word in words:
         assert word in text, (word, text)
     assert not (pytester.path / "pa-findings").exists(), "nothing ran"
+
+
+def test_a_cache_dir_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_plugin import ROOT
+
+    blocking = pytester.path / "not-a-folder"
+    blocking.write_text("a file\n")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PA_ORACLE_CACHE_DIR", str(blocking))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "--pa-backend", "sdpa-math")
+    text = "\n".join(result.outlines + result.errlines)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text
+    assert f"PA_ORACLE_CACHE_DIR={blocking}: not a folder ({blocking} is a file)" in text and "Traceback" not in text, text
