@@ -19,7 +19,11 @@ Verification model: a candidate is kept only if it is a valid case (``pa_oracle.
 supports it (``unsupported_reason``), no ledger entry covers it (``known``), it is strictly smaller
 (``size``: no measure grows, one shrinks) and it *reproduces* the original failure (``Signature``):
 the same status and, for a failure, a non-empty subset of the original's failure kinds (for a crash:
-the same exception type), so a reduction never swaps the bug for another one or for a known one. At
+the same exception type), so a reduction never swaps the bug for another one or for a known one; and
+an oracle failure's strength (``strength``): each quantity (out, LSE) the original fails strongly (its
+worst, and any at 2x or more) still fails, by at least a tenth of the original's ratio to the allowed error
+and at least 2x (``strength.required_ratio``), so a reduction never turns an output 1,800x off into an LSE
+at 1.00x (issue 43). At
 the end, when the budget was not spent and every pass ran, no single reduction of the result
 (``one_step_reductions``) reproduces the failure.
 
@@ -42,6 +46,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.campaign.findings import ratio_words
+from pa_oracle.fuzz.campaign.strength import Strength, keeps, kept, required_ratio, strengths
 from pa_oracle.fuzz.campaign.workload import (
     Workload,
     keep_heads,
@@ -84,20 +90,26 @@ _FAILURE_KINDS = (
 
 @dataclass(frozen=True)
 class Signature:
-    """What kind of failure an outcome is: its status and failure kinds (or exception type)."""
+    """What kind of failure an outcome is: its status and failure kinds (or exception type), and how far each
+    failing quantity is beyond its limit (``strength``; not part of the kind, so not compared)."""
 
     status: str
     kinds: frozenset[str]
+    strengths: tuple[Strength, ...] = field(default=(), compare=False)
 
     def reproduced_by(self, other: Signature) -> bool:
+        """``other`` is the same failure: the same status, a non-empty subset of the kinds, and (an oracle
+        failure) the lead quantity failed at least ``strength.required_ratio`` as strongly."""
         if other.status != self.status:
             return False
         if self.status in ("fail", "crash"):
-            return bool(other.kinds) and other.kinds <= self.kinds
+            return bool(other.kinds) and other.kinds <= self.kinds and keeps(self.strengths, other.strengths)
         return True
 
     def describe(self) -> str:
-        return self.status + (f" ({', '.join(sorted(self.kinds))})" if self.kinds else "")
+        rule = ", ".join(f"{s.quantity} >= {ratio_words(required_ratio(s.ratio))}x" for s in kept(self.strengths))
+        rule = f"; kept at {rule} the allowed error" if rule else ""
+        return self.status + (f" ({', '.join(sorted(self.kinds))}{rule})" if self.kinds else "")
 
 
 def signature(outcome: Outcome) -> Signature:
@@ -112,7 +124,7 @@ def signature(outcome: Outcome) -> Signature:
         kinds = set()
         for line in outcome.verdict.failures:
             kinds.add(next((kind for text, kind in _FAILURE_KINDS if text in line), line.split(" ")[0]))
-        return Signature("fail", frozenset(kinds))
+        return Signature("fail", frozenset(kinds), strengths(outcome.verdict))
     if outcome.status == "fail":
         return Signature("fail", frozenset({"contract" if outcome.message.startswith(CONTRACT) else outcome.check}))
     return Signature(outcome.status, frozenset())
