@@ -1,6 +1,6 @@
 """The one minimizer of a finding: delta debugging on the case itself. ddmin over the requests,
-then greedy one-step reductions (page pool, lengths, heads, options, head dims, data) repeated until
-a whole round changes nothing or the budget of kernel runs is spent. The campaign calls it after
+then greedy one-step reductions (page pool, lengths, heads, options and memory layout, head dims, data)
+repeated until a whole round changes nothing or the budget of kernel runs is spent. The campaign calls it after
 Hypothesis with a few runs and the requests pass only (``fewer_requests``: ``B=6,
 kv_lens=[0,0,0,0,0,1]`` becomes ``B=1`` before the finding is saved); triage with its full budget and
 every pass (``minimize``).
@@ -52,6 +52,7 @@ from pa_oracle.fuzz.campaign.workload import (
     Workload,
     keep_heads,
     keep_requests,
+    default_storage,
     regenerate,
     relabel_pages,
     resize,
@@ -150,7 +151,7 @@ def size(work: Workload) -> tuple[int, ...]:
         (
             opts.causal, opts.window_left >= 0, opts.logits_soft_cap > 0, opts.alibi_slopes is not None,
             opts.sinks is not None, opts.sm_scale is not None, opts.k_scale != 1, opts.v_scale != 1, opts.is_fp8,
-            opts.rope is not None,
+            opts.rope is not None, case.storage is not None,
         )
     )
     data = work.explicit + (case.distribution != "normal") + (case.seed != 0)
@@ -254,6 +255,8 @@ def options_off(work: Workload) -> Candidates:
     for name, on, changes in offs:
         if on:
             yield name, partial(set_options, work, **changes)
+    if work.case.storage is not None:  # the same values, contiguous q and NHD caches (what repro.py hands a kernel)
+        yield f"storage {work.case.storage.label()} off", partial(default_storage, work)
 
 
 def smaller_head_dims(work: Workload) -> Candidates:
