@@ -1,6 +1,6 @@
 """The one minimizer of a finding: delta debugging on the case itself. ddmin over the requests,
-then greedy one-step reductions (page pool, lengths, heads, options, head dims, data) repeated until
-a whole round changes nothing or the budget of kernel runs is spent. The campaign calls it after
+then greedy one-step reductions (page pool, lengths, heads, options and memory layout, head dims, data)
+repeated until a whole round changes nothing or the budget of kernel runs is spent. The campaign calls it after
 Hypothesis with a few runs and the requests pass only (``fewer_requests``: ``B=6,
 kv_lens=[0,0,0,0,0,1]`` becomes ``B=1`` before the finding is saved); triage with its full budget and
 every pass (``minimize``).
@@ -19,7 +19,11 @@ Verification model: a candidate is kept only if it is a valid case (``pa_oracle.
 supports it (``unsupported_reason``), no ledger entry covers it (``known``), it is strictly smaller
 (``size``: no measure grows, one shrinks) and it *reproduces* the original failure (``Signature``):
 the same status and, for a failure, a non-empty subset of the original's failure kinds (for a crash:
-the same exception type), so a reduction never swaps the bug for another one or for a known one. At
+the same exception type), so a reduction never swaps the bug for another one or for a known one; and
+an oracle failure's strength (``strength``): each quantity (out, LSE) the original fails strongly (its
+worst, and any at 2x or more) still fails, by at least a tenth of the original's ratio to the allowed error
+and at least 2x (``strength.required_ratio``), so a reduction never turns an output 1,800x off into an LSE
+at 1.00x (issue 43). At
 the end, when the budget was not spent and every pass ran, no single reduction of the result
 (``one_step_reductions``) reproduces the failure.
 
@@ -42,10 +46,13 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pa_oracle.backends.base import Backend
+from pa_oracle.fuzz.campaign.findings import ratio_words
+from pa_oracle.fuzz.campaign.strength import Strength, keeps, kept, required_ratio, strengths
 from pa_oracle.fuzz.campaign.workload import (
     Workload,
     keep_heads,
     keep_requests,
+    default_storage,
     regenerate,
     relabel_pages,
     resize,
@@ -84,20 +91,26 @@ _FAILURE_KINDS = (
 
 @dataclass(frozen=True)
 class Signature:
-    """What kind of failure an outcome is: its status and failure kinds (or exception type)."""
+    """What kind of failure an outcome is: its status and failure kinds (or exception type), and how far each
+    failing quantity is beyond its limit (``strength``; not part of the kind, so not compared)."""
 
     status: str
     kinds: frozenset[str]
+    strengths: tuple[Strength, ...] = field(default=(), compare=False)
 
     def reproduced_by(self, other: Signature) -> bool:
+        """``other`` is the same failure: the same status, a non-empty subset of the kinds, and (an oracle
+        failure) the lead quantity failed at least ``strength.required_ratio`` as strongly."""
         if other.status != self.status:
             return False
         if self.status in ("fail", "crash"):
-            return bool(other.kinds) and other.kinds <= self.kinds
+            return bool(other.kinds) and other.kinds <= self.kinds and keeps(self.strengths, other.strengths)
         return True
 
     def describe(self) -> str:
-        return self.status + (f" ({', '.join(sorted(self.kinds))})" if self.kinds else "")
+        rule = ", ".join(f"{s.quantity} >= {ratio_words(required_ratio(s.ratio))}x" for s in kept(self.strengths))
+        rule = f"; kept at {rule} the allowed error" if rule else ""
+        return self.status + (f" ({', '.join(sorted(self.kinds))}{rule})" if self.kinds else "")
 
 
 def signature(outcome: Outcome) -> Signature:
@@ -112,7 +125,7 @@ def signature(outcome: Outcome) -> Signature:
         kinds = set()
         for line in outcome.verdict.failures:
             kinds.add(next((kind for text, kind in _FAILURE_KINDS if text in line), line.split(" ")[0]))
-        return Signature("fail", frozenset(kinds))
+        return Signature("fail", frozenset(kinds), strengths(outcome.verdict))
     if outcome.status == "fail":
         return Signature("fail", frozenset({"contract" if outcome.message.startswith(CONTRACT) else outcome.check}))
     return Signature(outcome.status, frozenset())
@@ -138,7 +151,7 @@ def size(work: Workload) -> tuple[int, ...]:
         (
             opts.causal, opts.window_left >= 0, opts.logits_soft_cap > 0, opts.alibi_slopes is not None,
             opts.sinks is not None, opts.sm_scale is not None, opts.k_scale != 1, opts.v_scale != 1, opts.is_fp8,
-            opts.rope is not None,
+            opts.rope is not None, case.storage is not None,
         )
     )
     data = work.explicit + (case.distribution != "normal") + (case.seed != 0)
@@ -242,6 +255,8 @@ def options_off(work: Workload) -> Candidates:
     for name, on, changes in offs:
         if on:
             yield name, partial(set_options, work, **changes)
+    if work.case.storage is not None:  # the same values, contiguous q and NHD caches (what repro.py hands a kernel)
+        yield f"storage {work.case.storage.label()} off", partial(default_storage, work)
 
 
 def smaller_head_dims(work: Workload) -> Candidates:

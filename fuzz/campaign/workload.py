@@ -210,6 +210,11 @@ def set_options(work: Workload, **changes: Any) -> Workload:
     return Workload(work.case.replace(options=opts), data)
 
 
+def default_storage(work: Workload) -> Workload:
+    """The same values in the default memory layout (contiguous q, separate NHD caches)."""
+    return Workload(work.case.replace(storage=None), work.data)
+
+
 def regenerate(work: Workload, *, seed: int, distribution: str) -> Workload:
     """Generated tensors (``pa_oracle.oracle.tensors.make_tensors``) instead of the current data."""
     return Workload(work.case.replace(seed=seed, distribution=distribution), None)

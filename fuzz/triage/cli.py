@@ -17,7 +17,9 @@ from pa_oracle.oracle.case import Case, CaseError
 if TYPE_CHECKING:
     from pa_oracle.backends.base import Backend
     from pa_oracle.fuzz.campaign.finding_record import FindingMeta
+    from pa_oracle.fuzz.run.runner import Outcome
     from pa_oracle.fuzz.triage.pipeline import Triage
+    from pa_oracle.fuzz.triage.upstream import Seen
     from pa_oracle.fuzz.triage.writes import WriteTriage
 
 
@@ -199,6 +201,8 @@ def _triage_backends(opts: TriageOptions, case: Case, meta: FindingMeta,
 
 
 def _print_triage(result: Triage, written: dict[str, Path], missing: dict[str, str]) -> None:
+    from pa_oracle.fuzz.triage.pipeline import verdict_line, weakening
+
     for row in result.survey:
         verdict = {"pass": "agrees", "fail": "DISAGREES", "crash": "CRASHES", "unsupported": "unsupported", "error": "ERROR"}[row.status]
         click.echo(f"{row.backend:32s} {verdict:12s} {row.message if row.status != 'pass' else ''}".rstrip())
@@ -207,10 +211,17 @@ def _print_triage(result: Triage, written: dict[str, Path], missing: dict[str, s
     if result.minimized is not None:
         m = result.minimized
         click.echo(f"\nminimized for {result.focus} in {m.runs} runs: {m.work.case.summary()}")
+        if m.reduced:
+            click.echo(f"  fails: {verdict_line(m.outcome)}")
+            for line in weakening(m):
+                click.echo(f"  weaker than the case as given: {line}")
     for label, loc in result.localized:
         for check in loc.patterns:
             click.echo(f"  [{label}] {check.name}{' (ambiguous)' if check.result == 'ambiguous' else ''}: {check.finding}")
     click.echo(f"\nreport: {written['markdown']}  {written['html']}")
+    for key, what in (("upstream issue", "ISSUE.md"), ("upstream repro", "repro.py"), ("upstream inputs", "inputs.npz")):
+        if key in written:
+            click.echo(f"wrote {what}: {written[key]}")
     if result.repro:
         click.echo(f"repro:  {result.repro}")
 
@@ -245,39 +256,52 @@ def _build_variants(case: Case, backends: list[Backend], say: Callable[[str], No
 
 
 def _write_upstream(result: Triage, backends: list[Backend], upstream_dir: Path) -> dict[str, Path]:
-    """The upstream repro of the focus backend on the case triage ends with (the minimized one if any)."""
+    """The upstream repro of the focus backend on the case triage ends with (the minimized one if any), stating
+    the verdict triage.md states (``Triage.outcome``)."""
     import torch
     from pa_oracle.fuzz.triage.pipeline import issue_clues
-    from pa_oracle.fuzz.triage.upstream import NoUpstreamRepro, Seen, write_upstream
+    from pa_oracle.fuzz.triage.upstream import NoUpstreamRepro, write_upstream
     from pa_oracle.oracle.tensors import load_case
 
-    if result.focus is None:
+    if result.focus is None or result.outcome is None:
         click.echo("no upstream repro: no backend fails the case", err=True)
         return {}
     backend = next(b for b in backends if b.name == result.focus)
-    case = load_case(result.case_path)
-    row = next(r for r in result.survey if r.backend == result.focus)
-    status, message = row.status, row.message
-    if result.minimized is not None and result.minimized.reduced:
-        status, message = result.minimized.outcome.status, result.minimized.outcome.message
-    findings = issue_clues(result.localized)
+    case, outcome = load_case(result.case_path), result.outcome
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and backend.device == "cuda" else "cpu"
     if case.storage is not None:  # the standalone script hands contiguous tensors: use the default storage if it still fails
         from pa_oracle.fuzz.run.runner import check_case
 
         plain = check_case(backend, case.replace(storage=None))
         if plain.status in ("fail", "crash"):
-            click.echo(f"upstream repro: the case fails in the default storage too ({plain.status}); written for it", err=True)
-            case, status, message = case.replace(storage=None), plain.status, plain.message
+            click.echo(f"upstream repro: the case fails in the default storage too ({plain.status}); written for it: "
+                       f"{first_line_of(plain.message)}", err=True)
+            case, outcome = case.replace(storage=None), plain
     try:
-        return {f"upstream {k}": v for k, v in write_upstream(upstream_dir, case, backend, Seen(status, message, backend.versions(), gpu),
-                                                             findings=findings).items()}
+        return {f"upstream {k}": v for k, v in write_upstream(upstream_dir, case, backend, _seen(result, case, outcome, backend, gpu),
+                                                             findings=issue_clues(result.localized)).items()}
     except NoUpstreamRepro as exc:
         click.echo(str(exc), err=True)
         return {}
 
 
+def _seen(result: Triage, case: Case, outcome: Outcome, backend: Backend, gpu: str) -> Seen:
+    """What ISSUE.md and repro.py state: ``outcome``'s verdict (its limits, a few wrong elements), the options the
+    failure needs and, for a minimized case, what the case as given showed."""
+    from pa_oracle.fuzz.triage.necessity import needed
+    from pa_oracle.fuzz.triage.pipeline import as_found
+    from pa_oracle.fuzz.triage.upstream import Seen, wrong_elements
+
+    verdict = outcome.verdict
+    elements = wrong_elements(case, outcome.output, verdict) if verdict is not None and outcome.output is not None else ()
+    clue = next((c for _, loc in result.localized[:1] for c in loc.checks if c.name == "options needed"), None)
+    return Seen(outcome.status, outcome.message, backend.versions(), gpu, verdict, elements,
+                needed(clue) if clue is not None else (), as_found(result))
+
+
 def _summary(result: Triage, written: dict[str, Path]) -> dict[str, Any]:
+    from pa_oracle.fuzz.triage.pipeline import verdict_line, weakening
+
     m = result.minimized
     return {
         "case": result.case.case_id,
@@ -286,6 +310,7 @@ def _summary(result: Triage, written: dict[str, Path]) -> dict[str, Any]:
         "minimized": None if m is None else {
             "case": m.work.case.summary(), "path": str(result.minimized_path) if result.minimized_path else None,
             "runs": m.runs, "budget": m.budget, "exhausted": m.exhausted, "steps": [s.description for s in m.steps],
+            "fails": verdict_line(m.outcome), "weaker": weakening(m),
         },
         "localization": {
             label: [{"check": c.name, "result": c.result, "finding": c.finding, "evidence": list(c.evidence)} for c in loc.checks]

@@ -55,3 +55,8 @@ def necessary_options(case: Case, backend: Backend, check: Callable[[Case], Outc
                      evidence)
     return Clue("options needed", "no pattern", "no single option is needed: the case fails with each one off" if kept
                  else "no option could be turned off and judged", evidence)
+
+
+def needed(clue: Clue) -> tuple[str, ...]:
+    """The options a ``necessary_options`` clue found the failure needs (turned off, the kernel passed)."""
+    return tuple(item.removesuffix(" off: pass") for item in clue.evidence if item.endswith(" off: pass"))

@@ -11,8 +11,9 @@ from pathlib import Path
 from pa_oracle.backends.base import Backend
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.finding_record import FIRST_FAILING, FindingMeta, FoundBy, meta_of, read_first_failing, today
-from pa_oracle.fuzz.campaign.findings import first_line, repro_command
+from pa_oracle.fuzz.campaign.findings import first_line, ratio_words, repro_command
 from pa_oracle.fuzz.campaign.minimize import HANG, TRIAGE_RUNS, Minimized, minimize
+from pa_oracle.fuzz.campaign.strength import QUANTITIES, kept, required_ratio, strengths
 from pa_oracle.fuzz.campaign.workload import Workload
 from pa_oracle.fuzz.run.isolation import default_case_timeout
 from pa_oracle.fuzz.run.judge import case_judge
@@ -45,6 +46,14 @@ class Triage:
     minimized: Minimized | None = None
     minimized_path: Path | None = None
     localized: list[tuple[str, Localization]] = field(default_factory=list)  # (which case, result)
+    first: Outcome | None = None  # the focus's outcome on the case as given (the survey's)
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The one verdict every report states: the minimized case's when it was reduced, else the case's."""
+        if self.minimized is not None and self.minimized.reduced:
+            return self.minimized.outcome
+        return self.first
 
     @property
     def failing(self) -> list[SurveyRow]:
@@ -112,7 +121,7 @@ def run_triage(
         return result
     backend = next(b for b in backends if b.name == result.focus)
     result.kernel_spec = backend.name if isinstance(backend, UserKernel) else None
-    first = next(outcome for row, outcome in surveyed if row.backend == backend.name)
+    first = result.first = next(outcome for row, outcome in surveyed if row.backend == backend.name)
     if minimize_case and first.message.startswith(HANG):
         say("not minimizing a hang: every candidate that hangs costs a whole case timeout")
         minimize_case = False
@@ -143,7 +152,8 @@ def _minimize_and_localize(
                 date=today()), minimized_from=case.case_id)
             result.minimized_path = result.minimized.work.save(Path(out_dir) / "minimized", meta)
             minimized_case = load_case(result.minimized_path)
-            result.localized.append(("minimized case", _localized(backend, minimized_case, tolerance, check, say)))
+            judged = _judged_once(minimized_case, outcome, check)  # its verdict is the one the reports state
+            result.localized.append(("minimized case", _localized(backend, minimized_case, tolerance, judged, say)))
     say(f"localizing on {backend.name} ...")
     result.localized.append(("original case", localize(capture(backend, case, tolerance, check))))
     if len(result.localized) == 1:  # not minimized: say which options the case as given needs
@@ -153,6 +163,39 @@ def _minimize_and_localize(
         if larger is not None and larger.case_id != case.case_id:
             say(f"ambiguous on the minimal case: localizing on the first failing case ({FIRST_FAILING}) ...")
             result.localized.append((f"first failing case, {FIRST_FAILING}", localize(capture(backend, larger, tolerance, check))))
+
+
+def verdict_line(outcome: Outcome) -> str:
+    """An outcome's failing quantities with their ratios (``out max error 0.000332 > 1.84e-07 allowed (1,804x)``),
+    else its first line (a crash, a contract breach)."""
+    found = strengths(outcome.verdict)
+    return "; ".join(s.describe() for s in found) if found else first_line(outcome.message)
+
+
+def as_found(result: Triage) -> str:
+    """What the case as given showed when the reports state a minimized case ('' otherwise), and by how much the
+    minimized one is weaker, if it is (``strength``'s rule bounds it)."""
+    m = result.minimized
+    if m is None or not m.reduced or result.first is None:
+        return ""
+    text = f"The case as given, before minimization ({m.original.case.summary()}): {verdict_line(result.first)}."
+    weaker = weakening(m)
+    return text + (f" The minimized case is weaker: {', '.join(weaker)}." if weaker else "")
+
+
+def weakening(m: Minimized) -> list[str]:
+    """Each kept quantity the minimized case fails less strongly than the original: ``output 105x -> 18.43x
+    (kept >= 10.50x)``."""
+    after = {s.quantity: s for s in strengths(m.outcome.verdict)}
+    return [f"{QUANTITIES[s.quantity]} {ratio_words(s.ratio)}x -> {ratio_words(after[s.quantity].ratio)}x "
+            f"(kept >= {ratio_words(required_ratio(s.ratio))}x)"
+            for s in kept(m.signature.strengths) if s.quantity in after and after[s.quantity].ratio < s.ratio]
+
+
+def _judged_once(case: Case, outcome: Outcome, check: Callable[[Case], Outcome]) -> Callable[[Case], Outcome]:
+    """``check``, but ``outcome`` for ``case`` itself: the minimizer judged it already (the same values), and a
+    second run could state other numbers (a kernel that is not deterministic)."""
+    return lambda candidate: outcome if candidate is case else check(candidate)
 
 
 def issue_clues(localized: list[tuple[str, Localization]]) -> list[str]:

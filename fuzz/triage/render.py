@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pa_oracle.fuzz.triage import plots
 from pa_oracle.fuzz.triage.localize import Localization
-from pa_oracle.fuzz.triage.pipeline import Triage
+from pa_oracle.fuzz.triage.pipeline import Triage, verdict_line, weakening
 from pa_oracle.oracle.report import format_report
 
 
@@ -132,6 +132,9 @@ def build(triage: Triage) -> list[Block]:
             f"failure kept: {m.signature.describe()}",
             f"{m.runs} kernel runs of a budget of {m.budget}; {state}",
         ]
+        if m.reduced:
+            items.insert(2, f"the minimized case fails: {verdict_line(m.outcome)}")
+            items[3:3] = [f"weaker than the original: {line}" for line in weakening(m)]
         if triage.minimized_path:
             items.append(f"saved: `{triage.minimized_path}`")
         blocks.append(Items(items))

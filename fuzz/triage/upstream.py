@@ -25,11 +25,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from pa_oracle.backends.base import Backend
+from pa_oracle.backends.base import Backend, KernelOutput
 from pa_oracle.backends.user import UserKernel
 from pa_oracle.fuzz.campaign.finding_record import FindingMeta, FoundBy
+from pa_oracle.fuzz.campaign.findings import ratio_words
+from pa_oracle.fuzz.campaign.strength import QUANTITIES, limits, strengths
 from pa_oracle.oracle.case import Case, Options
 from pa_oracle.oracle.reference import plain_attention, reference
+from pa_oracle.oracle.report import locate
 from pa_oracle.oracle.tensors import Tensors, make_tensors, raw_bits, token_slots
 from pa_oracle.oracle.tolerance import Tolerance, Verdict, compare
 
@@ -52,14 +55,35 @@ class NoUpstreamRepro(Exception):
     """The adapter provides no call source: no standalone repro can be written for it."""
 
 
+@dataclass(frozen=True)
+class Element:
+    """One wrong element of the output or the LSE, as ISSUE.md shows it."""
+
+    tensor: str  # "out" or "lse"
+    where: str  # "request 0, token 1 (position 4), qo head 2, dim 7"
+    expected: float  # the float64 reference
+    got: float  # the kernel's
+
+
 @dataclass
 class Seen:
-    """What the finding showed where it was found (the numbers ISSUE.md quotes)."""
+    """What the finding showed where it was found (the numbers ISSUE.md quotes). Triage gives the judge's
+    ``verdict`` on the case (its limits are what repro.py checks, its failing quantities make the title), a few
+    wrong ``elements``, the options the failure ``needs`` and what the case it was minimized from showed
+    (``before``); a golden case's record gives none of them (the limits are then derived from the case)."""
 
     status: str  # fail or crash
     message: str
     versions: dict[str, str] = field(default_factory=dict)
     gpu: str = ""
+    verdict: Verdict | None = None
+    elements: tuple[Element, ...] = ()
+    needs: tuple[str, ...] = ()
+    before: str = ""
+
+    @property
+    def headline(self) -> str:
+        return self.message.splitlines()[0] if self.message else self.status
 
 
 def allowed_errors(case: Case, tensors: Tensors, tolerance: Tolerance = Tolerance()) -> dict[str, float]:
@@ -70,6 +94,52 @@ def allowed_errors(case: Case, tensors: Tensors, tolerance: Tolerance = Toleranc
     verdict: Verdict = compare(case, out=ref.out.to(dtype), lse=ref.lse.float(), ref=ref, controls=controls, tolerance=tolerance)
     assert verdict.out is not None and verdict.lse is not None
     return {"out_max": verdict.out.limit_max, "out_mean": verdict.out.limit_mean, "lse_max": verdict.lse.limit_max}
+
+
+def wrong_elements(case: Case, output: KernelOutput, verdict: Verdict, tensors: Tensors | None = None,
+                   count: int = 3) -> tuple[Element, ...]:
+    """The ``count`` largest errors of each quantity ``verdict`` fails (out, then LSE): where, expected, got."""
+    ref = reference(case, tensors if tensors is not None else make_tensors(case, "cpu"))
+    found: list[Element] = []
+    for failing in strengths(verdict):
+        error = verdict.error if failing.quantity == "out" else verdict.lse_error
+        got = output.out if failing.quantity == "out" else output.lse
+        if error is None or got is None:
+            continue
+        expected = ref.out if failing.quantity == "out" else ref.lse
+        for flat in error.reshape(-1).cpu().topk(min(count, error.numel())).indices.tolist():
+            index = tuple(int(i) for i in np.unravel_index(flat, tuple(error.shape)))
+            found.append(Element(failing.quantity, _where(case, index), float(expected[index]), float(got[index])))
+    return tuple(found)
+
+
+def _where(case: Case, index: tuple[int, ...]) -> str:
+    """``request 0, token 1 (position 4), qo head 2[, dim 7]`` of an (row, head[, dim]) index."""
+    row, head, *dim = index
+    at = locate(case, row, head, dim[0] if dim else 0, 0.0)
+    return f"request {at.request}, token {at.token} (position {at.position}), qo head {head}" + (f", dim {dim[0]}" if dim else "")
+
+
+def issue_title(backend: str, seen: Seen) -> str:
+    """``BACKEND: output wrong by 1,804x the allowed error when soft cap and ALiBi are both on``: the failing
+    quantities of the verdict and their ratios, and the options the failure needs; the verdict line without one."""
+    failing = strengths(seen.verdict) if seen.verdict is not None else ()
+    if not failing:
+        return f"{backend}: {seen.headline}"
+    first, *rest = failing
+    wrong = f"{QUANTITIES[first.quantity]} wrong by {ratio_words(first.ratio)}x"
+    wrong += "".join(f" and {QUANTITIES[s.quantity]} by {ratio_words(s.ratio)}x" for s in rest)
+    mean = " mean" if first.statistic == "mean" and not rest else ""
+    return f"{backend}: {wrong} the allowed{mean} error{_when(seen.needs)}"
+
+
+def _when(needs: tuple[str, ...]) -> str:
+    if not needs:
+        return ""
+    if len(needs) == 1:
+        return f" when {needs[0]} is on"
+    both = "both" if len(needs) == 2 else "all"
+    return f" when {', '.join(needs[:-1])} and {needs[-1]} are {both} on"
 
 
 def _tensor_bits(tensors: Tensors) -> tuple[bytes, dict[str, str]]:
@@ -316,11 +386,11 @@ def repro_script(case: Case, backend: Backend, seen: Seen, tensors: Tensors | No
     embedded = len(packed) <= EMBED_LIMIT
     library = f" and {kernel_library(backend, call)}"
     source = _TEMPLATE.format(
-        title=f"{backend.name}: {seen.message.splitlines()[0] if seen.message else seen.status}",
+        title=issue_title(backend.name, seen),
         library=library, case_id=case.case_id, prelude=_prelude(case),
         seen_where=", ".join(f"{k} {v}" for k, v in seen.versions.items()) + (f", {seen.gpu}" if seen.gpu else ""),
         seen_status=seen.status, seen_message=seen.message.splitlines()[0] if seen.message else "",
-        allowed=_literal(allowed_errors(case, tensors, tolerance)),
+        allowed=_literal(_allowed(case, tensors, seen, tolerance)),
         cuda_ok=repr("cuda" in backend.capabilities.devices), dtypes=_literal(dtypes),
         tensors=repr(base64.b64encode(packed).decode()) if embedded else "None",
         backend=backend.name, call=textwrap.indent(call.strip("\n"), "    "),
@@ -328,6 +398,12 @@ def repro_script(case: Case, backend: Backend, seen: Seen, tensors: Tensors | No
         import_check=_IMPORT_CHECK.format(hint=import_hint(module, seen)) if module else "",
     )
     return source, None if embedded else npz
+
+
+def _allowed(case: Case, tensors: Tensors, seen: Seen, tolerance: Tolerance) -> dict[str, float]:
+    """The limits repro.py checks: the judge's, from its verdict on this case; derived from the case without one."""
+    judged = limits(seen.verdict) if seen.verdict is not None else None
+    return judged if judged is not None else allowed_errors(case, tensors, tolerance)
 
 
 ALWAYS_SHOWN = ("q_dtype", "kv_dtype")  # never "off": a reader needs them even at their defaults
@@ -384,7 +460,7 @@ def issue_markdown(case: Case, backend: Backend, seen: Seen, findings: list[str]
     lay, heads, opts = case.layout, case.heads, case.options
     runs = _runs_from_cwd(backend)
     lines = [
-        f"# {title or backend.name + ': ' + (seen.message.splitlines()[0] if seen.message else seen.status)}", "",
+        f"# {title or issue_title(backend.name, seen)}", "",
         "## Environment", "",
         *[f"- {k}: {v}" for k, v in seen.versions.items()],
         f"- GPU: {seen.gpu or 'not recorded'}", "",
@@ -397,13 +473,53 @@ def issue_markdown(case: Case, backend: Backend, seen: Seen, findings: list[str]
         "actual numbers and exits 1 while the problem reproduces.", *([
             f"Run it from the folder `{runs}` is imported from (the script puts the current folder on `sys.path`),",
             "or with that folder on `PYTHONPATH`."] if runs else []), "",
-        "## The call", "", "```python", (backend.call_source(case) or "").strip("\n"), "```", "",
-        "## What is wrong", "", f"- {seen.message.splitlines()[0] if seen.message else seen.status}",
+        "## The call", "", "Runnable beside `repro.py` (it loads the case's exact tensors from it):", "",
+        "```python", call_snippet(case, backend), "```", "",
+        "## What is wrong", "", *_wrong_lines(seen),
         *[f"- {line}" for line in findings or ()], "",
     ]
     if explanation:
         lines += ["## Why", "", explanation.strip("\n"), ""]
     return "\n".join(lines)
+
+
+def call_snippet(case: Case, backend: Backend) -> str:
+    """The kernel call with every name it uses defined: the case's values the call reads (``_prelude``'s lines it
+    needs), the tensors and helpers from ``repro.py`` beside it."""
+    call = (backend.call_source(case) or "").strip("\n")
+    needed = set(_NAME.findall(call))
+    kept: list[str] = []
+    for line in reversed(_prelude(case).splitlines()):
+        name, _, value = line.partition(" = ")
+        if name in needed:
+            kept.insert(0, line)
+            needed |= set(_NAME.findall(value.split("  #")[0]))
+    return "\n".join([
+        "import math", "", "import torch", "from repro import device, index, load_tensors  # repro.py, beside this file", "",
+        *kept, "q, k_cache, v_cache = load_tensors()", "", call,
+    ])
+
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def _wrong_lines(seen: Seen) -> list[str]:
+    """What is wrong: each failing quantity's error, allowed error and ratio (the verdict's), a few wrong elements
+    (expected, got, where), and what the case it was minimized from showed."""
+    if seen.verdict is None or not seen.verdict.failures:
+        lines = [f"- {seen.headline}"]
+    else:
+        ratios = {f"{s.quantity} {s.statistic} error ": ratio_words(s.ratio) for s in strengths(seen.verdict)}
+        lines = [f"- {line}" + next((f": {r}x the allowed error" for start, r in ratios.items() if line.startswith(start)), "")
+                 for line in seen.verdict.failures]
+    if seen.elements:
+        lines += ["", "| tensor | element | expected (float64) | got | error |", "|---|---|---|---|---|"]
+        lines += [f"| {e.tensor} | {e.where} | {e.expected:.6g} | {e.got:.6g} | {abs(e.got - e.expected):.3g} |"
+                  for e in seen.elements]
+        lines.append("")
+    if seen.before:
+        lines.append(f"- {seen.before}")
+    return lines
 
 
 RECORD = ".pa-oracle-upstream.json"  # what write_upstream wrote in a folder: each file's sha256

@@ -31,3 +31,13 @@ def make_finding(tmp_path: Path, bug: str, case: Case) -> Path:
 @pytest.fixture
 def last_page_finding(tmp_path: Path) -> Path:
     return make_finding(tmp_path, "last_page_off_by_one", mixed_case())
+
+
+CAP_ALIBI = "tests.triage.cap_alibi_kernels:alibi_then_cap"  # issue 43's user kernel: ALiBi, then the soft cap
+
+
+def cap_alibi_case(dtype: str, soft_cap: float, seed: int) -> Case:
+    """``mixed_case``'s layout and heads with a soft cap and ALiBi on, in ``dtype``."""
+    base = mixed_case()
+    options = Options(q_dtype=dtype, kv_dtype=dtype, logits_soft_cap=soft_cap, alibi_slopes=(0.5, 0.25, 0.125, 0.0625))
+    return base.replace(options=options, seed=seed)

@@ -5,7 +5,7 @@ import torch
 from pa_oracle.fuzz.run.runner import check_case
 from pa_oracle.fuzz.campaign.minimize import Signature, minimize, one_step_reductions, signature, smaller
 from pa_oracle.fuzz.campaign.workload import Workload, keep_heads, keep_requests, resize
-from pa_oracle.oracle.case import Case
+from pa_oracle.oracle.case import Case, Storage
 from pa_oracle.oracle.reference import reference
 from pa_oracle.oracle.tensors import make_tensors, save_tensors
 
@@ -35,6 +35,14 @@ def test_last_page_bug_minimizes_to_a_smaller_case_that_still_fails(data: str, t
     assert result.work.case.layout.kv_lens[0] <= 2 and not result.work.case.options.causal
     replay = check_case(backend, result.work.materialize(tmp_path))
     assert replay.status == "fail" and result.signature.reproduced_by(signature(replay)), replay.message
+    assert_locally_minimal(backend, result, tmp_path)
+
+
+def test_a_memory_layout_the_bug_does_not_need_is_dropped(tmp_path) -> None:
+    backend = kernel("last_page_off_by_one")
+    case = mixed_case().replace(storage=Storage(kv="combined", kv_layout="HND", q="fused_qkv"))
+    result = minimize(backend, Workload(case), budget=300)
+    assert result.work.case.storage is None and any(s.description.startswith("storage ") for s in result.steps), result.steps
     assert_locally_minimal(backend, result, tmp_path)
 
 

@@ -265,7 +265,10 @@ def test_triage_writes_the_repro_of_a_layout_finding_in_the_default_storage(tmp_
 
     case_path = mixed_case(window_left=3).replace(storage=Storage("combined", "HND")).save(tmp_path / "case.json")
     result = CliRunner().invoke(triage, [str(case_path), "-k", "standalone_kernels:buggy", "--out", str(tmp_path / "t"),
-                                         "--upstream", str(tmp_path / "up"), "--budget", "60"])
+                                         "--upstream", str(tmp_path / "up"), "--no-minimize"])
     assert result.exit_code == 1, result.output
     assert "fails in the default storage too" in result.output
     assert run_repro(tmp_path / "up" / "repro.py", kernels).returncode == 1
+    minimized = CliRunner().invoke(triage, [str(case_path), "-k", "standalone_kernels:buggy", "--out", str(tmp_path / "m"),
+                                            "--upstream", str(tmp_path / "m-up"), "--budget", "60"])
+    assert "storage combined+HND off" in minimized.output and "default storage too" not in minimized.output, minimized.output
