@@ -509,7 +509,9 @@ def run_gsm8k_gate(ctx: click.Context, opts: Gsm8kOptions) -> None:
                 settings=plan.settings, questions=questions, batch_size=batch_size,
             )
         except KernelFailed as exc:
-            _kernel_failed(f"gsm8k gate ({label})", exc, opts.backend, opts.prefill_backend)
+            # the prefill partner serves only the backend's run: the same name failing in the reference's is no verdict
+            partner = opts.prefill_backend if label == opts.backend_label else None
+            _kernel_failed(f"gsm8k gate ({label})", exc, opts.backend, partner)
         except (g.GateInputError, SwapError) as exc:
             raise click.ClickException(f"{label}: {exc}") from None
         run = saved.outcomes[label]
