@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 from pa_oracle.backends.user import declare
+from pa_oracle.fuzz.quality.planted_user import _named
 
 _WORKSPACE_BYTES = 128 << 20
 _workspaces: dict[torch.device, torch.Tensor] = {}
@@ -55,7 +56,5 @@ def _decode(short_last_page: bool) -> Callable[..., Any]:
     return kernel
 
 
-flashinfer_decode_short_last_page = _decode(short_last_page=True)
-flashinfer_decode_short_last_page.__name__ = flashinfer_decode_short_last_page.__qualname__ = "flashinfer_decode_short_last_page"
-flashinfer_decode_wrapped = _decode(short_last_page=False)
-flashinfer_decode_wrapped.__name__ = flashinfer_decode_wrapped.__qualname__ = "flashinfer_decode_wrapped"
+flashinfer_decode_short_last_page = _named("flashinfer_decode_short_last_page", _decode(short_last_page=True))
+flashinfer_decode_wrapped = _named("flashinfer_decode_wrapped", _decode(short_last_page=False))
